@@ -1,0 +1,102 @@
+"""First-level tables: per-rank time budget and per-op totals (`mpiemu analyze`)."""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from .load import RankTrace, Run
+
+
+def union_length(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Total length covered by a set of intervals (overlaps counted once)."""
+    if len(starts) == 0:
+        return 0.0
+    order = np.argsort(starts, kind="stable")
+    total, cur_s, cur_e = 0.0, float(starts[order[0]]), float(ends[order[0]])
+    for i in order[1:]:
+        s, e = float(starts[i]), float(ends[i])
+        if s > cur_e:
+            total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    return total + cur_e - cur_s
+
+
+@dataclass(frozen=True)
+class RankBudget:
+    """Where one rank's emulated time went."""
+
+    rank: int
+    makespan_s: float
+    compute_s: float          # union of compute ops
+    collective_s: float       # union of collective spans
+    exposed_comm_s: float     # collective time not hidden under compute
+    events: int
+    complete: bool
+
+
+def rank_budget(rt: RankTrace) -> RankBudget:
+    ev = rt.events
+    comp = rt.cats == "compute"
+    coll = rt.cats == "collective"
+    t0, t1 = ev["t_start"], ev["t_end"]
+    compute = union_length(t0[comp], t1[comp])
+    collective = union_length(t0[coll], t1[coll])
+    both = union_length(np.concatenate([t0[comp], t0[coll]]), np.concatenate([t1[comp], t1[coll]]))
+    makespan = float(t1.max()) if len(ev) else 0.0
+    return RankBudget(rt.rank, makespan, compute, collective, both - compute, len(ev),
+                      rt.complete)
+
+
+@dataclass(frozen=True)
+class OpTotal:
+    """All events of one (name, category) across ranks."""
+
+    name: str
+    cat: str
+    count: int
+    total_s: float
+    bytes: int
+    flops: float
+    dram_bytes: int
+
+
+def op_totals(run: Run) -> list[OpTotal]:
+    acc: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0, 0, 0.0, 0])
+    for rt in run.ranks:
+        ev = rt.events
+        dur = ev["t_end"] - ev["t_start"]
+        for key in set(zip(rt.names, rt.cats)):
+            m = (rt.names == key[0]) & (rt.cats == key[1])
+            a = acc[key]
+            a[0] += int(m.sum())
+            a[1] += float(dur[m].sum())
+            a[2] += int(ev["bytes"][m].sum())
+            a[3] += float(ev["flops"][m].sum())
+            a[4] += int(ev["dram_bytes"][m].sum())
+    rows = [OpTotal(n, c, int(a[0]), a[1], int(a[2]), a[3], int(a[4]))
+            for (n, c), a in acc.items()]
+    return sorted(rows, key=lambda r: -r.total_s)
+
+
+def format_tables(run: Run, top: int = 25) -> list[str]:
+    """Human-readable per-rank and per-op tables."""
+    lines = [f"run {run.path}  status={run.manifest.get('status', '?')}  "
+             f"ranks={len(run.ranks)}  makespan={run.makespan * 1e3:.4f} ms"]
+    lines.append(f"{'rank':>5}{'makespan ms':>14}{'compute ms':>12}{'collective ms':>15}"
+                 f"{'exposed comm ms':>17}{'events':>9}  complete")
+    for rt in run.ranks:
+        b = rank_budget(rt)
+        lines.append(f"{b.rank:>5}{b.makespan_s * 1e3:>14.4f}{b.compute_s * 1e3:>12.4f}"
+                     f"{b.collective_s * 1e3:>15.4f}{b.exposed_comm_s * 1e3:>17.4f}"
+                     f"{b.events:>9}  {b.complete}")
+    lines.append("")
+    lines.append(f"{'op':<28}{'cat':<11}{'count':>7}{'total ms':>12}{'MB':>11}{'GFLOP':>10}"
+                 f"{'DRAM MB':>10}")
+    for r in op_totals(run)[:top]:
+        lines.append(f"{r.name[:27]:<28}{r.cat:<11}{r.count:>7}{r.total_s * 1e3:>12.4f}"
+                     f"{r.bytes / 1e6:>11.3f}{r.flops / 1e9:>10.3f}{r.dram_bytes / 1e6:>10.3f}")
+    return lines

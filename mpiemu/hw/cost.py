@@ -1,0 +1,70 @@
+"""Cost models per device kind behind one narrow interface (ASTRA-sim's Roofline idea).
+
+The simulator asks a model three things: how long a GEMM takes (with its stages), how long a
+memory-bound elementwise kernel takes, and how long a ring step's reduction takes.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+from .gemm import GemmCost, gemm_cost
+from .specs import DeviceSpec, dtype_bytes
+
+
+class ComputeModel(Protocol):
+    """What the simulator needs from a device model."""
+
+    spec: DeviceSpec
+
+    def gemm(self, m: int, n: int, k: int, *, dtype: str = "fp16", batch: int = 1,
+             bypass_llc_output: bool = False) -> GemmCost: ...
+
+    def elementwise_s(self, read_bytes: float, write_bytes: float, flops: float = 0.0,
+                      *, launch: bool = True) -> float: ...
+
+    def reduction_s(self, n_elems: int, elem_bytes: int) -> float: ...
+
+
+class GpuModel:
+    """Roofline-per-wave GEMMs and bandwidth-bound elementwise kernels on a GPU."""
+
+    def __init__(self, spec: DeviceSpec) -> None:
+        self.spec = spec
+        self._gemm_cache: dict[tuple[object, ...], GemmCost] = {}
+
+    def gemm(self, m: int, n: int, k: int, *, dtype: str = "fp16", batch: int = 1,
+             bypass_llc_output: bool = False) -> GemmCost:
+        """Cost of C[M,N] = A[M,K] B[K,N], `batch` times; cached per shape."""
+        key = (m, n, k, dtype, batch, bypass_llc_output)
+        cost = self._gemm_cache.get(key)
+        if cost is None:
+            eb = dtype_bytes(dtype)
+            cost = gemm_cost(self.spec, m, n, k, dtype=dtype, batch=batch, in_bytes=eb,
+                             out_bytes=eb, bypass_llc_output=bypass_llc_output)
+            self._gemm_cache[key] = cost
+        return cost
+
+    def elementwise_s(self, read_bytes: float, write_bytes: float, flops: float = 0.0,
+                      *, launch: bool = True) -> float:
+        """max(bytes / streaming bandwidth, flops / vector peak) plus a launch."""
+        body = max((read_bytes + write_bytes) / self.spec.dram_stream_bw,
+                   flops / self.spec.vector_flops_per_s)
+        return body + (self.spec.kernel_launch_s if launch else 0.0)
+
+    def reduction_s(self, n_elems: int, elem_bytes: int) -> float:
+        """One ring step's reduction: read local and received copies, write the sum.
+
+        Runs inside the collective kernel, so no launch is charged (thesis Fig. 8.8(a)).
+        """
+        return self.elementwise_s(2.0 * n_elems * elem_bytes, 1.0 * n_elems * elem_bytes,
+                                  float(n_elems), launch=False)
+
+
+def model_for(spec: DeviceSpec) -> ComputeModel:
+    """The cost model that matches a device's kind."""
+    if spec.kind == "gpu":
+        return GpuModel(spec)
+    if spec.kind == "sunway":
+        from .sunway import SunwayModel  # noqa: PLC0415 (only Sunway runs need it)
+        return SunwayModel(spec)
+    raise ValueError(f"device.kind={spec.kind!r} has no cost model; choose 'gpu' or 'sunway'")

@@ -1,0 +1,192 @@
+"""Workload configuration: TOML -> validated frozen dataclasses (Megatron-style __post_init__).
+
+Units live in key names (`bw_GBps`, `latency_ns`); every check raises a ConfigError naming the
+field, the value and what is allowed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..hw.presets import PresetError, list_presets, load_device
+from ..hw.specs import DTYPE_BYTES, TOPOLOGIES, DeviceSpec, LinkSpec
+from .errors import ConfigError
+from .schema import apply_override, as_table, from_table, parse_override, parse_size
+
+KINDS = ("collectives",)
+COLLECTIVE_OPS = ("reduce_scatter", "all_gather", "all_reduce")
+
+
+@dataclass(frozen=True)
+class RunSection:
+    """What to run and how: kind, iterations, seed, real numerics or shapes only."""
+
+    kind: str = "collectives"
+    seed: int = 0
+    iterations: int = 1
+    numerics: str = "on"             # "on": real values; "off": shapes and timestamps only
+    numeric_dtype: str = "fp32"      # dtype of the real values when numerics are on
+    emulated_dtype: str = "fp16"     # dtype the timing and byte model charges
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError("run.kind", self.kind, KINDS)
+        if self.iterations < 1:
+            raise ConfigError("run.iterations", self.iterations, "an integer >= 1")
+        if self.numerics not in ("on", "off"):
+            raise ConfigError("run.numerics", self.numerics, ("on", "off"))
+        if self.numeric_dtype not in ("fp32", "fp64"):
+            raise ConfigError("run.numeric_dtype", self.numeric_dtype, ("fp32", "fp64"))
+        if self.emulated_dtype not in DTYPE_BYTES:
+            raise ConfigError("run.emulated_dtype", self.emulated_dtype, sorted(DTYPE_BYTES))
+
+
+@dataclass(frozen=True)
+class DeviceSection:
+    """Which hardware every rank plays."""
+
+    preset: str = "t3-gpu"
+
+    def __post_init__(self) -> None:
+        if not Path(self.preset).suffix and self.preset not in list_presets():
+            raise ConfigError("device.preset", self.preset, list_presets())
+
+
+@dataclass(frozen=True)
+class NetworkSection:
+    """Optional overrides of the preset's link (0 or "" keeps the preset's value)."""
+
+    bw_GBps: float = 0.0             # per direction, TP ring
+    latency_ns: float = -1.0
+    topology: str = ""
+    dp_bw_GBps: float = 0.0          # per direction, DP ring (defaults to the TP link)
+    dp_latency_ns: float = -1.0
+
+    def __post_init__(self) -> None:
+        for name in ("bw_GBps", "dp_bw_GBps"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"network.{name}", getattr(self, name), "a bandwidth > 0")
+        for name in ("latency_ns", "dp_latency_ns"):
+            v = getattr(self, name)
+            if v < 0 and v != -1.0:
+                raise ConfigError(f"network.{name}", v, "a latency >= 0 (or -1 for the preset's)")
+        if self.topology and self.topology not in TOPOLOGIES:
+            raise ConfigError("network.topology", self.topology, TOPOLOGIES)
+
+
+@dataclass(frozen=True)
+class ParallelSection:
+    """The TP x DP grid; tp * dp must equal the number of ranks."""
+
+    tp: int = 1
+    dp: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "dp"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"parallel.{name}", getattr(self, name), "an integer >= 1")
+
+
+@dataclass(frozen=True)
+class CollectivesSection:
+    """A sweep of ring collectives over message sizes."""
+
+    ops: tuple[str, ...] = COLLECTIVE_OPS
+    sizes: tuple[str, ...] = ("1KiB", "64KiB", "1MiB", "16MiB")
+    bidirectional: bool = False
+    group: str = "tp"
+
+    def __post_init__(self) -> None:
+        for i, op in enumerate(self.ops):
+            if op not in COLLECTIVE_OPS:
+                raise ConfigError(f"collectives.ops[{i}]", op, COLLECTIVE_OPS)
+        for i, s in enumerate(self.sizes):
+            if self.size_bytes[i] <= 0:
+                raise ConfigError(f"collectives.sizes[{i}]", s, "a size > 0, e.g. '64MiB'")
+        if self.group not in ("tp", "dp"):
+            raise ConfigError("collectives.group", self.group, ("tp", "dp"))
+
+    @property
+    def size_bytes(self) -> list[int]:
+        return [parse_size(f"collectives.sizes[{i}]", s) for i, s in enumerate(self.sizes)]
+
+
+@dataclass(frozen=True)
+class DebugSection:
+    """Fault injection for testing the job's failure behaviour."""
+
+    fail_rank: int = -1              # this rank raises ...
+    fail_iteration: int = 0          # ... when it reaches this iteration / sweep point
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A whole experiment, as resolved from TOML plus `--set` overrides."""
+
+    name: str = "workload"
+    run: RunSection = field(default_factory=RunSection)
+    device: DeviceSection = field(default_factory=DeviceSection)
+    network: NetworkSection = field(default_factory=NetworkSection)
+    parallel: ParallelSection = field(default_factory=ParallelSection)
+    collectives: CollectivesSection = field(default_factory=CollectivesSection)
+    debug: DebugSection = field(default_factory=DebugSection)
+
+    def check_world(self, world_size: int) -> None:
+        """tp * dp must equal the number of ranks the job was launched with."""
+        tp, dp = self.parallel.tp, self.parallel.dp
+        if tp * dp != world_size:
+            raise ConfigError("parallel.tp*parallel.dp", f"{tp}*{dp}={tp * dp}",
+                              f"must equal the {world_size} ranks of this job")
+
+    def as_dict(self) -> dict[str, Any]:
+        return as_table(self)  # type: ignore[no-any-return]
+
+    def config_hash(self) -> str:
+        blob = json.dumps(self.as_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def load_workload(path: str | Path | None, overrides: Sequence[str] = ()) -> Workload:
+    """Read a workload TOML (or start from defaults), apply `--set` overrides, validate."""
+    table: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            raise ConfigError("workload", str(path), "an existing .toml file")
+        try:
+            with p.open("rb") as f:
+                table = tomllib.load(f)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError("workload", str(path), f"valid TOML ({exc})") from None
+        table.setdefault("name", p.stem)
+    for item in overrides:
+        keys, value = parse_override(item)
+        apply_override(table, keys, value)
+    return from_table(Workload, table, "")
+
+
+def resolve_device(w: Workload) -> DeviceSpec:
+    """The preset's DeviceSpec with the workload's network overrides applied."""
+    try:
+        spec = load_device(w.device.preset)
+    except PresetError as exc:
+        raise ConfigError("device.preset", w.device.preset, str(exc)) from None
+    net, link = w.network, spec.link
+    link = replace(link, bw_bytes_per_s=net.bw_GBps * 1e9 if net.bw_GBps else link.bw_bytes_per_s,
+                   latency_s=net.latency_ns * 1e-9 if net.latency_ns >= 0 else link.latency_s,
+                   topology=net.topology or link.topology)
+    return replace(spec, link=link)
+
+
+def dp_link(w: Workload, spec: DeviceSpec) -> LinkSpec:
+    """The link of the DP ring (the TP link unless overridden)."""
+    net = w.network
+    return replace(spec.link,
+                   bw_bytes_per_s=net.dp_bw_GBps * 1e9 if net.dp_bw_GBps
+                   else spec.link.bw_bytes_per_s,
+                   latency_s=net.dp_latency_ns * 1e-9 if net.dp_latency_ns >= 0
+                   else spec.link.latency_s)

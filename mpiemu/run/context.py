@@ -1,0 +1,123 @@
+"""One rank's view of a run: grid, device model, timeline, timed communicators, trace, manifest."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+from mpi4py import MPI
+
+from .. import __version__
+from ..comm.grid import GridShape, ProcessGrid
+from ..comm.p2p import TimedComm
+from ..hw.cost import ComputeModel, model_for
+from ..hw.specs import DeviceSpec, dtype_bytes
+from ..sim.timeline import Timeline
+from ..sim.trace import TraceWriter, rank_file, write_merged
+from .config import Workload, dp_link, resolve_device
+from .mpi import say
+from .schema import as_table
+
+
+@dataclass
+class RankContext:
+    """Everything a workload runner needs on one rank."""
+
+    w: Workload
+    world: MPI.Comm
+    grid: ProcessGrid
+    spec: DeviceSpec
+    model: ComputeModel
+    tl: Timeline
+    tp: TimedComm
+    dp: TimedComm
+    out: Path
+    writer: TraceWriter
+
+    @property
+    def rank(self) -> int:
+        return self.world.Get_rank()
+
+    @property
+    def numerics(self) -> bool:
+        return self.w.run.numerics == "on"
+
+    @property
+    def np_dtype(self) -> type[np.floating[Any]]:
+        return np.float64 if self.w.run.numeric_dtype == "fp64" else np.float32
+
+    @property
+    def wire_itemsize(self) -> int:
+        return dtype_bytes(self.w.run.emulated_dtype)
+
+    def say(self, *lines: str) -> None:
+        say(self.world, *lines)
+
+    def maybe_fail(self, point: int) -> None:
+        """Injected fault (debug.fail_rank) for testing the job's failure behaviour."""
+        dbg = self.w.debug
+        if self.rank == dbg.fail_rank and point == dbg.fail_iteration:
+            raise RuntimeError(f"injected failure at point {point} (debug.fail_rank)")
+
+
+def _versions() -> dict[str, str]:
+    import mpi4py
+    return {"mpiemu": __version__, "numpy": np.__version__, "h5py": h5py.__version__,
+            "hdf5": h5py.version.hdf5_version, "mpi4py": mpi4py.__version__,
+            "mpi_library": " ".join(MPI.Get_library_version().split()[:3]),
+            "python": sys.version.split()[0]}
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def write_manifest(out: Path, data: dict[str, Any]) -> None:
+    """Atomically (re)write manifest.json."""
+    tmp = out / "manifest.json.tmp"
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
+    os.replace(tmp, out / "manifest.json")
+
+
+def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str]) -> RankContext:
+    """Collective: build the grid, create the run directory, manifest and rank trace files."""
+    spec = resolve_device(w)
+    grid = ProcessGrid(world, GridShape(w.parallel.tp, w.parallel.dp))
+    if world.Get_rank() == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        for stale in list(out.glob("rank-*.h5")) + list(out.glob("trace.h5")):
+            stale.unlink()
+        write_manifest(out, {"status": "running", "config": w.as_dict(),
+                             "config_hash": w.config_hash(), "world_size": world.Get_size(),
+                             "grid": {"tp": grid.tp, "dp": grid.dp}, "versions": _versions(),
+                             "command": argv, "start": _now(), "end": None,
+                             "device": as_table(spec)})
+    world.Barrier()
+    attrs = {"rank": grid.rank, "world_size": world.Get_size(), "tp_rank": grid.tp_rank,
+             "dp_rank": grid.dp_rank, "grid": [grid.tp, grid.dp], "device": as_table(spec),
+             "config_hash": w.config_hash(), "mpiemu_version": __version__,
+             "workload": w.name}
+    writer = TraceWriter(rank_file(out, grid.rank), attrs)
+    tl = Timeline(writer)
+    model = model_for(spec)
+    tp = TimedComm(grid.tp_comm, tl, spec.link, model, "tp")
+    dp = TimedComm(grid.dp_comm, tl, dp_link(w, spec), model, "dp")
+    return RankContext(w, world, grid, spec, model, tl, tp, dp, out, writer)
+
+
+def close_run(ctx: RankContext, summary: dict[str, Any]) -> None:
+    """Collective: mark traces complete, merge them, finish the manifest."""
+    ctx.writer.close(complete=True, attrs={"t_end_emulated": ctx.tl.now()})
+    counts = ctx.world.gather(ctx.writer.n_events, root=0)
+    if ctx.rank == 0:
+        write_merged(ctx.out, counts)  # type: ignore[arg-type]
+        manifest = json.loads((ctx.out / "manifest.json").read_text())
+        manifest.update({"status": "complete", "end": _now(), "summary": summary})
+        write_manifest(ctx.out, manifest)
+    ctx.grid.free()

@@ -1,0 +1,89 @@
+"""MPI hygiene: one failing rank ends the job, config errors end it cleanly, rank 0 prints.
+
+An uncaught exception on any rank would otherwise leave the others blocked in communication
+and the job hung in MPI_Finalize (mpi4py docs, mpi4py.run); the excepthook here writes one line
+naming the rank, lets the caller mark its trace incomplete, and calls MPI_Abort.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
+from types import TracebackType
+from typing import Callable
+
+from mpi4py import MPI
+
+from .errors import one_line
+
+EXIT_CONFIG = 2
+EXIT_CRASH = 1
+
+
+def say(comm: MPI.Comm, *lines: str) -> None:
+    """Print whole lines from rank 0 only."""
+    if comm.Get_rank() == 0:
+        sys.stdout.write("".join(f"{line}\n" for line in lines))
+        sys.stdout.flush()
+
+
+def agree_on_error(comm: MPI.Comm, err: BaseException | None) -> str | None:
+    """Collective: the first rank's error message if any rank failed, else None.
+
+    Lets every rank exit the same way after a validation error instead of one rank raising
+    while the others wait for it.
+    """
+    msgs = comm.allgather(None if err is None else one_line(err))
+    return next((m for m in msgs if m), None)
+
+
+def exit_on_error(comm: MPI.Comm, err: BaseException | None) -> None:
+    """If any rank failed validation: rank 0 prints one line, every rank exits non-zero."""
+    msg = agree_on_error(comm, err)
+    if msg is None:
+        return
+    if comm.Get_rank() == 0:
+        sys.stderr.write(f"mpiemu: error: {msg}\n")
+        sys.stderr.flush()
+    raise SystemExit(EXIT_CONFIG)
+
+
+class AbortOnError:
+    """Installs an excepthook that records the failure and aborts the whole job."""
+
+    def __init__(self, comm: MPI.Comm) -> None:
+        self.comm = comm
+        self.on_fail: list[Callable[[], None]] = []
+        self.log_dir: Path | None = None
+        self._prev = sys.excepthook
+
+    def install(self) -> "AbortOnError":
+        sys.excepthook = self._hook
+        return self
+
+    def uninstall(self) -> None:
+        sys.excepthook = self._prev
+
+    def _hook(self, tp: type[BaseException], val: BaseException,
+              tb: TracebackType | None) -> None:
+        rank = self.comm.Get_rank()
+        for cb in self.on_fail:
+            try:
+                cb()
+            except Exception:  # noqa: BLE001 - already failing; keep going to Abort
+                pass
+        text = "".join(traceback.format_exception(tp, val, tb))
+        where = ""
+        if self.log_dir is not None:
+            try:
+                path = self.log_dir / f"rank-{rank:05d}.traceback.txt"
+                path.write_text(text)
+                where = f" (traceback in {path})"
+            except OSError:
+                pass
+        sys.stderr.write(f"mpiemu: rank {rank} failed: {tp.__name__}: {one_line(val)}{where}\n")
+        if os.environ.get("MPIEMU_DEBUG"):
+            sys.stderr.write(text)
+        sys.stderr.flush()
+        self.comm.Abort(EXIT_CRASH)

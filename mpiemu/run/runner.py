@@ -1,0 +1,66 @@
+"""Run a workload on every rank: validate collectively, open traces, dispatch by kind, close."""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+from mpi4py import MPI
+
+from .config import Workload, load_workload, resolve_device
+from .context import RankContext, close_run, open_run
+from .errors import ConfigError
+from .mpi import AbortOnError, exit_on_error
+
+# kind -> module with `validate(w, world_size)` and `run(ctx) -> summary`
+KIND_MODULES: dict[str, str] = {
+    "collectives": "mpiemu.run.collectives",
+    "train": "mpiemu.run.train",
+}
+
+
+class KindModule(Protocol):
+    def validate(self, w: Workload, world_size: int) -> None: ...
+    def run(self, ctx: RankContext) -> dict[str, Any]: ...
+
+
+def kind_module(kind: str) -> KindModule:
+    return importlib.import_module(KIND_MODULES[kind])  # type: ignore[return-value]
+
+
+def validate(path: str | None, overrides: Sequence[str], world_size: int) -> Workload:
+    """Everything that can be checked before any rank communicates; raises ConfigError."""
+    w = load_workload(path, overrides)
+    w.check_world(world_size)
+    resolve_device(w)
+    kind_module(w.run.kind).validate(w, world_size)
+    return w
+
+
+def default_out(w: Workload) -> Path:
+    return Path("runs") / w.name
+
+
+def run_workload(path: str | None, overrides: Sequence[str], out: str | None,
+                 argv: list[str], world: MPI.Comm | None = None) -> dict[str, Any]:
+    """Collective over `world`: the whole `mpiemu run` command."""
+    world = MPI.COMM_WORLD if world is None else world
+    guard = AbortOnError(world).install()
+    err: ConfigError | None = None
+    w: Workload | None = None
+    try:
+        w = validate(path, overrides, world.Get_size())
+    except ConfigError as exc:
+        err = exc
+    exit_on_error(world, err)
+    assert w is not None
+    out_dir = Path(out) if out else default_out(w)
+    ctx = open_run(w, world, out_dir, argv)
+    guard.log_dir = out_dir
+    guard.on_fail.append(lambda: ctx.writer.close(complete=False))
+    summary = kind_module(w.run.kind).run(ctx)
+    close_run(ctx, summary)
+    guard.uninstall()
+    return summary
+
+

@@ -1,0 +1,133 @@
+"""Emulated time of one rank: resources with free times, ops placed by dependencies.
+
+An op starts at the latest of its dependencies' ends and the free times of the resources it
+occupies, and lasts as long as the device model says (DESIGN.md, Emulated time). Each
+resource is a stream: ops on it are placed in issue order, so a rank's clock never goes back.
+Nothing here reads the wall clock except to annotate events.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Iterable, Iterator, Sequence
+
+from .events import CATS, PHASES
+from .trace import TraceWriter
+
+SimTime = float
+COMPUTE, DRAM = "compute", "dram"
+
+
+@dataclass(frozen=True)
+class Span:
+    """Where an op landed in emulated time."""
+
+    t_start: SimTime
+    t_end: SimTime
+
+    @property
+    def duration(self) -> SimTime:
+        return self.t_end - self.t_start
+
+
+@dataclass(frozen=True)
+class Labels:
+    """Context attached to every event: which layer, phase and iteration it belongs to."""
+
+    layer: int = -1
+    phase: str = "none"
+    iteration: int = -1
+
+
+def latest(after: SimTime | Iterable[SimTime]) -> SimTime:
+    """The latest of one or several dependency times (0 when there are none)."""
+    if isinstance(after, (int, float)):
+        return float(after)
+    return max(after, default=0.0)
+
+
+class Timeline:
+    """Per-rank resource clocks plus the event recorder."""
+
+    def __init__(self, writer: TraceWriter | None = None) -> None:
+        self.free: dict[str, SimTime] = {}
+        self.labels = Labels()
+        self.writer = writer
+        self._wall0 = time.perf_counter()
+
+    def wall(self) -> float:
+        """Wall seconds since this timeline was created (only for annotation)."""
+        return time.perf_counter() - self._wall0
+
+    def free_at(self, resource: str) -> SimTime:
+        return self.free.get(resource, 0.0)
+
+    def now(self) -> SimTime:
+        """The latest time any resource of this rank is busy until."""
+        return max(self.free.values(), default=0.0)
+
+    def earliest(self, resources: Sequence[str], after: SimTime | Iterable[SimTime] = 0.0
+                 ) -> SimTime:
+        """When an op on `resources` that depends on `after` could start."""
+        return max([latest(after)] + [self.free_at(r) for r in resources])
+
+    def reserve(self, name: str, resources: Sequence[str], duration: SimTime,
+                after: SimTime | Iterable[SimTime] = 0.0, *, cat: str = "compute",
+                flops: float = 0.0, nbytes: int = 0, dram_bytes: float = 0.0, peer: int = -1,
+                stage: int = -1, wall_start: float | None = None) -> Span:
+        """Place an op: start = max(deps, resources free), end = start + duration."""
+        if duration < 0:
+            raise ValueError(f"op {name!r}: negative duration {duration}")
+        start = self.earliest(resources, after)
+        return self.place(name, resources, start, start + duration, cat=cat, flops=flops,
+                          nbytes=nbytes, dram_bytes=dram_bytes, peer=peer, stage=stage,
+                          wall_start=wall_start)
+
+    def place(self, name: str, resources: Sequence[str], t_start: SimTime, t_end: SimTime, *,
+              cat: str = "compute", flops: float = 0.0, nbytes: int = 0,
+              dram_bytes: float = 0.0, peer: int = -1, stage: int = -1,
+              wall_start: float | None = None) -> Span:
+        """Record an op whose times were decided elsewhere; resources advance to its end."""
+        for r in resources:
+            if t_start < self.free_at(r) - 1e-15 * max(1.0, t_start):
+                raise ValueError(f"op {name!r} starts at {t_start} before {r} is free "
+                                 f"at {self.free_at(r)}")
+            self.free[r] = max(self.free_at(r), t_end)
+        self._record(name, cat, "+".join(resources), t_start, t_end, flops, nbytes,
+                     dram_bytes, peer, stage, wall_start)
+        return Span(t_start, t_end)
+
+    def mark(self, name: str, t: SimTime, *, cat: str = "wait", peer: int = -1,
+             resource: str = "-") -> None:
+        """A zero-length event (e.g. a receive completing), recorded but occupying nothing."""
+        self._record(name, cat, resource, t, t, 0.0, 0, 0.0, peer, -1, None)
+
+    def _record(self, name: str, cat: str, resource: str, t0: SimTime, t1: SimTime,
+                flops: float, nbytes: int, dram_bytes: float, peer: int, stage: int,
+                wall_start: float | None) -> None:
+        w = self.writer
+        if w is None:
+            return
+        lab = self.labels
+        now = self.wall()
+        w.add((w.strings.code(name), CATS[cat], w.strings.code(resource), t0, t1,
+               now if wall_start is None else wall_start, now, flops, int(nbytes),
+               int(dram_bytes), lab.layer, PHASES[lab.phase], lab.iteration, peer, stage))
+
+    def summary(self, name: str, span: Span, *, cat: str = "collective", resource: str = "-",
+                nbytes: int = 0, peer: int = -1, flops: float = 0.0, dram_bytes: float = 0.0,
+                stage: int = -1) -> None:
+        """Record a span that groups finer events (a whole collective); occupies nothing."""
+        self._record(name, cat, resource, span.t_start, span.t_end, flops, nbytes, dram_bytes,
+                     peer, stage, None)
+
+    @contextmanager
+    def labelled(self, **labels: object) -> Iterator[None]:
+        """Attach layer / phase / iteration labels to the events recorded inside."""
+        old = self.labels
+        self.labels = replace(old, **labels)  # type: ignore[arg-type]
+        try:
+            yield
+        finally:
+            self.labels = old
