@@ -71,6 +71,15 @@ class TimedComm:
         self.next = (self.rank + 1) % self.size
         self.prev = (self.rank - 1) % self.size
         self.stream = f"comm.{name}"
+        self._pool: dict[tuple[str, str], np.ndarray] = {}
+
+    def scratch(self, key: str, n: int, dtype: np.dtype) -> np.ndarray:
+        """A reusable work buffer of n elements (kept between calls: no page faults)."""
+        dt = np.dtype(dtype)
+        buf = self._pool.get((key, dt.str))
+        if buf is None or buf.size < n:
+            buf = self._pool[(key, dt.str)] = np.empty(max(n, 1), dt)
+        return buf[:n]
 
     def link_resource(self, dest: int, direction: str | None = None) -> str:
         """The link a message to `dest` leaves on ('next'/'prev' pick a ring direction)."""

@@ -13,11 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from mpi4py import MPI
 
 from ..sim.timeline import SimTime, Span, latest
 from .p2p import TimedComm
 
-TAG_RS, TAG_AG = 100, 200
+TAG_RS, TAG_AG, TAG_RS_DATA = 100, 200, 300
+PIECE_BYTES = 1 << 20   # payload pipelining granularity (an emulator detail, not modelled)
 
 
 def chunk_bounds(n: int, parts: int, offset: int = 0) -> list[tuple[int, int]]:
@@ -58,33 +60,112 @@ def _peers(tc: TimedComm, d: int) -> tuple[int, int]:
     return (tc.next, tc.prev) if d == 1 else (tc.prev, tc.next)
 
 
-def _rs_steps(tc: TimedComm, buf: np.ndarray | None, lanes: list[Lane], itemsize: int
-              ) -> None:
-    """N-1 reduce-scatter steps over all lanes at once; reductions on the comm stream."""
+def _pieces(lo: int, hi: int, itemsize: int) -> list[tuple[int, int]]:
+    """Split [lo, hi) into pieces of about PIECE_BYTES for pipelining the payload."""
+    k = max(1, -(-(hi - lo) * itemsize // PIECE_BYTES))
+    return chunk_bounds(hi - lo, k, lo)
+
+
+@dataclass
+class _RsLane:
+    """Payload state of one lane of a pipelined reduce-scatter (numerics on)."""
+
+    lane: Lane
+    dst: int
+    src: int
+    recv: list[np.ndarray]            # two receive buffers, by step parity
+    work: list[np.ndarray]            # two partial-sum buffers, by step parity
+    rreqs: list[MPI.Request]
+    sreqs: list[MPI.Request]
+
+
+def _rs_steps(tc: TimedComm, x: np.ndarray | None, lanes: list[Lane], itemsize: int,
+              out: np.ndarray | None, out_lo: int) -> None:
+    """N-1 reduce-scatter steps over all lanes at once; reductions on the comm stream.
+
+    Emulated time travels in one header per step (tag TAG_RS); the payload travels in pieces
+    (tag TAG_RS_DATA) so that the piece j a rank has just reduced is forwarded at once while
+    it reduces piece j+1: the ring is pipelined across steps, as NCCL does with its slices.
+    `x` is never copied whole; the last step writes straight into `out` (from `out_lo` on).
+    """
     n_size, r = tc.size, tc.rank
-    width = max(hi - lo for lane in lanes for lo, hi in lane.bounds)
-    scratch = [np.empty(width, buf.dtype) if buf is not None else None for _ in lanes]
+    bounds = [[lane.bounds[(r - lane.d * (s + 2)) % n_size] for s in range(n_size - 1)]
+              for lane in lanes]                        # chunk each lane reduces at step s
+    first = [lane.bounds[(r - lane.d) % n_size] for lane in lanes]
+    pay = _rs_payload_start(tc, x, lanes, bounds, first, itemsize)
+    heads = [tc.irecv(None, _peers(tc, lane.d)[1], TAG_RS + i, lane.t)
+             for i, lane in enumerate(lanes)]
+    sends = [tc.isend(None, _peers(tc, lane.d)[0], TAG_RS + i,
+                      (first[i][1] - first[i][0]) * itemsize, lane.t,
+                      direction=lane.direction, label="rs.send", stage=0)
+             for i, lane in enumerate(lanes)]
     for s in range(n_size - 1):
-        posted = []
-        for i, lane in enumerate(lanes):
-            dst, src = _peers(tc, lane.d)
-            slo, shi = lane.bounds[(r - lane.d * (s + 1)) % n_size]
-            rlo, rhi = lane.bounds[(r - lane.d * (s + 2)) % n_size]
-            rbuf = scratch[i][:rhi - rlo] if buf is not None else None  # type: ignore[index]
-            rh = tc.irecv(rbuf, src, TAG_RS + i, lane.t)
-            sh = tc.isend(buf[slo:shi] if buf is not None else None, dst, TAG_RS + i,
-                          (shi - slo) * itemsize, lane.t, direction=lane.direction,
-                          label="rs.send", stage=s)
-            posted.append((lane, rh, sh, rlo, rhi, rbuf))
-        for lane, rh, sh, rlo, rhi, rbuf in posted:
-            t_arrive = rh.wait()
-            if buf is not None:
-                np.add(buf[rlo:rhi], rbuf, out=buf[rlo:rhi])   # local + received partial
+        for i, lane in enumerate(lanes):             # timing: reduce, then announce next step
+            t_arrive = heads[i].wait()
+            rlo, rhi = bounds[i][s]
             n = rhi - rlo
             lane.t = tc.tl.reserve("rs.reduce", [tc.stream], tc.reduce_s(n, itemsize),
                                    t_arrive, cat="comm", flops=n, dram_bytes=3 * n * itemsize,
-                                   peer=rh.source, stage=s).t_end
-            sh.wait()
+                                   peer=heads[i].source, stage=s).t_end
+            sends[i].wait()
+            if s < n_size - 2:
+                dst, src = _peers(tc, lane.d)
+                heads[i] = tc.irecv(None, src, TAG_RS + i, lane.t)
+                sends[i] = tc.isend(None, dst, TAG_RS + i, n * itemsize, lane.t,
+                                    direction=lane.direction, label="rs.send", stage=s + 1)
+        if pay is not None:
+            _rs_payload_step(tc, x, pay, bounds, s, itemsize, out, out_lo)  # type: ignore[arg-type]
+
+
+def _rs_payload_start(tc: TimedComm, x: np.ndarray | None, lanes: list[Lane],
+                      bounds: list[list[tuple[int, int]]], first: list[tuple[int, int]],
+                      itemsize: int) -> list[_RsLane] | None:
+    """Post step 0's payload: send own chunk pieces, receive the first partial sums."""
+    if x is None:
+        return None
+    width = max(hi - lo for lane in lanes for lo, hi in lane.bounds)
+    pay = []
+    for i, lane in enumerate(lanes):
+        dst, src = _peers(tc, lane.d)
+        p = _RsLane(lane, dst, src, [tc.scratch(f"rs.recv{i}.{j}", width, x.dtype) for j in (0, 1)],
+                    [tc.scratch(f"rs.work{i}.{j}", width, x.dtype) for j in (0, 1)], [], [])
+        _post_recv_pieces(tc, p, bounds[i][0], 0, x.itemsize, i)
+        slo, shi = first[i]
+        p.sreqs = [tc.comm.Isend(x[a:b], dst, TAG_RS_DATA + i)
+                   for a, b in _pieces(slo, shi, x.itemsize)]
+        pay.append(p)
+    return pay
+
+
+def _post_recv_pieces(tc: TimedComm, p: _RsLane, chunk: tuple[int, int], s: int,
+                      real_itemsize: int, i: int) -> None:
+    lo, hi = chunk
+    buf = p.recv[s % 2]
+    p.rreqs = [tc.comm.Irecv(buf[a - lo:b - lo], p.src, TAG_RS_DATA + i)
+               for a, b in _pieces(lo, hi, real_itemsize)]
+
+
+def _rs_payload_step(tc: TimedComm, x: np.ndarray, pay: list[_RsLane],
+                     bounds: list[list[tuple[int, int]]], s: int, itemsize: int,
+                     out: np.ndarray | None, out_lo: int) -> None:
+    """Reduce step s piece by piece, forwarding each reduced piece for step s+1 at once."""
+    last = s == tc.size - 2
+    for i, p in enumerate(pay):
+        rreqs, sreqs = p.rreqs, p.sreqs
+        lo, hi = bounds[i][s]
+        if not last:
+            _post_recv_pieces(tc, p, bounds[i][s + 1], s + 1, x.itemsize, i)
+        target = (out[lo - out_lo:hi - out_lo] if last          # type: ignore[index]
+                  else p.work[s % 2][:hi - lo])
+        recv = p.recv[s % 2]
+        fwd = []
+        for req, (a, b) in zip(rreqs, _pieces(lo, hi, x.itemsize)):
+            req.Wait()
+            np.add(x[a:b], recv[a - lo:b - lo], out=target[a - lo:b - lo])  # local + received
+            if not last:
+                fwd.append(tc.comm.Isend(target[a - lo:b - lo], p.dst, TAG_RS_DATA + i))
+        MPI.Request.Waitall(sreqs)       # what we sent last step may now be overwritten
+        p.sreqs = fwd
 
 
 def _ag_steps(tc: TimedComm, buf: np.ndarray | None, lanes: list[Lane], itemsize: int
@@ -121,10 +202,20 @@ def _itemsize(x: np.ndarray | None, wire_itemsize: int | None) -> int:
     return x.itemsize if x is not None else 4
 
 
+def _out(out: np.ndarray | None, n: int, dtype: np.dtype) -> np.ndarray:
+    """The caller's output buffer (checked) or a new one."""
+    if out is None:
+        return np.empty(n, dtype)
+    if out.size != n or out.dtype != dtype or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a contiguous {dtype} array of {n} elements, got "
+                         f"{out.dtype} with {out.size}")
+    return out.reshape(-1)
+
+
 def reduce_scatter(tc: TimedComm, x: np.ndarray | None, *, after: SimTime = 0.0,
                    count: int | None = None, wire_itemsize: int | None = None,
-                   bidirectional: bool = False, label: str = "reduce_scatter"
-                   ) -> tuple[np.ndarray | None, Span]:
+                   bidirectional: bool = False, label: str = "reduce_scatter",
+                   out: np.ndarray | None = None) -> tuple[np.ndarray | None, Span]:
     """Sum x over the ring and keep chunk `rank` of the result.
 
     forward: reduce-scatter; its conjugate (backward) is `all_gather`.
@@ -132,21 +223,21 @@ def reduce_scatter(tc: TimedComm, x: np.ndarray | None, *, after: SimTime = 0.0,
     n, itemsize, t0 = _size(x, count), _itemsize(x, wire_itemsize), latest(after)
     if tc.size == 1:
         return (None if x is None else x.reshape(-1).copy()), Span(t0, t0)
-    buf = None if x is None else np.ascontiguousarray(x).reshape(-1).copy()
+    flat = None if x is None else np.ascontiguousarray(x).reshape(-1)
+    lo, hi = chunk_bounds(n, tc.size)[tc.rank]
+    res = None if flat is None else _out(out, hi - lo, flat.dtype)
     lanes = _lanes(n, tc.size, t0, bidirectional)
-    _rs_steps(tc, buf, lanes, itemsize)
+    _rs_steps(tc, flat, lanes, itemsize, res, lo)
     span = Span(t0, max(lane.t for lane in lanes))
     tc.tl.summary(label, span, resource=f"coll.{tc.name}", nbytes=n * itemsize)
-    if buf is None:
-        return None, span
-    lo, hi = chunk_bounds(n, tc.size)[tc.rank]
-    return buf[lo:hi].copy(), span
+    return res, span
 
 
 def all_gather(tc: TimedComm, x: np.ndarray | None, *, total: int | None = None,
                after: SimTime = 0.0, count: int | None = None,
                wire_itemsize: int | None = None, bidirectional: bool = False,
-               label: str = "all_gather") -> tuple[np.ndarray | None, Span]:
+               label: str = "all_gather", out: np.ndarray | None = None
+               ) -> tuple[np.ndarray | None, Span]:
     """Concatenate every rank's chunk in rank order (chunks sized as `chunk_bounds`).
 
     forward: all-gather; its conjugate (backward) is `reduce_scatter`.
@@ -161,7 +252,7 @@ def all_gather(tc: TimedComm, x: np.ndarray | None, *, total: int | None = None,
         if x.size != hi - lo:
             raise ValueError(f"all_gather: rank {tc.rank} holds {x.size} elements but chunk "
                              f"{tc.rank} of {n} has {hi - lo}")
-        buf = np.empty(n, x.dtype)
+        buf = _out(out, n, x.dtype)
         buf[lo:hi] = x.reshape(-1)
     lanes = _lanes(n, tc.size, t0, bidirectional)
     _ag_steps(tc, buf, lanes, itemsize)
@@ -172,15 +263,16 @@ def all_gather(tc: TimedComm, x: np.ndarray | None, *, total: int | None = None,
 
 def all_reduce(tc: TimedComm, x: np.ndarray | None, *, after: SimTime = 0.0,
                count: int | None = None, wire_itemsize: int | None = None,
-               bidirectional: bool = False, label: str = "all_reduce"
-               ) -> tuple[np.ndarray | None, Span]:
+               bidirectional: bool = False, label: str = "all_reduce",
+               out: np.ndarray | None = None) -> tuple[np.ndarray | None, Span]:
     """Ring all-reduce = reduce-scatter then all-gather on the same chunks, 2(N-1) steps."""
     n, itemsize, t0 = _size(x, count), _itemsize(x, wire_itemsize), latest(after)
     if tc.size == 1:
         return (None if x is None else x.copy()), Span(t0, t0)
-    buf = None if x is None else np.ascontiguousarray(x).reshape(-1).copy()
+    flat = None if x is None else np.ascontiguousarray(x).reshape(-1)
+    buf = None if flat is None else _out(out, n, flat.dtype)
     lanes = _lanes(n, tc.size, t0, bidirectional)
-    _rs_steps(tc, buf, lanes, itemsize)
+    _rs_steps(tc, flat, lanes, itemsize, buf, 0)    # chunk r's sum lands in buf
     _ag_steps(tc, buf, lanes, itemsize)
     span = Span(t0, max(lane.t for lane in lanes))
     tc.tl.summary(label, span, resource=f"coll.{tc.name}", nbytes=n * itemsize)

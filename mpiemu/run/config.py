@@ -96,7 +96,7 @@ class CollectivesSection:
     """A sweep of ring collectives over message sizes."""
 
     ops: tuple[str, ...] = COLLECTIVE_OPS
-    sizes: tuple[str, ...] = ("1KiB", "64KiB", "1MiB", "16MiB")
+    sizes: tuple[str | int, ...] = ("1KiB", "64KiB", "1MiB", "16MiB")
     bidirectional: bool = False
     group: str = "tp"
 

@@ -9,7 +9,7 @@ class ConfigError(ValueError):
 
     def __init__(self, field: str, value: Any, allowed: str | Iterable[Any]) -> None:
         if not isinstance(allowed, str):
-            allowed = "one of " + ", ".join(repr(a) for a in allowed)
+            allowed = "choose one of " + ", ".join(repr(a) for a in allowed)
         self.field, self.value, self.allowed = field, value, allowed
         super().__init__(f"{field}={value!r}: {allowed}")
 

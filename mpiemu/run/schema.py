@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import tomllib
+import types
 import typing
 from typing import Any, Mapping, TypeVar
 
@@ -29,6 +30,14 @@ def parse_size(field: str, value: Any) -> int:
 
 def _coerce(tp: Any, value: Any, field: str) -> Any:
     origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for alt in typing.get_args(tp):
+            try:
+                return _coerce(alt, value, field)
+            except ConfigError:
+                continue
+        names = " or ".join(getattr(a, "__name__", str(a)) for a in typing.get_args(tp))
+        raise ConfigError(field, value, f"a {names}")
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
             raise ConfigError(field, value, "a table")

@@ -1,0 +1,58 @@
+# Two commands for a newcomer: `make run` (set up + quickstart) and `make test` (whole suite).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+MPIEXEC := $(BIN)/mpiexec
+NP ?= 4
+
+# One BLAS thread per rank: the MPI tests put up to 8 ranks on 2 cores.
+export OMP_NUM_THREADS ?= 1
+export OPENBLAS_NUM_THREADS ?= 1
+export MKL_NUM_THREADS ?= 1
+# Backstop for any MPI job that hangs (seconds); MPICH and Open MPI both honour it.
+export MPIEXEC_TIMEOUT ?= 600
+export MPLBACKEND ?= Agg
+
+PYTEST     := $(BIN)/python -m pytest -q -p no:cacheprovider
+MPI_PYTEST := $(BIN)/python -m mpi4py -m pytest -q -p no:cacheprovider --with-mpi --only-mpi
+
+.PHONY: install run test test-serial test-mpi bench install-site-mpi clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test,plot]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## make run: create .venv, install, run the quickstart on $(NP) ranks and print its summary
+run: $(STAMP)
+	$(MPIEXEC) -n $(NP) $(BIN)/mpiemu run workloads/quickstart.toml --out runs/quickstart
+	$(BIN)/mpiemu analyze runs/quickstart --top 12
+
+## make test: serial tests (and MPI tests at 1 rank), then MPI tests at 2 and 4 ranks
+test: $(STAMP) test-serial test-mpi
+
+test-serial: $(STAMP)
+	$(PYTEST) --with-mpi tests
+
+test-mpi: $(STAMP)
+	$(MPIEXEC) -n 2 $(MPI_PYTEST) tests
+	$(MPIEXEC) -n 4 $(MPI_PYTEST) tests
+	for n in 3 5 8; do $(MPIEXEC) -n $$n $(MPI_PYTEST) tests/test_ring_mpi.py || exit 1; done
+
+## make bench: the benchmarks reported in the README (not part of the test suite)
+bench: $(STAMP)
+	$(MPIEXEC) -n 4 $(BIN)/python -m mpi4py benchmarks/collectives.py
+
+## make install-site-mpi: install against the cluster's MPI instead of the mpich wheel
+install-site-mpi:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q --no-binary=mpi4py 'mpi4py>=4.1' numpy h5py matplotlib pytest pytest-mpi
+	$(BIN)/python -m pip install -q --no-deps -e .
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info

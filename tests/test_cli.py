@@ -1,0 +1,96 @@
+"""The command line end to end: runs, traces, errors, crashes, determinism (via mpiexec)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from mpiemu.analysis import load
+from tests.conftest import run_mpi
+
+SMALL = ["--set", 'collectives.sizes=["1KiB", "96KiB"]', "--set", "parallel.tp=2"]
+
+
+def mpiemu(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mpiemu", *args], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_devices_lists_every_preset_with_sources() -> None:
+    out = mpiemu("devices").stdout
+    for name in ("t3-gpu", "mi210", "a100-sxm4-80gb", "h100-sxm5"):
+        assert name in out
+    assert "thesis Table 8.1" in out and "[ASSUMPTION]" in out
+
+
+def test_collectives_run_writes_readable_complete_traces(tmp_path: Path) -> None:
+    res = run_mpi(2, ["run", "workloads/collectives.toml", *SMALL, "--out", str(tmp_path)])
+    assert res.returncode == 0, res.stderr
+    assert "alpha-beta" in res.stdout
+    run = load(tmp_path)
+    assert run.complete and len(run.ranks) == 2
+    for rt in run.ranks:
+        names = set(rt.names)
+        assert {"reduce_scatter", "all_gather", "all_reduce", "rs.send", "rs.reduce"} <= names
+        assert np.all(rt.events["t_end"] >= rt.events["t_start"])
+    with h5py.File(tmp_path / "trace.h5") as f:          # merged virtual view
+        assert f["events"].shape[0] == sum(len(r.events) for r in run.ranks)
+        assert f["ranks/1"].attrs["rank"] == 1
+
+
+def test_same_workload_gives_identical_emulated_times(tmp_path: Path) -> None:
+    cols = []
+    for i in range(2):
+        out = tmp_path / f"r{i}"
+        assert run_mpi(2, ["run", "workloads/collectives.toml", *SMALL, "--out",
+                           str(out)]).returncode == 0
+        cols.append([(r.events["t_start"], r.events["t_end"]) for r in load(out).ranks])
+    for (s0, e0), (s1, e1) in zip(*cols):
+        assert np.array_equal(s0, s1) and np.array_equal(e0, e1)
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("device.preset=nope", "device.preset='nope'"),
+    ("parallel.tp=3", "parallel.tp*parallel.dp"),
+    ("collectives.sizes=[-5]", "collectives.sizes[0]=-5"),
+    ("collectives.bogus=1", "collectives.bogus=1"),
+])
+def test_config_error_is_one_line_and_exits_nonzero(tmp_path: Path, override: str,
+                                                    needle: str) -> None:
+    t0 = time.monotonic()
+    res = run_mpi(2, ["run", "workloads/collectives.toml", "--set", override, "--out",
+                      str(tmp_path)], timeout=60)
+    assert res.returncode != 0
+    assert time.monotonic() - t0 < 30
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("mpiemu: error: ") and needle in lines[0]
+    assert "Traceback" not in res.stderr + res.stdout
+
+
+def test_failing_rank_ends_job_quickly_and_leaves_readable_traces(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    res = run_mpi(2, ["run", "workloads/collectives.toml", *SMALL, "--set", "debug.fail_rank=1",
+                      "--set", "debug.fail_iteration=2", "--out", str(tmp_path)], timeout=60)
+    assert res.returncode != 0
+    assert time.monotonic() - t0 < 30
+    assert "rank 1 failed" in res.stderr
+    run = load(tmp_path)
+    assert len(run.ranks) == 2 and not run.complete
+    assert all(not r.complete for r in run.ranks)
+
+
+def test_analyze_prints_rank_and_op_tables(tmp_path: Path) -> None:
+    assert run_mpi(2, ["run", "workloads/collectives.toml", *SMALL, "--out",
+                       str(tmp_path)]).returncode == 0
+    out = mpiemu("analyze", str(tmp_path)).stdout
+    assert "makespan" in out and "rs.reduce" in out
+
+
+def test_analyze_of_missing_dir_is_one_line_error(tmp_path: Path) -> None:
+    res = mpiemu("analyze", str(tmp_path / "none"))
+    assert res.returncode == 2 and "does not exist" in res.stderr

@@ -1,0 +1,57 @@
+"""Workload parsing: defaults, overrides, and one-line errors naming field and value."""
+from __future__ import annotations
+
+import pytest
+
+from mpiemu.run.config import load_workload, resolve_device
+from mpiemu.run.errors import ConfigError
+
+
+def test_defaults_load_without_a_file() -> None:
+    w = load_workload(None)
+    assert w.parallel.tp == 1 and w.run.kind == "collectives"
+
+
+def test_overrides_are_parsed_as_toml_values(root) -> None:
+    w = load_workload(root / "workloads/collectives.toml",
+                      ["parallel.tp=2", "parallel.dp=2", "collectives.bidirectional=true",
+                       'collectives.sizes=["4KiB", 8192]'])
+    assert (w.parallel.tp, w.parallel.dp) == (2, 2)
+    assert w.collectives.bidirectional is True
+    assert w.collectives.size_bytes == [4096, 8192]
+
+
+@pytest.mark.parametrize("override, field", [
+    ("parallel.tpp=2", "parallel.tpp"),
+    ("device.preset=nope", "device.preset"),
+    ("collectives.sizes=[-5]", "collectives.sizes[0]"),
+    ("collectives.sizes=['lots']", "collectives.sizes[0]"),
+    ("parallel.tp=0", "parallel.tp"),
+    ("parallel.tp=two", "parallel.tp"),
+    ("run.numerics=maybe", "run.numerics"),
+    ("network.latency_ns=-3", "network.latency_ns"),
+])
+def test_bad_values_name_the_field_and_value(override: str, field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_workload(None, [override])
+    msg = str(info.value)
+    assert msg.startswith(field)
+    assert "\n" not in msg
+
+
+def test_world_size_mismatch_says_what_is_allowed() -> None:
+    w = load_workload(None, ["parallel.tp=2", "parallel.dp=3"])
+    with pytest.raises(ConfigError, match="must equal the 4 ranks"):
+        w.check_world(4)
+
+
+def test_network_overrides_replace_the_preset_link() -> None:
+    w = load_workload(None, ["network.bw_GBps=10", "network.latency_ns=0"])
+    spec = resolve_device(w)
+    assert spec.link.bw_bytes_per_s == 10e9 and spec.link.latency_s == 0.0
+
+
+def test_config_hash_changes_with_content() -> None:
+    a = load_workload(None).config_hash()
+    b = load_workload(None, ["run.seed=3"]).config_hash()
+    assert a != b and a == load_workload(None).config_hash()

@@ -1,0 +1,92 @@
+"""Hardware specs, presets with sources, and the GEMM stage model."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from mpiemu.hw import list_presets, load_device, model_for, read_preset
+from mpiemu.hw.presets import all_quantities
+
+GPU_PRESETS = ["t3-gpu", "mi210", "a100-sxm4-80gb", "h100-sxm5"]
+
+
+def test_required_gpu_presets_exist() -> None:
+    assert set(GPU_PRESETS) <= set(list_presets())
+
+
+@pytest.mark.parametrize("name", GPU_PRESETS)
+def test_every_preset_number_has_a_source(name: str) -> None:
+    for section, qs in all_quantities(read_preset(name)).items():
+        for key, q in qs.items():
+            assert q.source.strip(), f"{name}.{section}.{key} has no source"
+
+
+def test_t3_gpu_matches_thesis_table_8_1() -> None:
+    d = load_device("t3-gpu")
+    assert d.compute_units == 80
+    assert d.clock_hz == pytest.approx(1.4e9)
+    assert d.llc_bytes == 16 * 2**20
+    assert d.dram_bw_bytes_per_s == pytest.approx(1e12)
+    assert d.link.bw_bytes_per_s * 2 == pytest.approx(150e9)   # bidirectional
+    assert d.link.latency_s == pytest.approx(500e-9)
+    assert d.link.topology == "ring"
+
+
+def test_unknown_preset_names_the_choices() -> None:
+    with pytest.raises(ValueError, match="t3-gpu"):
+        load_device("no-such-gpu")
+
+
+def test_stage_count_follows_tiles_and_compute_units() -> None:
+    d = load_device("t3-gpu")
+    g = model_for(d).gemm(4096, 3072, 384)
+    tiles = math.ceil(4096 / d.gemm.tile_m) * math.ceil(3072 / d.gemm.tile_n)
+    assert g.n_stages == math.ceil(tiles / (d.compute_units * d.gemm.wgs_per_cu))
+    assert sum(s.tiles for s in g.stages) == tiles
+
+
+def test_slicing_in_k_keeps_tiles_and_stages() -> None:
+    """Thesis Fig. 8.3: a K-sliced GEMM has the same output, tiles and stages."""
+    m = model_for(load_device("t3-gpu"))
+    full, sliced = m.gemm(16384, 3072, 3072), m.gemm(16384, 3072, 3072 // 8)
+    assert full.n_stages == sliced.n_stages
+    assert [s.tiles for s in full.stages] == [s.tiles for s in sliced.stages]
+    assert sliced.flops == pytest.approx(full.flops / 8)
+
+
+def test_partial_last_wave_underuses_the_device() -> None:
+    d = load_device("t3-gpu")
+    m = model_for(d)
+    wave = d.compute_units * d.gemm.wgs_per_cu
+    n = d.gemm.tile_n
+    one = m.gemm(wave * d.gemm.tile_m, n, 4096)
+    plus_one = m.gemm((wave + 1) * d.gemm.tile_m, n, 4096)
+    assert plus_one.n_stages == one.n_stages + 1
+    # one extra tile costs a whole (mostly idle) stage's compute of one WG on one CU
+    extra = plus_one.time_s - one.time_s
+    per_tile_ideal = one.time_s / wave
+    assert extra > 10 * per_tile_ideal
+
+
+def test_cache_resident_gemm_reads_inputs_once() -> None:
+    d = load_device("t3-gpu")
+    m = model_for(d)
+    small = m.gemm(16384, 3072, 384)      # 12.6 MB + 2.4 MB of fp16 inputs < 16 MB LLC
+    inputs = (16384 * 384 + 384 * 3072) * 2
+    assert small.dram_read_bytes == pytest.approx(inputs, rel=0.05)
+    big = m.gemm(16384, 3072, 1536)       # 50 MB + 9.4 MB: re-reads
+    assert big.dram_read_bytes > 1.5 * (16384 * 1536 + 1536 * 3072) * 2
+
+
+def test_llc_bypass_of_outputs_helps_cache_sensitive_gemms() -> None:
+    m = model_for(load_device("t3-gpu"))
+    cached = m.gemm(8192, 4256, 4 * 4256 // 8)
+    bypass = m.gemm(8192, 4256, 4 * 4256 // 8, bypass_llc_output=True)
+    assert bypass.dram_read_bytes < 0.8 * cached.dram_read_bytes
+
+
+def test_elementwise_is_bandwidth_plus_launch() -> None:
+    d = load_device("t3-gpu")
+    t = model_for(d).elementwise_s(1e9, 1e9)
+    assert t == pytest.approx(2e9 / d.dram_stream_bw + d.kernel_launch_s)
