@@ -96,3 +96,21 @@ def test_timing_only_collectives_match_numeric_times() -> None:
     t_real = all_reduce(timed_comm(comm), x, wire_itemsize=2)[1]
     t_shape = all_reduce(timed_comm(comm), None, count=count, wire_itemsize=2)[1]
     assert t_real == t_shape
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_two_dim_arrays_are_scattered_and_gathered_by_whole_rows(bidirectional: bool) -> None:
+    comm = MPI.COMM_WORLD
+    tc = timed_comm(comm)
+    rows, width = 3 * comm.size + 2, 5
+    x = data(comm.rank, rows * width, np.float64).reshape(rows, width)
+    total = np.empty_like(x)
+    comm.Allreduce(x, total)
+    lo, hi = chunk_bounds(rows, comm.size)[comm.rank]
+    mine, _ = reduce_scatter(tc, x, bidirectional=bidirectional)
+    assert mine.shape == (hi - lo, width)
+    np.testing.assert_allclose(mine, total[lo:hi], rtol=1e-12, atol=1e-12)
+    back, _ = all_gather(tc, mine, total=rows * width, bidirectional=bidirectional)
+    assert back.shape == (rows, width)
+    np.testing.assert_allclose(back, total, rtol=1e-12, atol=1e-12)

@@ -46,13 +46,24 @@ class Lane:
         return "next" if self.d == 1 else "prev"
 
 
-def _lanes(n: int, size: int, t0: SimTime, bidirectional: bool) -> list[Lane]:
-    whole = chunk_bounds(n, size)
+def _lanes(n: int, size: int, t0: SimTime, bidirectional: bool, unit: int = 1) -> list[Lane]:
+    """Chunk bounds in elements, cut at multiples of `unit` (a row of a 2-D array)."""
+    whole = chunk_bounds(n // unit, size)
     if not bidirectional:
-        return [Lane(1, whole, t0)]
-    lo_half = [(lo, lo + (hi - lo + 1) // 2) for lo, hi in whole]
-    hi_half = [(lo + (hi - lo + 1) // 2, hi) for lo, hi in whole]
+        return [Lane(1, [(lo * unit, hi * unit) for lo, hi in whole], t0)]
+    mid = [lo + (hi - lo + 1) // 2 for lo, hi in whole]
+    lo_half = [(lo * unit, m * unit) for (lo, _), m in zip(whole, mid)]
+    hi_half = [(m * unit, hi * unit) for (_, hi), m in zip(whole, mid)]
     return [Lane(1, lo_half, t0), Lane(-1, hi_half, t0)]
+
+
+def _unit(x: np.ndarray | None, unit: int | None) -> int:
+    """Elements per indivisible row: a multi-dim array is scattered along its first axis."""
+    if unit is not None:
+        return unit
+    if x is None or x.ndim <= 1:
+        return 1
+    return int(np.prod(x.shape[1:]))
 
 
 def _peers(tc: TimedComm, d: int) -> tuple[int, int]:
@@ -215,38 +226,43 @@ def _out(out: np.ndarray | None, n: int, dtype: np.dtype) -> np.ndarray:
 def reduce_scatter(tc: TimedComm, x: np.ndarray | None, *, after: SimTime = 0.0,
                    count: int | None = None, wire_itemsize: int | None = None,
                    bidirectional: bool = False, label: str = "reduce_scatter",
-                   out: np.ndarray | None = None) -> tuple[np.ndarray | None, Span]:
-    """Sum x over the ring and keep chunk `rank` of the result.
+                   out: np.ndarray | None = None, unit: int | None = None
+                   ) -> tuple[np.ndarray | None, Span]:
+    """Sum x over the ring and keep chunk `rank` of the result (rows of a 2-D x).
 
     forward: reduce-scatter; its conjugate (backward) is `all_gather`.
     """
     n, itemsize, t0 = _size(x, count), _itemsize(x, wire_itemsize), latest(after)
+    u = _unit(x, unit)
     if tc.size == 1:
-        return (None if x is None else x.reshape(-1).copy()), Span(t0, t0)
+        return (None if x is None else x.copy()), Span(t0, t0)
     flat = None if x is None else np.ascontiguousarray(x).reshape(-1)
-    lo, hi = chunk_bounds(n, tc.size)[tc.rank]
+    lo, hi = (b * u for b in chunk_bounds(n // u, tc.size)[tc.rank])
     res = None if flat is None else _out(out, hi - lo, flat.dtype)
-    lanes = _lanes(n, tc.size, t0, bidirectional)
+    lanes = _lanes(n, tc.size, t0, bidirectional, u)
     _rs_steps(tc, flat, lanes, itemsize, res, lo)
     span = Span(t0, max(lane.t for lane in lanes))
     tc.tl.summary(label, span, resource=f"coll.{tc.name}", nbytes=n * itemsize)
+    if res is not None and x is not None and x.ndim > 1:
+        res = res.reshape(-1, *x.shape[1:])
     return res, span
 
 
 def all_gather(tc: TimedComm, x: np.ndarray | None, *, total: int | None = None,
                after: SimTime = 0.0, count: int | None = None,
                wire_itemsize: int | None = None, bidirectional: bool = False,
-               label: str = "all_gather", out: np.ndarray | None = None
-               ) -> tuple[np.ndarray | None, Span]:
-    """Concatenate every rank's chunk in rank order (chunks sized as `chunk_bounds`).
+               label: str = "all_gather", out: np.ndarray | None = None,
+               unit: int | None = None) -> tuple[np.ndarray | None, Span]:
+    """Concatenate every rank's chunk in rank order (rows of a 2-D x; `total` elements).
 
     forward: all-gather; its conjugate (backward) is `reduce_scatter`.
     """
     itemsize, t0 = _itemsize(x, wire_itemsize), latest(after)
     n = total if total is not None else _size(x, count) * tc.size
+    u = _unit(x, unit)
     if tc.size == 1:
-        return (None if x is None else x.reshape(-1).copy()), Span(t0, t0)
-    lo, hi = chunk_bounds(n, tc.size)[tc.rank]
+        return (None if x is None else x.copy()), Span(t0, t0)
+    lo, hi = (b * u for b in chunk_bounds(n // u, tc.size)[tc.rank])
     buf = None
     if x is not None:
         if x.size != hi - lo:
@@ -254,24 +270,27 @@ def all_gather(tc: TimedComm, x: np.ndarray | None, *, total: int | None = None,
                              f"{tc.rank} of {n} has {hi - lo}")
         buf = _out(out, n, x.dtype)
         buf[lo:hi] = x.reshape(-1)
-    lanes = _lanes(n, tc.size, t0, bidirectional)
+    lanes = _lanes(n, tc.size, t0, bidirectional, u)
     _ag_steps(tc, buf, lanes, itemsize)
     span = Span(t0, max(lane.t for lane in lanes))
     tc.tl.summary(label, span, resource=f"coll.{tc.name}", nbytes=n * itemsize)
+    if buf is not None and x is not None and x.ndim > 1:
+        buf = buf.reshape(-1, *x.shape[1:])
     return buf, span
 
 
 def all_reduce(tc: TimedComm, x: np.ndarray | None, *, after: SimTime = 0.0,
                count: int | None = None, wire_itemsize: int | None = None,
                bidirectional: bool = False, label: str = "all_reduce",
-               out: np.ndarray | None = None) -> tuple[np.ndarray | None, Span]:
+               out: np.ndarray | None = None, unit: int = 1
+               ) -> tuple[np.ndarray | None, Span]:
     """Ring all-reduce = reduce-scatter then all-gather on the same chunks, 2(N-1) steps."""
     n, itemsize, t0 = _size(x, count), _itemsize(x, wire_itemsize), latest(after)
     if tc.size == 1:
         return (None if x is None else x.copy()), Span(t0, t0)
     flat = None if x is None else np.ascontiguousarray(x).reshape(-1)
     buf = None if flat is None else _out(out, n, flat.dtype)
-    lanes = _lanes(n, tc.size, t0, bidirectional)
+    lanes = _lanes(n, tc.size, t0, bidirectional, unit)
     _rs_steps(tc, flat, lanes, itemsize, buf, 0)    # chunk r's sum lands in buf
     _ag_steps(tc, buf, lanes, itemsize)
     span = Span(t0, max(lane.t for lane in lanes))

@@ -37,6 +37,15 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+@_command
+def cmd_report(args: argparse.Namespace) -> int:
+    """Regenerate a report under results/ from the project's own models and runs."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from .reports import run_report  # noqa: PLC0415
+    return run_report(args.name, Path(args.out) if args.out else None, args.extra)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mpiemu", description="Emulate accelerators with MPI ranks.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -51,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser("analyze", help="tables of a run directory")
     a.add_argument("run_dir")
     a.add_argument("--top", type=int, default=25, help="rows of the per-op table")
+    rep = sub.add_parser("report", help="regenerate a report under results/ (t3, sunway)")
+    rep.add_argument("name")
+    rep.add_argument("--out", help="output directory (default results/<name>)")
+    rep.add_argument("extra", nargs=argparse.REMAINDER, help="arguments for the report")
     return p
 
 

@@ -15,9 +15,12 @@ from typing import Any, Sequence
 from ..hw.presets import PresetError, list_presets, load_device
 from ..hw.specs import DTYPE_BYTES, TOPOLOGIES, DeviceSpec, LinkSpec
 from .errors import ConfigError
+from .sections.overlap import OverlapSection, SublayersSection
+from .sections.sunway import SunwaySection
+from .sections.train import ModelSection, OptimizerSection, TrainSection
 from .schema import apply_override, as_table, from_table, parse_override, parse_size
 
-KINDS = ("collectives",)
+KINDS = ("collectives", "train", "sublayers")
 COLLECTIVE_OPS = ("reduce_scatter", "all_gather", "all_reduce")
 
 
@@ -84,6 +87,7 @@ class ParallelSection:
 
     tp: int = 1
     dp: int = 1
+    sequence_parallel: bool = False  # RS after row-parallel, AG before column-parallel GEMMs
 
     def __post_init__(self) -> None:
         for name in ("tp", "dp"):
@@ -133,6 +137,12 @@ class Workload:
     network: NetworkSection = field(default_factory=NetworkSection)
     parallel: ParallelSection = field(default_factory=ParallelSection)
     collectives: CollectivesSection = field(default_factory=CollectivesSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    optimizer: OptimizerSection = field(default_factory=OptimizerSection)
+    overlap: OverlapSection = field(default_factory=OverlapSection)
+    sublayers: SublayersSection = field(default_factory=SublayersSection)
+    sunway: SunwaySection = field(default_factory=SunwaySection)
     debug: DebugSection = field(default_factory=DebugSection)
 
     def check_world(self, world_size: int) -> None:

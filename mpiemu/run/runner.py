@@ -16,6 +16,7 @@ from .mpi import AbortOnError, exit_on_error
 KIND_MODULES: dict[str, str] = {
     "collectives": "mpiemu.run.collectives",
     "train": "mpiemu.run.train",
+    "sublayers": "mpiemu.run.sublayers",
 }
 
 

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Run a workload locally on N ranks with the venv's MPI: launch/local.sh N WORKLOAD [args...]
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+n=${1:?usage: launch/local.sh N WORKLOAD.toml [--set k=v ...]}
+shift
+export MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-1800}
+exec "$here/.venv/bin/mpiexec" -n "$n" "$here/.venv/bin/python" -m mpi4py -m mpiemu run "$@"

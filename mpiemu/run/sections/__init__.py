@@ -1,0 +1,1 @@
+"""Workload sections owned by the layers they configure (one file per area)."""
