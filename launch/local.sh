@@ -5,4 +5,4 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 n=${1:?usage: launch/local.sh N WORKLOAD.toml [--set k=v ...]}
 shift
 export MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-1800}
-exec "$here/.venv/bin/mpiexec" -n "$n" "$here/.venv/bin/python" -m mpi4py -m mpiemu run "$@"
+exec "$here/.venv/bin/mpiexec" -n "$n" "$here/.venv/bin/mpiemu" run "$@"
