@@ -15,7 +15,7 @@ export MPIEXEC_TIMEOUT ?= 600
 export MPLBACKEND ?= Agg
 
 PYTEST     := $(BIN)/python -m pytest -q -p no:cacheprovider
-MPI_PYTEST := $(BIN)/python -m mpi4py -m pytest -q -p no:cacheprovider --with-mpi --only-mpi
+MPI_PYTEST := $(BIN)/python -m mpi4py -m pytest -q -p no:cacheprovider --only-mpi
 
 .PHONY: install run test test-serial test-mpi bench install-site-mpi clean
 

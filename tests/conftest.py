@@ -22,12 +22,19 @@ def mpiexec_path() -> str:
     return str(local) if local.exists() else (shutil.which("mpiexec") or "mpiexec")
 
 
+def child_env(**extra: str) -> dict[str, str]:
+    """This environment minus the launcher's variables, so a child starts its own MPI job
+    even when the test itself runs under mpiexec."""
+    drop = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCAL", "MPICH_", "OMPI_", "PRTE_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", **extra)
+    return env
+
+
 def run_mpi(n: int, args: list[str], timeout: float = 120, cwd: Path | None = None,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Launch `python -m mpiemu ARGS` on n ranks and capture its output."""
-    full_env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
-                    MPIEXEC_TIMEOUT=str(int(timeout)))
-    full_env.update(env or {})
+    full_env = child_env(MPIEXEC_TIMEOUT=str(int(timeout)), **(env or {}))
     cmd = [mpiexec_path(), "-n", str(n), sys.executable, "-m", "mpiemu", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30,
                           cwd=cwd or ROOT, env=full_env)

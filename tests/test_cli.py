@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from mpiemu.analysis import load
-from tests.conftest import run_mpi
+from tests.conftest import child_env, run_mpi
 
 SMALL = ["--set", 'collectives.sizes=["1KiB", "96KiB"]', "--set", "parallel.tp=2"]
 
 
 def mpiemu(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "mpiemu", *args], capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=60, env=child_env())
 
 
 def test_devices_lists_every_preset_with_sources() -> None:

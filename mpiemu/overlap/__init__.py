@@ -1,6 +1,7 @@
-"""Fused compute-communication schedules: GEMM -> ring RS / AR, ring AG -> GEMM."""
-from .api import (MODES, STRATEGIES, STRATEGY_IMPLS, GemmShape, Overlap, gather_then_gemm,
-                  gemm_then_reduce)
+"""Fused compute-communication schedules: GEMM -> ring RS / AR, ring AG -> GEMM.
 
-__all__ = ["GemmShape", "MODES", "Overlap", "STRATEGIES", "STRATEGY_IMPLS", "gather_then_gemm",
-           "gemm_then_reduce"]
+`strategy` is importable without MPI; `api` (and the fused executors) use MPI.
+"""
+from .strategy import MODES, STRATEGIES, Overlap
+
+__all__ = ["MODES", "Overlap", "STRATEGIES"]

@@ -18,23 +18,7 @@ from ..comm.ring import all_gather, all_reduce, reduce_scatter
 from ..hw.specs import dtype_bytes
 from ..sim import ops
 from ..sim.timeline import SimTime, Span
-
-STRATEGIES = ("sequential", "ideal", "ideal+nmc", "sw-overlap", "t3", "t3-mca")
-MODES = ("all_reduce", "reduce_scatter")
-
-
-@dataclass(frozen=True)
-class Overlap:
-    """How a GEMM and its TP collective are scheduled."""
-
-    strategy: str = "sequential"
-    bidirectional: bool = False          # ring collectives use both link directions
-
-    def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"overlap.strategy={self.strategy!r}; choose one of "
-                             f"{list(STRATEGIES)}")
-
+from .strategy import MODES, STRATEGIES, Overlap
 
 @dataclass(frozen=True)
 class GemmShape:

@@ -1,5 +1,4 @@
-"""Configs (TOML -> validated dataclasses), the per-rank runner and the CLI."""
-from .config import Workload, load_workload
-from .errors import ConfigError
+"""Configs (TOML -> validated dataclasses), the per-rank runner, reports and the CLI.
 
-__all__ = ["ConfigError", "Workload", "load_workload"]
+Nothing is imported here eagerly: `mpiemu devices` and `mpiemu analyze` must not start MPI.
+"""

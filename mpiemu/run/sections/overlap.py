@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...overlap.api import STRATEGIES, Overlap
+from ...overlap.strategy import STRATEGIES, Overlap
 from ..errors import ConfigError
 
 
