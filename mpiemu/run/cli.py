@@ -38,6 +38,42 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 @_command
+def cmd_export(args: argparse.Namespace) -> int:
+    """Chrome/Perfetto JSON of a run (and per-rank files for Holistic Trace Analysis)."""
+    from ..analysis import load  # noqa: PLC0415
+    from ..analysis.export import write_chrome, write_hta  # noqa: PLC0415
+    run = load(args.run_dir)
+    if not args.chrome and not args.hta:
+        raise ValueError("export needs --chrome FILE and/or --hta DIR")
+    if args.chrome:
+        sys.stdout.write(f"wrote {write_chrome(run, args.chrome)} (open in ui.perfetto.dev)\n")
+    if args.hta:
+        sys.stdout.write(f"wrote {len(write_hta(run, args.hta))} rank files to {args.hta}\n")
+    return 0
+
+
+@_command
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Makespan speedup and per-op differences of run B over run A."""
+    from ..analysis import load  # noqa: PLC0415
+    from ..analysis.compare import compare_lines  # noqa: PLC0415
+    lines = compare_lines(load(args.a), load(args.b), top=args.top)
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+@_command
+def cmd_plot(args: argparse.Namespace) -> int:
+    """Gantt PNG of a run's emulated timeline."""
+    from ..analysis import load  # noqa: PLC0415
+    from ..analysis.plot import gantt  # noqa: PLC0415
+    run = load(args.run_dir)
+    out = args.out or str(run.path / "timeline.png")
+    sys.stdout.write(f"wrote {gantt(run, out, t_min=args.t_min, t_max=args.t_max)}\n")
+    return 0
+
+
+@_command
 def cmd_report(args: argparse.Namespace) -> int:
     """Regenerate a report under results/ from the project's own models and runs."""
     from pathlib import Path  # noqa: PLC0415
@@ -60,6 +96,19 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser("analyze", help="tables of a run directory")
     a.add_argument("run_dir")
     a.add_argument("--top", type=int, default=25, help="rows of the per-op table")
+    e = sub.add_parser("export", help="Chrome/Perfetto JSON of a run")
+    e.add_argument("run_dir")
+    e.add_argument("--chrome", help="output .json or .json.gz (all ranks, for Perfetto)")
+    e.add_argument("--hta", help="output directory: one file per rank for HTA")
+    c = sub.add_parser("compare", help="speedup and per-op differences of run B over run A")
+    c.add_argument("a")
+    c.add_argument("b")
+    c.add_argument("--top", type=int, default=20)
+    pl = sub.add_parser("plot", help="Gantt PNG of a run")
+    pl.add_argument("run_dir")
+    pl.add_argument("--out", help="PNG path (default RUN_DIR/timeline.png)")
+    pl.add_argument("--t-min", type=float, help="start of the window (emulated seconds)")
+    pl.add_argument("--t-max", type=float, help="end of the window (emulated seconds)")
     rep = sub.add_parser("report", help="regenerate a report under results/ (t3, sunway)")
     rep.add_argument("name")
     rep.add_argument("--out", help="output directory (default results/<name>)")

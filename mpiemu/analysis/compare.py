@@ -1,0 +1,22 @@
+"""Run-to-run comparison: makespan and per-op totals of two runs side by side."""
+from __future__ import annotations
+
+from .load import Run
+from .tables import op_totals
+
+
+def compare_lines(a: Run, b: Run, top: int = 20) -> list[str]:
+    """A (baseline) vs B: makespan speedup and the ops whose total time changed most."""
+    speed = a.makespan / b.makespan if b.makespan > 0 else float("inf")
+    lines = [f"A {a.path}  makespan {a.makespan * 1e3:.4f} ms",
+             f"B {b.path}  makespan {b.makespan * 1e3:.4f} ms",
+             f"speedup of B over A: {speed:.4f}x  ({(speed - 1) * 100:+.2f}%)", "",
+             f"{'op':<30}{'cat':<11}{'A ms':>12}{'B ms':>12}{'B-A ms':>12}"]
+    ta = {(r.name, r.cat): r.total_s for r in op_totals(a)}
+    tb = {(r.name, r.cat): r.total_s for r in op_totals(b)}
+    keys = sorted(set(ta) | set(tb), key=lambda k: -abs(tb.get(k, 0.0) - ta.get(k, 0.0)))
+    for name, cat in keys[:top]:
+        x, y = ta.get((name, cat), 0.0), tb.get((name, cat), 0.0)
+        lines.append(f"{name[:29]:<30}{cat:<11}{x * 1e3:>12.4f}{y * 1e3:>12.4f}"
+                     f"{(y - x) * 1e3:>+12.4f}")
+    return lines

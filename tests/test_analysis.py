@@ -1,0 +1,66 @@
+"""Reading a run back: budgets, Perfetto/HTA export, comparison and Gantt plot."""
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from mpiemu.analysis import load, rank_budget, union_length
+from mpiemu.analysis.compare import compare_lines
+from mpiemu.analysis.export import chrome_trace, write_hta
+from mpiemu.analysis.plot import gantt
+from tests.conftest import run_mpi
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("coll")
+    res = run_mpi(2, ["run", "workloads/collectives.toml", "--set", "parallel.tp=2", "--set",
+                      'collectives.sizes=["4KiB", "64KiB"]', "--out", str(out)])
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+def test_union_length_counts_overlaps_once() -> None:
+    import numpy as np
+    assert union_length(np.array([0.0, 1.0, 5.0]), np.array([2.0, 3.0, 6.0])) == 4.0
+
+
+def test_collective_only_run_has_all_time_exposed(run_dir: Path) -> None:
+    b = rank_budget(load(run_dir).ranks[0])
+    assert b.compute_s == 0.0 and b.collective_s > 0
+    assert b.exposed_comm_s == pytest.approx(b.collective_s)
+
+
+def test_chrome_trace_has_one_process_per_rank_and_well_nested_threads(run_dir: Path) -> None:
+    doc = chrome_trace(load(run_dir))
+    slices = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert {e["pid"] for e in slices} == {0, 1}
+    by_thread: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for e in slices:
+        by_thread.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for spans in by_thread.values():           # Perfetto: slices on a thread must nest
+        spans.sort()
+        for (a0, a1), (b0, b1) in zip(spans, spans[1:]):
+            assert b0 >= a1 - 1e-9 or b1 <= a1 + 1e-9
+
+
+def test_hta_files_carry_their_rank_where_hta_looks(run_dir: Path, tmp_path: Path) -> None:
+    for i, p in enumerate(write_hta(load(run_dir), tmp_path)):
+        text = gzip.open(p, "rt").read()
+        assert int(re.search(r'"rank":\s+(\d+)', text).group(1)) == i
+        assert any(e.get("name", "").startswith("ncclKernel_")
+                   for e in json.loads(text)["traceEvents"])
+
+
+def test_compare_of_a_run_with_itself_is_no_change(run_dir: Path) -> None:
+    lines = compare_lines(load(run_dir), load(run_dir))
+    assert "1.0000x" in lines[2]
+
+
+def test_gantt_writes_a_png(run_dir: Path, tmp_path: Path) -> None:
+    out = gantt(load(run_dir), tmp_path / "t.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
