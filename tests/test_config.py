@@ -55,3 +55,27 @@ def test_config_hash_changes_with_content() -> None:
     a = load_workload(None).config_hash()
     b = load_workload(None, ["run.seed=3"]).config_hash()
     assert a != b and a == load_workload(None).config_hash()
+
+
+def test_heterogeneous_gpu_ranks_resolve_their_own_presets() -> None:
+    w = load_workload(None, ["parallel.tp=2", 'device.rank_presets=["h100-sxm5", "mi210"]'])
+    w.check_world(2)
+    assert resolve_device(w, 0).name == "h100-sxm5" and resolve_device(w, 1).name == "mi210"
+
+
+def test_rank_presets_need_one_entry_per_rank() -> None:
+    w = load_workload(None, ["parallel.tp=3", 'device.rank_presets=["mi210", "mi210"]'])
+    with pytest.raises(ConfigError, match="one preset per rank: 3 entries"):
+        w.check_world(3)
+
+
+def test_mixing_gpu_and_sunway_ranks_is_refused_in_one_line(root, tmp_path) -> None:
+    sunway_like = tmp_path / "sunway-like.toml"
+    text = (root / "mpiemu/hw/presets/t3-gpu.toml").read_text()
+    sunway_like.write_text(text.replace('kind = "gpu"', 'kind = "sunway"'))
+    w = load_workload(None, ["parallel.tp=2",
+                             f'device.rank_presets=["t3-gpu", "{sunway_like}"]'])
+    with pytest.raises(ConfigError) as info:
+        w.check_world(2)
+    assert "GPU and Sunway ranks cannot share a job" in str(info.value)
+    assert "\n" not in str(info.value)

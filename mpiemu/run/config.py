@@ -50,13 +50,19 @@ class RunSection:
 
 @dataclass(frozen=True)
 class DeviceSection:
-    """Which hardware every rank plays."""
+    """Which hardware every rank plays (`rank_presets`: one preset per rank instead)."""
 
     preset: str = "t3-gpu"
+    rank_presets: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if not Path(self.preset).suffix and self.preset not in list_presets():
-            raise ConfigError("device.preset", self.preset, list_presets())
+        for i, name in enumerate((self.preset, *self.rank_presets)):
+            field = "device.preset" if i == 0 else f"device.rank_presets[{i - 1}]"
+            if not Path(name).suffix and name not in list_presets():
+                raise ConfigError(field, name, list_presets())
+
+    def preset_of(self, rank: int) -> str:
+        return self.rank_presets[rank] if self.rank_presets else self.preset
 
 
 @dataclass(frozen=True)
@@ -151,6 +157,16 @@ class Workload:
         if tp * dp != world_size:
             raise ConfigError("parallel.tp*parallel.dp", f"{tp}*{dp}={tp * dp}",
                               f"must equal the {world_size} ranks of this job")
+        presets = self.device.rank_presets
+        if presets and len(presets) != world_size:
+            raise ConfigError("device.rank_presets", list(presets),
+                              f"one preset per rank: {world_size} entries")
+        kinds = {resolve_device(self, r).kind for r in range(len(presets))} if presets else set()
+        if len(kinds) > 1:
+            raise ConfigError("device.rank_presets", list(presets),
+                              "GPU and Sunway ranks cannot share a job: their collective rings "
+                              "would cross two interconnects that have no common link model; "
+                              "use presets of one kind")
 
     def as_dict(self) -> dict[str, Any]:
         return as_table(self)  # type: ignore[no-any-return]
@@ -179,12 +195,13 @@ def load_workload(path: str | Path | None, overrides: Sequence[str] = ()) -> Wor
     return from_table(Workload, table, "")
 
 
-def resolve_device(w: Workload) -> DeviceSpec:
-    """The preset's DeviceSpec with the workload's network overrides applied."""
+def resolve_device(w: Workload, rank: int = 0) -> DeviceSpec:
+    """The DeviceSpec a rank plays, with the workload's network overrides applied."""
+    name = w.device.preset_of(rank)
     try:
-        spec = load_device(w.device.preset)
+        spec = load_device(name)
     except PresetError as exc:
-        raise ConfigError("device.preset", w.device.preset, str(exc)) from None
+        raise ConfigError("device.preset", name, str(exc)) from None
     net, link = w.network, spec.link
     link = replace(link, bw_bytes_per_s=net.bw_GBps * 1e9 if net.bw_GBps else link.bw_bytes_per_s,
                    latency_s=net.latency_ns * 1e-9 if net.latency_ns >= 0 else link.latency_s,

@@ -87,7 +87,7 @@ def write_manifest(out: Path, data: dict[str, Any]) -> None:
 
 def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str]) -> RankContext:
     """Collective: build the grid, create the run directory, manifest and rank trace files."""
-    spec = resolve_device(w)
+    spec = resolve_device(w, world.Get_rank())
     grid = ProcessGrid(world, GridShape(w.parallel.tp, w.parallel.dp))
     if world.Get_rank() == 0:
         out.mkdir(parents=True, exist_ok=True)
