@@ -64,3 +64,13 @@ def test_compare_of_a_run_with_itself_is_no_change(run_dir: Path) -> None:
 def test_gantt_writes_a_png(run_dir: Path, tmp_path: Path) -> None:
     out = gantt(load(run_dir), tmp_path / "t.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_critical_path_covers_the_makespan_without_gaps(run_dir: Path) -> None:
+    from mpiemu.analysis.critical_path import critical_path
+    run = load(run_dir)
+    path = critical_path(run)
+    assert sum(p.t_end - p.t_start for p in path) == pytest.approx(run.makespan, rel=1e-9)
+    for later, earlier in zip(path, path[1:]):       # a contiguous chain back to t = 0
+        assert earlier.t_end == pytest.approx(later.t_start, abs=1e-15)
+    assert path[-1].t_start == 0.0

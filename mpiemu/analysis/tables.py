@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .critical_path import critical_path, path_summary
 from .load import RankTrace, Run
 
 
@@ -99,4 +100,6 @@ def format_tables(run: Run, top: int = 25) -> list[str]:
     for r in op_totals(run)[:top]:
         lines.append(f"{r.name[:27]:<28}{r.cat:<11}{r.count:>7}{r.total_s * 1e3:>12.4f}"
                      f"{r.bytes / 1e6:>11.3f}{r.flops / 1e9:>10.3f}{r.dram_bytes / 1e6:>10.3f}")
+    lines.append("")
+    lines += path_summary(critical_path(run), top=min(top, 12))
     return lines
