@@ -74,6 +74,17 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 @_command
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """Measure this host (and, under mpiexec -n 2, its MPI link) and write a preset."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from .calibrate import calibrate  # noqa: PLC0415
+    lines = calibrate(Path(args.out))
+    sys.stdout.write("".join(f"{line}\n" for line in lines))
+    return 0
+
+
+@_command
 def cmd_report(args: argparse.Namespace) -> int:
     """Regenerate a report under results/ from the project's own models and runs."""
     from pathlib import Path  # noqa: PLC0415
@@ -109,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--out", help="PNG path (default RUN_DIR/timeline.png)")
     pl.add_argument("--t-min", type=float, help="start of the window (emulated seconds)")
     pl.add_argument("--t-max", type=float, help="end of the window (emulated seconds)")
+    cal = sub.add_parser("calibrate", help="measure this host as a device preset")
+    cal.add_argument("--out", default="host.toml", help="preset file to write")
     rep = sub.add_parser("report", help="regenerate a report under results/ (t3, sunway)")
     rep.add_argument("name")
     rep.add_argument("--out", help="output directory (default results/<name>)")
