@@ -1,25 +1,120 @@
 """Workload sections of the transformer training kind: [model], [train], [optimizer]."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ...nn.config import (ATTENTIONS, MASKS, NORMS, OPTIMIZERS, ModelConfig, ModelConfigError,
+                          OptimizerConfig)
+from ...nn.presets import ModelPresetError, list_model_presets, load_model_preset
+from ..errors import ConfigError
+
+MEMORY_CHECKS = ("error", "warn")
 
 
 @dataclass(frozen=True)
 class ModelSection:
-    """Which transformer: a preset name (mpiemu/nn/presets) plus optional overrides."""
+    """Which transformer: a preset name (mpiemu/nn/presets) plus optional overrides.
+
+    Sizes of 0, empty strings and rates of -1 keep the preset's value.
+    """
 
     preset: str = "tiny"
+    hidden: int = 0
+    layers: int = 0
+    heads: int = 0
+    ffn_hidden: int = 0
+    vocab: int = 0
+    seq_len: int = 0
+    norm: str = ""                   # "pre" (GPT) or "post" (BERT)
+    attention_mask: str = ""         # "causal" or "bidirectional"
+    attention: str = ""              # "dense" or "blockwise" (online softmax)
+    attention_block: int = 0
+    hidden_dropout: float = -1.0
+    attention_dropout: float = -1.0
+
+    def __post_init__(self) -> None:
+        if not Path(self.preset).suffix.endswith("toml") \
+                and self.preset not in list_model_presets():
+            raise ConfigError("model.preset", self.preset, list_model_presets())
+        for key in ("hidden", "layers", "heads", "ffn_hidden", "vocab", "seq_len",
+                    "attention_block"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"model.{key}", getattr(self, key),
+                                  "an integer >= 1 (or 0 for the preset's value)")
+        for key, allowed in (("norm", NORMS), ("attention_mask", MASKS),
+                             ("attention", ATTENTIONS)):
+            if getattr(self, key) and getattr(self, key) not in allowed:
+                raise ConfigError(f"model.{key}", getattr(self, key), allowed)
+        for key in ("hidden_dropout", "attention_dropout"):
+            v = getattr(self, key)
+            if v != -1.0 and not 0.0 <= v < 1.0:
+                raise ConfigError(f"model.{key}", v, "a rate in [0, 1) (or -1 for the preset's)")
+
+    def resolve(self) -> ModelConfig:
+        """The preset's model with this section's overrides applied (unpadded vocabulary)."""
+        try:
+            base = load_model_preset(self.preset).config
+        except ModelPresetError as exc:
+            raise ConfigError("model.preset", self.preset, str(exc)) from None
+        changes = {k: getattr(self, k) for k in
+                   ("hidden", "layers", "heads", "ffn_hidden", "vocab", "seq_len",
+                    "attention_block") if getattr(self, k)}
+        changes.update({k: getattr(self, k) for k in ("norm", "attention_mask", "attention")
+                        if getattr(self, k)})
+        changes.update({k: getattr(self, k) for k in ("hidden_dropout", "attention_dropout")
+                        if getattr(self, k) != -1.0})
+        try:
+            return replace(base, **changes)
+        except ModelConfigError as exc:
+            raise ConfigError(exc.field, exc.value, exc.allowed) from None
+
+    def preset_global_batch(self) -> int:
+        return load_model_preset(self.preset).global_batch
 
 
 @dataclass(frozen=True)
 class TrainSection:
-    """Batching and training-loop options."""
+    """Batching, DP bucketing, memory check and the optional reference check."""
 
-    global_batch: int = 8
+    global_batch: int = 0            # sequences per iteration over all DP ranks (0: preset's)
+    dp_bucket_MiB: float = 25.0      # emulated gradient bytes per DP all-reduce bucket
+    memory_check: str = "error"      # a configuration that does not fit: "error" or "warn"
+    check_reference: bool = False    # rank 0 re-runs the one-process reference and compares
+    reference_rtol: float = 0.0      # 0: 1e-10 for fp64 numerics, 1e-4 for fp32
+
+    def __post_init__(self) -> None:
+        if self.global_batch < 0:
+            raise ConfigError("train.global_batch", self.global_batch,
+                              "an integer >= 1 (or 0 for the preset's)")
+        if self.dp_bucket_MiB < 0:
+            raise ConfigError("train.dp_bucket_MiB", self.dp_bucket_MiB, "a size >= 0")
+        if self.memory_check not in MEMORY_CHECKS:
+            raise ConfigError("train.memory_check", self.memory_check, MEMORY_CHECKS)
+        if self.reference_rtol < 0:
+            raise ConfigError("train.reference_rtol", self.reference_rtol, "a tolerance >= 0")
 
 
 @dataclass(frozen=True)
 class OptimizerSection:
-    """Adam or LAMB and their hyper-parameters."""
+    """Adam or LAMB and their hyper-parameters (fp32 master weights and states)."""
 
     name: str = "adam"
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    clip_grad_norm: float = 1.0      # 0: no clipping
+
+    def __post_init__(self) -> None:
+        if self.name not in OPTIMIZERS:
+            raise ConfigError("optimizer.name", self.name, OPTIMIZERS)
+        try:
+            self.to_config()
+        except ModelConfigError as exc:
+            raise ConfigError(exc.field, exc.value, exc.allowed) from None
+
+    def to_config(self) -> OptimizerConfig:
+        return OptimizerConfig(self.name, self.lr, self.beta1, self.beta2, self.eps,
+                               self.weight_decay, self.clip_grad_norm)

@@ -1,0 +1,102 @@
+"""Per-iteration breakdown of a training run: compute, exposed TP and DP communication.
+
+An iteration runs from the previous iteration's last event to its own last event (events
+carry the iteration label). Within it: compute is the union of compute events; TP
+communication counts only where TP collectives are not under compute (serialized
+all-reduces / reduce-scatters, thesis 4.5.1); DP communication only where DP collectives
+are under neither (the part of the bucketed gradient all-reduce backward did not hide,
+thesis 4.5.1 / 5.1.1.2); idle is what remains (waiting on a peer, launch gaps).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .load import RankTrace, Run
+from .tables import union_length
+
+
+@dataclass(frozen=True)
+class IterationBreakdown:
+    """Where one iteration's emulated time went on one rank (seconds)."""
+
+    iteration: int
+    t_start: float
+    t_end: float
+    compute_s: float
+    tp_exposed_s: float
+    dp_exposed_s: float
+    tp_total_s: float
+    dp_total_s: float
+
+    @property
+    def iteration_s(self) -> float:
+        return self.t_end - self.t_start
+
+    @property
+    def idle_s(self) -> float:
+        return self.iteration_s - self.compute_s - self.tp_exposed_s - self.dp_exposed_s
+
+
+def _window(rt: RankTrace, iteration: int) -> tuple[float, float]:
+    ev = rt.events
+    it = ev["iteration"]
+    mine = it == iteration
+    if not mine.any():
+        raise ValueError(f"rank {rt.rank} has no events of iteration {iteration}")
+    before = it < iteration
+    before &= it >= 0
+    t0 = float(ev["t_end"][before].max()) if before.any() else float(ev["t_start"][mine].min())
+    return t0, float(ev["t_end"][mine].max())
+
+
+def _clipped(rt: RankTrace, mask: np.ndarray, t0: float, t1: float
+             ) -> tuple[np.ndarray, np.ndarray]:
+    s = np.clip(rt.events["t_start"][mask], t0, t1)
+    e = np.clip(rt.events["t_end"][mask], t0, t1)
+    return s, e
+
+
+def iteration_breakdown(rt: RankTrace, iteration: int) -> IterationBreakdown:
+    """Compute / exposed TP / exposed DP communication of one iteration on one rank."""
+    t0, t1 = _window(rt, iteration)
+    inside = (rt.events["t_end"] > t0) & (rt.events["t_start"] < t1)
+    coll = rt.cats == "collective"
+    sets = [_clipped(rt, inside & m, t0, t1) for m in
+            (rt.cats == "compute", coll & (rt.resources == "coll.tp"),
+             coll & (rt.resources == "coll.dp"))]
+
+    def union(*idx: int) -> float:
+        return union_length(np.concatenate([sets[i][0] for i in idx]),
+                            np.concatenate([sets[i][1] for i in idx]))
+
+    compute, with_tp, everything = union(0), union(0, 1), union(0, 1, 2)
+    return IterationBreakdown(iteration, t0, t1, compute, with_tp - compute,
+                              everything - with_tp, union(1), union(2))
+
+
+def run_breakdown(run: Run) -> list[list[IterationBreakdown]]:
+    """Per rank, the breakdown of every iteration found in its trace."""
+    out = []
+    for rt in run.ranks:
+        its = sorted({int(i) for i in np.unique(rt.events["iteration"]) if i >= 0})
+        out.append([iteration_breakdown(rt, i) for i in its])
+    return out
+
+
+def format_breakdown(run: Run) -> list[str]:
+    """Rank 0's per-iteration table plus the slowest rank's iteration time."""
+    per_rank = run_breakdown(run)
+    if not per_rank or not per_rank[0]:
+        return []
+    lines = [f"{'iter':>4}{'iteration ms':>14}{'compute ms':>12}{'TP exp ms':>11}"
+             f"{'DP exp ms':>11}{'TP total ms':>13}{'DP total ms':>13}{'idle ms':>10}"
+             f"{'slowest rank ms':>17}"]
+    for i, b in enumerate(per_rank[0]):
+        slowest = max(r[i].iteration_s for r in per_rank if len(r) > i)
+        lines.append(f"{b.iteration:>4}{b.iteration_s * 1e3:>14.4f}{b.compute_s * 1e3:>12.4f}"
+                     f"{b.tp_exposed_s * 1e3:>11.4f}{b.dp_exposed_s * 1e3:>11.4f}"
+                     f"{b.tp_total_s * 1e3:>13.4f}{b.dp_total_s * 1e3:>13.4f}"
+                     f"{b.idle_s * 1e3:>10.4f}{slowest * 1e3:>17.4f}")
+    return lines

@@ -1,0 +1,156 @@
+"""One rank's executor: the real numpy math when numerics are on, the same charge always.
+
+Ops on the critical path follow one data-ready cursor `t`: an op starts at max(t, its stream
+free) and moves `t` to its end. The TP GEMM + collective pairs go through `mpiemu.overlap.api`
+(the strategy switch: sequential, T3, ...); other TP collectives call the rings directly.
+With numerics off every array is None and only the schedule runs (timing-only mode).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ..comm.p2p import TimedComm
+from ..comm.ring import all_gather, all_reduce, reduce_scatter
+from ..hw.cost import ComputeModel
+from ..hw.specs import dtype_bytes
+from ..overlap.api import GemmShape, gather_then_gemm, gemm_then_reduce
+from ..overlap.strategy import Overlap
+from ..sim import ops as sim_ops
+from ..sim.timeline import Timeline
+from .ops import Cost
+
+Array = np.ndarray | None
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Local sizes of one rank: rows are sequence x micro-batch, sequence first."""
+
+    seq: int
+    batch: int                 # sequences of this DP rank
+    hidden: int
+    heads: int                 # heads of this TP rank
+    head_dim: int
+    ffn: int                   # FC width of this TP rank
+    vocab: int                 # vocabulary rows of this TP rank
+    tp: int
+    sp: bool
+
+    @property
+    def rows(self) -> int:
+        return self.seq * self.batch
+
+    @property
+    def shard_rows(self) -> int:
+        """Rows of the residual stream this rank holds (its sequence slice under SP)."""
+        return self.rows // self.tp if self.sp else self.rows
+
+    @property
+    def attn_width(self) -> int:
+        return self.heads * self.head_dim
+
+
+class Engine:
+    """Math plus emulated charge for every op of one rank, on one critical-path cursor."""
+
+    def __init__(self, tl: Timeline, model: ComputeModel, tp: TimedComm, *, dtype: str,
+                 numerics: bool, overlap: Overlap, sp: bool) -> None:
+        self.tl, self.model, self.tp = tl, model, tp
+        self.dtype, self.e = dtype, dtype_bytes(dtype)
+        self.on, self.overlap, self.sp = numerics, overlap, sp
+        self.t = 0.0
+
+    def kernel(self, name: str, cost: Cost, fn: Callable[..., Any] | None = None,
+               *args: Any) -> Any:
+        """A memory-bound kernel: runs fn(*args) if numerics are on, charges `cost`."""
+        out = fn(*args) if self.on and fn is not None else None
+        self.t = sim_ops.elementwise(self.tl, self.model, name, cost.read_bytes,
+                                     cost.write_bytes, cost.flops, after=self.t).t_end
+        return out
+
+    def gemm(self, name: str, a: Array, b: Array, m: int, n: int, k: int) -> Array:
+        """C[M, N] = A[M, K] B[K, N] on this rank alone (no collective)."""
+        out = a @ b if self.on and a is not None and b is not None else None
+        self.t = sim_ops.gemm(self.tl, self.model, name, m, n, k, dtype=self.dtype,
+                              after=self.t).t_end
+        return out
+
+    def row_parallel(self, name: str, x: Array, w: Array, m: int, n: int, k: int) -> Array:
+        """x[M, K/tp] w[K/tp, N] summed over TP: all-reduce, or reduce-scatter of rows (SP).
+
+        forward: GEMM -> all-reduce / reduce-scatter; conjugate: `column_parallel`.
+        """
+        if self.tp.size == 1:
+            return self.gemm(f"{name}.gemm", x, w, m, n, k)
+        y, span = gemm_then_reduce(self.tp, x, w, shape=GemmShape(m, n, k),
+                                   mode="reduce_scatter" if self.sp else "all_reduce",
+                                   dtype=self.dtype, after=self.t, overlap=self.overlap,
+                                   name=name)
+        self.t = span.t_end
+        return y
+
+    def column_parallel(self, name: str, x_s: Array, w: Array, m: int, n: int, k: int
+                        ) -> tuple[Array, Array]:
+        """(x w[K, N/tp], x): under SP x is first all-gathered from its sequence shards.
+
+        forward: all-gather -> GEMM (SP) or identity -> GEMM; conjugate: `row_parallel`.
+        Returns the gathered x too: the weight gradient needs it.
+        """
+        if self.tp.size == 1 or not self.sp:
+            return self.gemm(f"{name}.gemm", x_s, w, m, n, k), x_s
+        y, span = gather_then_gemm(self.tp, x_s, w, shape=GemmShape(m, n, k),
+                                   dtype=self.dtype, after=self.t, overlap=self.overlap,
+                                   name=name)
+        self.t = span.t_end
+        return y, self._payload_gather(x_s)
+
+    def _payload_gather(self, x_s: Array) -> Array:
+        """The gathered rows `gather_then_gemm` already moved and charged.
+
+        Real fused AG+GEMM kernels keep the gathered buffer for the weight gradient
+        (TransformerEngine userbuffers); the overlap API returns only the product, so the
+        payload is fetched again here, outside emulated time (nothing is charged).
+        """
+        if x_s is None:
+            return None
+        x_s = np.ascontiguousarray(x_s)
+        full = np.empty((x_s.shape[0] * self.tp.size,) + x_s.shape[1:], x_s.dtype)
+        self.tp.comm.Allgather(x_s, full)
+        return full
+
+    # -- TP collectives that are not GEMM pairs (embedding, cross-entropy, SP grads) ---------
+    def tp_reduce(self, name: str, x: Array, rows: int, width: int) -> Array:
+        """Sum a [rows, width] partial over TP: all-reduce, or reduce-scatter of rows (SP)."""
+        if self.tp.size == 1:
+            return x
+        coll, tag = (reduce_scatter, "rs") if self.sp else (all_reduce, "ar")
+        y, span = coll(self.tp, x, after=self.t, count=rows * width, wire_itemsize=self.e,
+                       bidirectional=self.overlap.bidirectional, label=f"{name}.{tag}",
+                       unit=width)
+        self.t = span.t_end
+        return y
+
+    def tp_gather_rows(self, name: str, x_s: Array, rows: int, width: int,
+                       itemsize: int | None = None) -> Array:
+        """All-gather [rows/tp, width] shards into [rows, width] (rank order)."""
+        if self.tp.size == 1:
+            return x_s
+        y, span = all_gather(self.tp, x_s, total=rows * width, after=self.t,
+                             count=rows // self.tp.size * width,
+                             wire_itemsize=itemsize or self.e,
+                             bidirectional=self.overlap.bidirectional, label=f"{name}.ag",
+                             unit=width)
+        self.t = span.t_end
+        return y
+
+    def tp_sum(self, name: str, x: Array, count: int, itemsize: int) -> Array:
+        """All-reduce a flat vector over TP (norms, SP-replicated gradients)."""
+        if self.tp.size == 1:
+            return x
+        y, span = all_reduce(self.tp, x, after=self.t, count=count, wire_itemsize=itemsize,
+                             bidirectional=self.overlap.bidirectional, label=f"{name}.ar")
+        self.t = span.t_end
+        return y

@@ -1,0 +1,213 @@
+"""One transformer layer of one TP rank: Megatron tensor parallelism, optional SP.
+
+Column-parallel QKV and FC-1, row-parallel output projection (OP) and FC-2, heads split
+contiguously (thesis 2.3.3, 4.5.1). Without SP the four serialized all-reduces of a layer
+follow OP and FC-2 in forward and the FC-1 and QKV input-gradient GEMMs in backward, each
+of (bytes per element) x H x SL x B (thesis Eq. 5.5). With SP each becomes a reduce-scatter
+after the row-parallel GEMM and an all-gather before the column-parallel one (swapped in
+backward), and LayerNorm, dropout and residuals run on the rank's sequence rows
+(Korthikanti et al. 2022). Activations are [S*B, H], sequence first (Megatron).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from . import attention as attn
+from .config import ModelConfig
+from .engine import Array, Dims, Engine
+from .masks import Masks
+from .ops import (Cost, bias_dropout_add, bias_gelu, bias_gelu_back, bias_gelu_cost,
+                  bias_grad_cost, dropout, dropout_add_cost, layernorm, layernorm_back,
+                  layernorm_cost)
+
+Params = dict[str, Array]
+Cache = dict[str, Any]
+Ready = Callable[[list[str]], None]     # "these gradients are final" (DP buckets)
+
+
+def _t(a: Array) -> Array:
+    return None if a is None else a.T
+
+
+def _bias_dropout_back(dy: np.ndarray, keep: np.ndarray | None, p: float
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    da = dropout(dy, keep, p)
+    return da, da.sum(0)
+
+
+class Layer:
+    """Forward and backward of layer `index` on one rank (pre-LN GPT or post-LN BERT)."""
+
+    def __init__(self, eng: Engine, cfg: ModelConfig, dims: Dims, index: int) -> None:
+        self.E, self.cfg, self.d, self.i = eng, cfg, dims, index
+        self.p, self.tag = f"layers.{index}.", f"l{index}"
+
+    # -- forward ----------------------------------------------------------------------------
+    def forward(self, x: Array, P: Params, masks: Masks) -> tuple[Array, Cache]:
+        x, ca = self._sublayer(x, P, masks, "attn")
+        x, cm = self._sublayer(x, P, masks, "mlp")
+        return x, {"attn": ca, "mlp": cm}
+
+    def _ln(self, name: str, x: Array, P: Params) -> tuple[Array, Any]:
+        d, E = self.d, self.E
+        res = E.kernel(f"{self.tag}.{name}.fwd", layernorm_cost(d.shard_rows, d.hidden, E.e),
+                       layernorm, x, P[self.p + name + ".g"], P[self.p + name + ".b"],
+                       self.cfg.layernorm_eps)
+        return res if res is not None else (None, None)
+
+    def _sublayer(self, x: Array, P: Params, masks: Masks, which: str) -> tuple[Array, Cache]:
+        """pre-LN: x + DR(F(LN(x))); post-LN: LN(x + DR(F(x))) (thesis 2.2.2 Add & Norm)."""
+        ln, bias, site = ("ln1", "proj.b", "attn_out") if which == "attn" else \
+            ("ln2", "fc2.b", "mlp_out")
+        fn = self._attention if which == "attn" else self._mlp
+        d, E, pdrop = self.d, self.E, self.cfg.hidden_dropout
+        keep = masks.hidden(self.i, site)
+        c: Cache = {} if keep is None else {"keep": keep}
+        bda = dropout_add_cost(d.shard_rows, d.hidden, E.e, pdrop > 0)
+        name = f"{self.tag}.{which}.bias_dropout_add"
+        if self.cfg.norm == "pre":
+            y, c["ln"] = self._ln(ln, x, P)
+            a, c["f"] = fn(y, P, masks)
+            return E.kernel(name, bda, bias_dropout_add, x, a, P[self.p + bias], keep, pdrop), c
+        a, c["f"] = fn(x, P, masks)
+        s = E.kernel(name, bda, bias_dropout_add, x, a, P[self.p + bias], keep, pdrop)
+        out, c["ln"] = self._ln(ln, s, P)
+        return out, c
+
+    def _heads(self, qkv: np.ndarray) -> list[np.ndarray]:
+        d = self.d
+        t = qkv.reshape(d.seq, d.batch, 3, d.heads, d.head_dim)      # (S, B, 3, hl, dh)
+        return [np.ascontiguousarray(t[:, :, j].transpose(1, 2, 0, 3)) for j in range(3)]
+
+    def _merge(self, o: np.ndarray) -> np.ndarray:
+        d = self.d
+        return o.transpose(2, 0, 1, 3).reshape(d.rows, d.attn_width)  # (S*B, hl*dh)
+
+    def _attention(self, y: Array, P: Params, masks: Masks) -> tuple[Array, Cache]:
+        d, E, cfg, p = self.d, self.E, self.cfg, self.p
+        w = d.attn_width
+        qkv, h = E.column_parallel(f"{self.tag}.qkv.fwd", y, P[p + "qkv.w"], d.rows, 3 * w,
+                                   d.hidden)
+        c: Cache = {"h": h}
+        if E.on:
+            qkv += P[p + "qkv.b"]        # bias in the GEMM epilogue (cuBLASLt): not charged
+            q, k, v = self._heads(qkv)
+            pa = cfg.attention_dropout
+            if cfg.attention == "dense":
+                o, c["attn"] = attn.dense(q, k, v, cfg.causal, masks.probs(self.i), pa)
+            else:
+                o, c["attn"] = attn.blockwise(q, k, v, cfg.causal,
+                                              lambda: masks.probs(self.i), pa,
+                                              cfg.attention_block)
+            c["ctx"] = self._merge(o)
+        E.t = self._charge_attention(backward=False)
+        a = E.row_parallel(f"{self.tag}.proj.fwd", c.get("ctx"), P[p + "proj.w"], d.rows,
+                           d.hidden, w)
+        return a, c
+
+    def _charge_attention(self, backward: bool) -> float:
+        d, E, cfg = self.d, self.E, self.cfg
+        name = f"{self.tag}.attn" + (".bwd" if backward else "")
+        if cfg.attention == "dense":
+            return attn.charge_dense(E.tl, E.model, name, d.batch * d.heads, d.seq, d.head_dim,
+                                     E.e, cfg.attention_dropout, E.dtype, E.t, backward)
+        return attn.charge_blockwise(E.tl, E.model, name, d.batch * d.heads, d.seq,
+                                     d.head_dim, E.e, cfg.attention_block, cfg.causal,
+                                     E.dtype, E.t, backward)
+
+    def _mlp(self, y: Array, P: Params, masks: Masks) -> tuple[Array, Cache]:
+        d, E, p = self.d, self.E, self.p
+        f, h = E.column_parallel(f"{self.tag}.fc1.fwd", y, P[p + "fc1.w"], d.rows, d.ffn,
+                                 d.hidden)
+        res = E.kernel(f"{self.tag}.gelu.fwd", bias_gelu_cost(d.rows, d.ffn, E.e), bias_gelu,
+                       f, P[p + "fc1.b"])
+        x, g = res if res is not None else (None, None)
+        m = E.row_parallel(f"{self.tag}.fc2.fwd", g, P[p + "fc2.w"], d.rows, d.hidden, d.ffn)
+        return m, {"h": h, "pre_gelu": x, "gelu": g}
+
+    # -- backward ---------------------------------------------------------------------------
+    def backward(self, dx: Array, c: Cache, P: Params, G: Params, masks: Masks,
+                 ready: Ready) -> Array:
+        dx = self._sublayer_back(dx, c["mlp"], P, G, masks, "mlp", ready)
+        return self._sublayer_back(dx, c["attn"], P, G, masks, "attn", ready)
+
+    def _ln_back(self, name: str, dy: Array, c: Any, P: Params, G: Params,
+                 ready: Ready) -> Array:
+        d, E, p = self.d, self.E, self.p
+        res = E.kernel(f"{self.tag}.{name}.bwd",
+                       layernorm_cost(d.shard_rows, d.hidden, E.e, backward=True),
+                       layernorm_back, dy, c, P[p + name + ".g"])
+        dx, G[p + name + ".g"], G[p + name + ".b"] = res if res is not None else (None,) * 3
+        ready([p + name + ".g", p + name + ".b"])
+        return dx
+
+    def _residual(self, name: str, a: Array, b: Array) -> Array:
+        d, E = self.d, self.E
+        n = d.shard_rows * d.hidden
+        return E.kernel(f"{self.tag}.{name}.residual.bwd", Cost(n, 2 * n * E.e, n * E.e),
+                        np.add, a, b)
+
+    def _sublayer_back(self, dy: Array, c: Cache, P: Params, G: Params, masks: Masks,
+                       which: str, ready: Ready) -> Array:
+        ln, bias = ("ln1", "proj.b") if which == "attn" else ("ln2", "fc2.b")
+        back = self._attention_back if which == "attn" else self._mlp_back
+        d, E, pdrop = self.d, self.E, self.cfg.hidden_dropout
+        bda = dropout_add_cost(d.shard_rows, d.hidden, E.e, pdrop > 0, backward=True)
+        name = f"{self.tag}.{which}.bias_dropout_add.bwd"
+        if self.cfg.norm == "post":
+            dy = self._ln_back(ln, dy, c["ln"], P, G, ready)
+        res = E.kernel(name, bda, _bias_dropout_back, dy, c.get("keep"), pdrop)
+        da, G[self.p + bias] = res if res is not None else (None, None)
+        dF = back(da, c["f"], P, G, masks, [self.p + bias], ready)
+        if self.cfg.norm == "pre":
+            dF = self._ln_back(ln, dF, c["ln"], P, G, ready)
+        return self._residual(which, dy, dF)
+
+    def _attention_back(self, da: Array, c: Cache, P: Params, G: Params, masks: Masks,
+                        with_bias: list[str], ready: Ready) -> Array:
+        d, E, cfg, p = self.d, self.E, self.cfg, self.p
+        w = d.attn_width
+        dctx, da_full = E.column_parallel(f"{self.tag}.proj.bwd", da, _t(P[p + "proj.w"]),
+                                          d.rows, w, d.hidden)
+        G[p + "proj.w"] = E.gemm(f"{self.tag}.proj.wgrad", _t(c.get("ctx")), da_full, w,
+                                 d.hidden, d.rows)
+        ready([p + "proj.w"] + with_bias)
+        dqkv = None
+        if E.on:
+            do = np.ascontiguousarray(dctx.reshape(d.seq, d.batch, d.heads, d.head_dim)
+                                      .transpose(1, 2, 0, 3))           # (B, hl, S, dh)
+            if cfg.attention == "dense":
+                grads = attn.dense_back(do, c["attn"], cfg.attention_dropout)
+            else:
+                o = c["ctx"].reshape(d.seq, d.batch, d.heads, d.head_dim).transpose(1, 2, 0, 3)
+                grads = attn.blockwise_back(do, o, c["attn"], cfg.causal,
+                                            lambda: masks.probs(self.i),
+                                            cfg.attention_dropout, cfg.attention_block)
+            dqkv = np.concatenate([self._merge(g) for g in grads], axis=1)   # (S*B, 3 hl dh)
+        E.t = self._charge_attention(backward=True)
+        G[p + "qkv.b"] = E.kernel(f"{self.tag}.qkv.bias_grad",
+                                  bias_grad_cost(d.rows, 3 * w, E.e), np.sum, dqkv, 0)
+        G[p + "qkv.w"] = E.gemm(f"{self.tag}.qkv.wgrad", _t(c["h"]), dqkv, d.hidden, 3 * w,
+                                d.rows)
+        ready([p + "qkv.w", p + "qkv.b"])
+        return E.row_parallel(f"{self.tag}.qkv.bwd", dqkv, _t(P[p + "qkv.w"]), d.rows,
+                              d.hidden, 3 * w)
+
+    def _mlp_back(self, dm: Array, c: Cache, P: Params, G: Params, masks: Masks,
+                  with_bias: list[str], ready: Ready) -> Array:
+        d, E, p = self.d, self.E, self.p
+        dg, dm_full = E.column_parallel(f"{self.tag}.fc2.bwd", dm, _t(P[p + "fc2.w"]), d.rows,
+                                        d.ffn, d.hidden)
+        G[p + "fc2.w"] = E.gemm(f"{self.tag}.fc2.wgrad", _t(c["gelu"]), dm_full, d.ffn,
+                                d.hidden, d.rows)
+        ready([p + "fc2.w"] + with_bias)
+        res = E.kernel(f"{self.tag}.gelu.bwd", bias_gelu_cost(d.rows, d.ffn, E.e, True),
+                       bias_gelu_back, dg, c["pre_gelu"])
+        dx, G[p + "fc1.b"] = res if res is not None else (None, None)
+        G[p + "fc1.w"] = E.gemm(f"{self.tag}.fc1.wgrad", _t(c["h"]), dx, d.hidden, d.ffn,
+                                d.rows)
+        ready([p + "fc1.w", p + "fc1.b"])
+        return E.row_parallel(f"{self.tag}.fc1.bwd", dx, _t(P[p + "fc1.w"]), d.rows,
+                              d.hidden, d.ffn)

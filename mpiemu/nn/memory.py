@@ -1,0 +1,105 @@
+"""Per-rank memory in the emulated dtype: parameters, gradients, optimizer, activations.
+
+Activations are counted from what the layers actually keep for backward (`layers.py`,
+`attention.py`, `model.py`): a test checks these counts against the arrays a numerics run
+stores. Side by side with Korthikanti et al. 2022 (Table 2, no recomputation, 2-byte values):
+per layer sbh(10 + 24/t + 5as/(ht)) without SP; ours keeps the same tensors except the
+attention input of V's GEMM is the dropped probabilities we also count, see docs/training.md.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import ModelConfig
+from .engine import Dims
+from .ops import MASK_BYTES, STAT_BYTES
+from .optim import state_bytes_per_param
+from .shard import local_params
+
+GIB = 2.0**30
+
+
+@dataclass(frozen=True)
+class Stored:
+    """Elements kept for backward: activations (emulated dtype), fp32 statistics, masks."""
+
+    act: int = 0
+    stats: int = 0
+    masks: int = 0
+
+    def __add__(self, o: "Stored") -> "Stored":
+        return Stored(self.act + o.act, self.stats + o.stats, self.masks + o.masks)
+
+    def bytes(self, e: int) -> int:
+        return self.act * e + self.stats * STAT_BYTES + self.masks * MASK_BYTES
+
+
+def layer_stored(cfg: ModelConfig, d: Dims) -> Stored:
+    """What one layer keeps (pre- or post-LN alike): per sub-layer LN input and statistics,
+    the gathered input of the column-parallel GEMM, and the sub-layer's own tensors."""
+    t, ts, h, w = d.rows, d.shard_rows, d.hidden, d.attn_width
+    scores = d.batch * d.heads * d.seq * d.seq
+    drop = cfg.hidden_dropout > 0
+    s = Stored(act=2 * ts * h + 2 * t * h, stats=4 * ts, masks=2 * ts * h if drop else 0)
+    s += Stored(act=3 * t * w + t * w)                        # q, k, v and the context
+    if cfg.attention == "dense":
+        pdrop = cfg.attention_dropout > 0
+        s += Stored(act=scores * (2 if pdrop else 1), masks=scores if pdrop else 0)
+    else:
+        s += Stored(stats=d.batch * d.heads * d.seq)          # row log-sum-exp only
+    return s + Stored(act=2 * t * d.ffn)                      # GeLU input and output
+
+
+def edge_stored(cfg: ModelConfig, d: Dims) -> Stored:
+    """Embedding (dropout mask, post-LN norm) plus final norm, LM head input and logits."""
+    t, ts, h = d.rows, d.shard_rows, d.hidden
+    s = Stored(act=ts * h, stats=2 * ts)                      # lne (post) or lnf (pre)
+    if cfg.hidden_dropout > 0:
+        s += Stored(masks=ts * h)
+    return s + Stored(act=t * h + t * d.vocab, stats=t)      # head input, logits, lse
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Bytes per rank against the device's capacity."""
+
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    capacity_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes \
+            + self.activations_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.capacity_bytes
+
+    def line(self) -> str:
+        g = [x / GIB for x in (self.params_bytes, self.grads_bytes, self.optimizer_bytes,
+                               self.activations_bytes, self.total_bytes, self.capacity_bytes)]
+        return (f"params {g[0]:.3g} + grads {g[1]:.3g} + optimizer {g[2]:.3g} + activations "
+                f"{g[3]:.3g} = {g[4]:.3g} GiB of {g[5]:.3g} GiB "
+                f"({'fits' if self.fits else 'does NOT fit'})")
+
+
+def local_param_count(cfg: ModelConfig, tp: int) -> int:
+    return sum(lp.size for lp in local_params(cfg, tp))
+
+
+def memory_report(cfg: ModelConfig, d: Dims, e: int, capacity_bytes: float) -> MemoryReport:
+    """Parameters and gradients in the emulated dtype, fp32 master + Adam/LAMB states,
+    activations of one micro-batch kept for backward (no recomputation)."""
+    n = local_param_count(cfg, d.tp)
+    acts = cfg.layers * layer_stored(cfg, d).bytes(e) + edge_stored(cfg, d).bytes(e)
+    return MemoryReport(n * e, n * e, n * state_bytes_per_param(e), acts, capacity_bytes)
+
+
+def host_bytes(cfg: ModelConfig, d: Dims, itemsize: int) -> float:
+    """Host memory a numerics run of this rank needs (weights, grads, m, v, activations)."""
+    n = local_param_count(cfg, d.tp)
+    stored = cfg.layers * layer_stored(cfg, d).act + edge_stored(cfg, d).act
+    return 4 * n * itemsize + stored * itemsize

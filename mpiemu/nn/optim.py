@@ -1,0 +1,146 @@
+"""Adam and LAMB on a rank's parameter shards, fp32 master weights and states.
+
+Each rank updates only its shard (thesis 4.5.1: LAMB work splits evenly under TP). Norms
+that span a tensor split over TP ranks are partial sums all-reduced over TP: the global
+gradient norm (clipping, and LAMB, thesis 4.2.3: it must finish before any update) and
+LAMB's per-tensor ||w|| and ||update|| (trust ratio, You et al. 2020). Replicated tensors
+count once (on TP rank 0) in the global norm. Charged per layer as fused multi-tensor
+kernels; bytes follow thesis 4.3 / Fig. 6.2 (LAMB touches 13 values per parameter).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Iterator
+
+import numpy as np
+
+from .config import CLIP_EPS, OptimizerConfig
+from .engine import Engine
+from .layers import Params
+from .ops import Cost
+from .shard import LocalParam
+
+MASTER_BYTES = 4           # fp32 master weights and optimizer states (thesis 4.2.1)
+ADAM_FLOPS, LAMB1_FLOPS = 12, 12
+
+
+def state_bytes_per_param(e: int) -> int:
+    """fp32 master copy (when the emulated dtype is narrower) plus Adam/LAMB m and v."""
+    return (MASTER_BYTES if e < MASTER_BYTES else 0) + 2 * MASTER_BYTES
+
+
+class ShardedOptimizer:
+    """One optimizer step over a rank's local parameters (numerics and charges)."""
+
+    def __init__(self, opt: OptimizerConfig, specs: list[LocalParam], eng: Engine,
+                 tp_rank: int, P: Params) -> None:
+        self.opt, self.specs, self.E, self.tp_rank = opt, specs, eng, tp_rank
+        self.m = {n: None if w is None else np.zeros_like(w) for n, w in P.items()}
+        self.v = {n: None if w is None else np.zeros_like(w) for n, w in P.items()}
+        self.steps = 0
+        self.by_layer: dict[int, list[LocalParam]] = defaultdict(list)
+        for lp in specs:
+            self.by_layer[lp.layer].append(lp)
+
+    def _layers(self) -> Iterator[tuple[int, list[LocalParam], int]]:
+        for layer in sorted(self.by_layer):
+            lps = self.by_layer[layer]
+            with self.E.tl.labelled(layer=layer):
+                yield layer, lps, sum(lp.size for lp in lps)
+
+    def step(self, P: Params, G: Params) -> None:
+        """Clip by the global gradient norm if asked, then Adam or LAMB on every shard."""
+        self.steps += 1
+        if self.opt.needs_global_norm or self.opt.name == "lamb":
+            self._clip(G, self._global_norm(G))
+        if self.opt.name == "adam":
+            self._adam(P, G)
+        else:
+            self._lamb(P, G)
+
+    def _global_norm(self, G: Params) -> float:
+        E, e = self.E, self.E.e
+        n = sum(lp.size for lp in self.specs)
+        sq = None
+        if E.on:
+            sq = np.array([sum(float((G[lp.name] * G[lp.name]).sum())  # type: ignore[operator]
+                               for lp in self.specs if lp.tp_split or self.tp_rank == 0)])
+        E.kernel("optim.grad_norm", Cost(2 * n, n * e, MASTER_BYTES), None)
+        total = E.tp_sum("optim.grad_norm", sq, 1, MASTER_BYTES)
+        return float(np.sqrt(total[0])) if total is not None else 0.0
+
+    def _clip(self, G: Params, norm: float) -> None:
+        if self.opt.clip_grad_norm <= 0 or not self.E.on:
+            return
+        coeff = self.opt.clip_grad_norm / (norm + CLIP_EPS)
+        if coeff < 1.0:
+            for k, g in G.items():
+                G[k] = g * coeff   # type: ignore[operator]
+
+    def _moments(self, name: str, w: np.ndarray, g: np.ndarray, decay: bool) -> np.ndarray:
+        """Adam's bias-corrected step (plus decoupled weight decay), as the reference."""
+        o, t = self.opt, self.steps
+        m, v = self.m[name], self.v[name]
+        assert m is not None and v is not None
+        m *= o.beta1
+        m += (1.0 - o.beta1) * g
+        v *= o.beta2
+        v += (1.0 - o.beta2) * g * g
+        step = (m / (1.0 - o.beta1 ** t)) / (np.sqrt(v / (1.0 - o.beta2 ** t)) + o.eps)
+        if decay and o.weight_decay > 0:
+            step = step + o.weight_decay * w
+        return step
+
+    def _adam(self, P: Params, G: Params) -> None:
+        E, e = self.E, self.E.e
+        copy = e if e < MASTER_BYTES else 0
+        for _, lps, n in self._layers():
+            if E.on:
+                for lp in lps:
+                    w = P[lp.name]
+                    w -= self.opt.lr * self._moments(lp.name, w, G[lp.name], lp.decay)  # type: ignore[operator]
+            E.kernel("optim.adam", Cost(ADAM_FLOPS * n, n * (e + 3 * MASTER_BYTES),
+                                        n * (3 * MASTER_BYTES + copy)))
+
+    def _parts(self, lp: LocalParam, a: np.ndarray) -> list[np.ndarray]:
+        """The pieces of a local tensor that belong to distinct full tensors (Wq|Wk|Wv)."""
+        return np.split(a, 3, axis=-1) if lp.kind == "qkv" else [a]
+
+    def _lamb(self, P: Params, G: Params) -> None:
+        E, e = self.E, self.E.e
+        copy = e if e < MASTER_BYTES else 0
+        steps: dict[str, np.ndarray] = {}
+        for _, lps, n in self._layers():                            # stage 1: the update u
+            if E.on:
+                for lp in lps:
+                    steps[lp.name] = self._moments(lp.name, P[lp.name], G[lp.name], lp.decay)  # type: ignore[arg-type]
+            E.kernel("optim.lamb.stage1", Cost(LAMB1_FLOPS * n, n * (e + 3 * MASTER_BYTES),
+                                               3 * n * MASTER_BYTES))
+        split = [(lp, j) for lp in self.specs if lp.tp_split
+                 for j in range(3 if lp.kind == "qkv" else 1)]
+        for _, lps, n in self._layers():                            # per-tensor norms
+            E.kernel("optim.lamb.norms", Cost(4 * n, 2 * n * MASTER_BYTES, 0))
+        sq = None
+        if E.on:
+            sq = np.array([float((x * x).sum()) for lp, j in split
+                           for x in (self._parts(lp, P[lp.name])[j],      # type: ignore[arg-type]
+                                     self._parts(lp, steps[lp.name])[j])])
+        sq = E.tp_sum("optim.lamb_norms", sq, 2 * len(split), MASTER_BYTES)
+        full_sq = {(lp.name, j): (sq[2 * i], sq[2 * i + 1]) for i, (lp, j) in enumerate(split)} \
+            if sq is not None else {}
+        for _, lps, n in self._layers():                            # stage 2: apply
+            if E.on:
+                for lp in lps:
+                    self._lamb_apply(lp, P[lp.name], steps[lp.name], full_sq)  # type: ignore[arg-type]
+            E.kernel("optim.lamb.stage2", Cost(2 * n, 2 * n * MASTER_BYTES,
+                                               n * (MASTER_BYTES + copy)))
+
+    def _lamb_apply(self, lp: LocalParam, w: np.ndarray, step: np.ndarray,
+                    full_sq: dict[tuple[str, int], tuple[float, float]]) -> None:
+        for j, (wp, sp) in enumerate(zip(self._parts(lp, w), self._parts(lp, step))):
+            if lp.tp_split:
+                wsq, ssq = full_sq[(lp.name, j)]
+            else:
+                wsq, ssq = float((wp * wp).sum()), float((sp * sp).sum())
+            wn, sn = float(np.sqrt(wsq)), float(np.sqrt(ssq))
+            wp -= self.opt.lr * (sp * (wn / sn if wn > 0 and sn > 0 else 1.0))

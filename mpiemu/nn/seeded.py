@@ -1,0 +1,100 @@
+"""Everything random, keyed so that any shard can regenerate exactly its part.
+
+Initial weights are drawn per full tensor, data per sample, dropout masks per (sample) or
+(sample, head) of the FULL, whole-global-batch tensor, each from its own key
+(seed, purpose, iteration, layer, site, sample, head). A rank slices what it owns (its heads,
+its sequence rows, its DP micro-batch); the one-process reference draws the same full masks.
+"""
+from __future__ import annotations
+
+import zlib
+from typing import Iterator
+
+import numpy as np
+
+from .config import ModelConfig
+
+INIT, DATA, DROPOUT = 1, 2, 3
+SITES = {"embed": 0, "attn_probs": 1, "attn_out": 2, "mlp_out": 3}
+NOISE_FRACTION = 0.1   # share of data tokens drawn at random instead of by the recurrence
+
+
+def generator(*key: int) -> np.random.Generator:
+    """An independent stream for a tuple of non-negative integers."""
+    return np.random.default_rng(np.random.SeedSequence([int(k) for k in key]))
+
+
+def full_param_specs(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...], str]]:
+    """(name, shape, init) of every parameter of the unsharded model.
+
+    init: "normal" N(0, std), "scaled" N(0, std / sqrt(2 layers)) for the projections that
+    feed the residual stream (GPT-2, Megatron), "zeros" (biases), "ones" (LN gains).
+    """
+    h, f = cfg.hidden, cfg.ffn_hidden
+    yield "wte", (cfg.padded_vocab, h), "normal"
+    yield "wpe", (cfg.seq_len, h), "normal"
+    if cfg.norm == "post":
+        yield from (("lne.g", (h,), "ones"), ("lne.b", (h,), "zeros"))
+    for i in range(cfg.layers):
+        p = f"layers.{i}."
+        yield from ((p + "ln1.g", (h,), "ones"), (p + "ln1.b", (h,), "zeros"))
+        for x in "qkv":
+            yield from ((p + f"attn.w{x}", (h, h), "normal"), (p + f"attn.b{x}", (h,), "zeros"))
+        yield from ((p + "attn.wo", (h, h), "scaled"), (p + "attn.bo", (h,), "zeros"))
+        yield from ((p + "ln2.g", (h,), "ones"), (p + "ln2.b", (h,), "zeros"))
+        yield from ((p + "mlp.w1", (h, f), "normal"), (p + "mlp.b1", (f,), "zeros"))
+        yield from ((p + "mlp.w2", (f, h), "scaled"), (p + "mlp.b2", (h,), "zeros"))
+    if cfg.norm == "pre":
+        yield from (("lnf.g", (h,), "ones"), ("lnf.b", (h,), "zeros"))
+
+
+def init_tensor(cfg: ModelConfig, seed: int, name: str, shape: tuple[int, ...], init: str,
+                dtype: type) -> np.ndarray:
+    """One full parameter tensor, drawn from its own key (independent of all others)."""
+    if init == "zeros":
+        return np.zeros(shape, dtype)
+    if init == "ones":
+        return np.ones(shape, dtype)
+    std = cfg.init_std / (np.sqrt(2.0 * cfg.layers) if init == "scaled" else 1.0)
+    g = generator(seed, INIT, zlib.crc32(name.encode()))
+    return (g.standard_normal(shape) * std).astype(dtype)
+
+
+def init_full_params(cfg: ModelConfig, seed: int, dtype: type = np.float64
+                     ) -> dict[str, np.ndarray]:
+    """All parameters of the unsharded model, by name."""
+    return {n: init_tensor(cfg, seed, n, s, i, dtype) for n, s, i in full_param_specs(cfg)}
+
+
+def batch(cfg: ModelConfig, seed: int, iteration: int, global_batch: int, lo: int = 0,
+          hi: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Synthetic tokens and next-token targets of samples [lo, hi), each [n, S] int64.
+
+    ASSUMPTION: a learnable stream (t' = 5 t + 3 mod vocab, 10% random tokens) stands in for
+    a corpus, so the loss visibly falls in a few iterations.
+    """
+    hi = global_batch if hi is None else hi
+    seqs = np.empty((hi - lo, cfg.seq_len + 1), np.int64)
+    for row, b in enumerate(range(lo, hi)):
+        g = generator(seed, DATA, iteration, b)
+        noise = g.random(cfg.seq_len + 1) < NOISE_FRACTION
+        rand = g.integers(0, cfg.vocab, cfg.seq_len + 1)
+        t = int(rand[0])
+        for j in range(cfg.seq_len + 1):
+            t = int(rand[j]) if (j == 0 or noise[j]) else (5 * t + 3) % cfg.vocab
+            seqs[row, j] = t
+    return seqs[:, :-1], seqs[:, 1:]
+
+
+def hidden_keep(seed: int, iteration: int, layer: int, site: str, sample: int,
+                shape: tuple[int, int], p: float) -> np.ndarray:
+    """Keep-mask [S, H] of one sample of a hidden-state dropout site."""
+    g = generator(seed, DROPOUT, iteration, layer + 1, SITES[site], sample)
+    return g.random(shape, dtype=np.float32) >= p
+
+
+def probs_keep(seed: int, iteration: int, layer: int, sample: int, head: int, seq: int,
+               p: float) -> np.ndarray:
+    """Keep-mask [S, S] of one (sample, head) of the attention-probability dropout."""
+    g = generator(seed, DROPOUT, iteration, layer + 1, SITES["attn_probs"], sample, head)
+    return g.random((seq, seq), dtype=np.float32) >= p
