@@ -33,14 +33,18 @@ class GpuModel:
         self._gemm_cache: dict[tuple[object, ...], GemmCost] = {}
 
     def gemm(self, m: int, n: int, k: int, *, dtype: str = "fp16", batch: int = 1,
-             bypass_llc_output: bool = False) -> GemmCost:
-        """Cost of C[M,N] = A[M,K] B[K,N], `batch` times; cached per shape."""
-        key = (m, n, k, dtype, batch, bypass_llc_output)
+             bypass_llc_output: bool = False, compute_units: int | None = None) -> GemmCost:
+        """Cost of C[M,N] = A[M,K] B[K,N], `batch` times; cached per shape.
+
+        `compute_units` < the device's: the GEMM shares the GPU with a communication kernel.
+        """
+        key = (m, n, k, dtype, batch, bypass_llc_output, compute_units)
         cost = self._gemm_cache.get(key)
         if cost is None:
             eb = dtype_bytes(dtype)
             cost = gemm_cost(self.spec, m, n, k, dtype=dtype, batch=batch, in_bytes=eb,
-                             out_bytes=eb, bypass_llc_output=bypass_llc_output)
+                             out_bytes=eb, bypass_llc_output=bypass_llc_output,
+                             compute_units=compute_units)
             self._gemm_cache[key] = cost
         return cost
 

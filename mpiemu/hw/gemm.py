@@ -94,11 +94,13 @@ def _stage_reads(rows: set[int], cols: set[int], prev_rows: set[int], prev_cols:
 
 def gemm_cost(spec: DeviceSpec, m: int, n: int, k: int, *, dtype: str = "fp16",
               batch: int = 1, in_bytes: int = 2, out_bytes: int = 2,
-              bypass_llc_output: bool = False) -> GemmCost:
+              bypass_llc_output: bool = False, compute_units: int | None = None) -> GemmCost:
     """Stage-by-stage cost of a (batched) GEMM on a GPU.
 
     `bypass_llc_output` models T3's uncached output writes (thesis 8.3.3): output tiles no
-    longer occupy the LLC, leaving it all for input panels.
+    longer occupy the LLC, leaving it all for input panels. `compute_units` runs the GEMM on
+    fewer CUs than the device has (the rest run a communication kernel, thesis Fig. 8.4):
+    smaller waves, so more stages at the same per-CU rate.
     """
     if min(m, n, k, batch) <= 0:
         raise ValueError(f"GEMM dims must be positive, got M={m} N={n} K={k} batch={batch}")
@@ -106,7 +108,10 @@ def gemm_cost(spec: DeviceSpec, m: int, n: int, k: int, *, dtype: str = "fp16",
     tiles_m, tiles_n = math.ceil(m / g.tile_m), math.ceil(n / g.tile_n)
     per_gemm = tiles_m * tiles_n
     total = per_gemm * batch
-    wave = spec.compute_units * g.wgs_per_cu
+    cus = spec.compute_units if compute_units is None else compute_units
+    if not 0 < cus <= spec.compute_units:
+        raise ValueError(f"compute_units={compute_units} must lie in [1, {spec.compute_units}]")
+    wave = cus * g.wgs_per_cu
     cu_rate = spec.peak(dtype) * g.efficiency / spec.compute_units
     tile_flops = 2.0 * g.tile_m * g.tile_n * k
     row_bytes = min(g.tile_m, m) * k * in_bytes      # one tile-row panel of A
@@ -123,7 +128,7 @@ def gemm_cost(spec: DeviceSpec, m: int, n: int, k: int, *, dtype: str = "fp16",
                                                                     spec.llc_bytes / 2))
         rows, cols = _stage_panels(first, count, per_gemm, tiles_n)
         reads = _stage_reads(rows, cols, prev_rows, prev_cols, row_bytes, col_bytes, llc, count)
-        compute = math.ceil(count / spec.compute_units) * tile_flops / cu_rate
+        compute = math.ceil(count / cus) * tile_flops / cu_rate
         stages.append(GemmStage(count, compute, reads, out_bytes_stage, bw))
         prev_rows, prev_cols = rows, cols
     flops = 2.0 * m * n * k * batch

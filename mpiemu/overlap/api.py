@@ -2,9 +2,13 @@
 
 `gemm_then_reduce` is the row-parallel GEMM followed by its reduce-scatter or all-reduce;
 `gather_then_gemm` is the all-gather of row shards followed by the column-parallel GEMM.
-The `sequential` strategy here is the reference: GEMM, then ring collective, serialized by the
-data dependency (thesis 8.4.3 "Sequential"). Fused strategies (T3 and friends, thesis 8.3)
-plug in through `STRATEGY_IMPLS` with the same signature and must return the same numbers.
+Every strategy of thesis 8.4.3 (plus software overlap, 8.2.2) runs the same ring schedule
+on real data (or on shapes alone when x = w = None) and charges emulated time by its traits
+(`strategy.TRAITS`): sequential and ideal multiply whole matrices, the fused strategies one
+chunk at a time. For mode "all_reduce" the reduce-scatter is followed by a sequential
+all-gather, fused or not (thesis 8.4.3).
+Trace events: `<name>.gemm` (compute; `stage` = the GEMM's stage count), `rs.send`,
+`rs.reduce`, `ag.send` (comm), `<name>.rs` and `<name>.ag` (collective spans).
 """
 from __future__ import annotations
 
@@ -14,11 +18,15 @@ from typing import Callable
 import numpy as np
 
 from ..comm.p2p import TimedComm
-from ..comm.ring import all_gather, all_reduce, reduce_scatter
-from ..hw.specs import dtype_bytes
+from ..hw.contention import T3Params
+from ..hw.specs import DeviceSpec, dtype_bytes
 from ..sim import ops
-from ..sim.timeline import SimTime, Span
+from ..sim.timeline import SimTime, Span, latest
+from . import rs
+from .ag import AgGemm, ring_all_gather
+from .model import OverlapStats
 from .strategy import MODES, STRATEGIES, Overlap
+
 
 @dataclass(frozen=True)
 class GemmShape:
@@ -33,38 +41,109 @@ def _matmul(x: np.ndarray | None, w: np.ndarray | None) -> np.ndarray | None:
     return None if x is None or w is None else x @ w
 
 
-def sequential_gemm_then_reduce(tc: TimedComm, x: np.ndarray | None, w: np.ndarray | None, *,
-                                shape: GemmShape, mode: str, dtype: str, after: SimTime,
-                                overlap: Overlap, name: str) -> tuple[np.ndarray | None, Span]:
-    """GEMM on the compute stream, then the ring collective once the whole output exists."""
-    y = _matmul(x, w)
+def overlap_params(spec: DeviceSpec, ov: Overlap) -> T3Params | None:
+    """The preset's overlap-model parameters, required by every strategy past `ideal`."""
+    if ov.strategy in ("sequential", "ideal"):
+        return T3Params.from_extra(spec.extra, spec.name) if _has_params(spec) else None
+    if spec.kind != "gpu":
+        raise ValueError(f"overlap.strategy={ov.strategy!r} models a GPU memory system; device "
+                         f"{spec.name} is a {spec.kind}: use 'sequential' or 'ideal'")
+    return T3Params.from_extra(spec.extra, spec.name)
+
+
+def _has_params(spec: DeviceSpec) -> bool:
+    try:
+        T3Params.from_extra(spec.extra)
+    except ValueError:
+        return False
+    return True
+
+
+def _single(tc: TimedComm, x: np.ndarray | None, w: np.ndarray | None, shape: GemmShape,
+            dtype: str, after: SimTime, name: str, stats: OverlapStats
+            ) -> tuple[np.ndarray | None, Span]:
+    """One rank: the GEMM alone (no collective to overlap)."""
     g = ops.gemm(tc.tl, tc.model, f"{name}.gemm", shape.m, shape.n, shape.k, dtype=dtype,
                  after=after)
-    coll = all_reduce if mode == "all_reduce" else reduce_scatter
-    out, span = coll(tc, y, after=g.t_end, count=shape.m * shape.n,
-                     wire_itemsize=dtype_bytes(dtype), bidirectional=overlap.bidirectional,
-                     label=f"{name}.{'ar' if mode == 'all_reduce' else 'rs'}",
-                     unit=shape.n)
-    return out, Span(g.t_start, span.t_end)
+    stats.gemm_s = stats.gemm_isolated_s = stats.total_s = g.duration
+    return _matmul(x, w), g
 
 
-def sequential_gather_then_gemm(tc: TimedComm, x_shard: np.ndarray | None,
-                                w: np.ndarray | None, *, shape: GemmShape, dtype: str,
-                                after: SimTime, overlap: Overlap, name: str
+def overlapped_gemm_then_reduce(tc: TimedComm, x: np.ndarray | None, w: np.ndarray | None, *,
+                                shape: GemmShape, mode: str, dtype: str, after: SimTime,
+                                overlap: Overlap, name: str, stats: OverlapStats | None = None
                                 ) -> tuple[np.ndarray | None, Span]:
-    """Ring all-gather of the row shards, then the GEMM on the gathered rows."""
-    full, ag = all_gather(tc, x_shard, total=shape.m * shape.k, after=after,
-                          wire_itemsize=dtype_bytes(dtype), bidirectional=overlap.bidirectional,
-                          label=f"{name}.ag", unit=shape.k)
-    y = _matmul(full, w)
+    """GEMM -> ring reduce-scatter (-> all-gather) under any strategy (thesis 8.3, 8.4.3)."""
+    stats = OverlapStats() if stats is None else stats
+    stats.strategy = overlap.label
+    if tc.size == 1:
+        return _single(tc, x, w, shape, dtype, after, name, stats)
+    itemsize, t = dtype_bytes(dtype), overlap.traits
+    s = rs.setup(tc, overlap, shape.m, shape.n, shape.k, dtype, itemsize, latest(after),
+                 overlap_params(tc.model.spec, overlap), stats, name)
+    y, gemm_end = None, -np.inf
+    if not t.fused:
+        y = _matmul(x, w)
+        gemm_end = rs.place_gemm(s, stats, name, s.t0)
+        s.ready_all = s.t0 if t.concurrent else gemm_end
+    run = rs.RsRun(s, x, w, y, name)
+    run.run()
+    if t.fused:
+        gemm_end = s.clock.gemm_end()
+    total = shape.m * shape.n * itemsize
+    tc.tl.summary(f"{name}.rs", Span(run.first_send, run.done), resource=f"coll.{tc.name}",
+                  nbytes=total, dram_bytes=stats.dram["rs_read"] + stats.dram["rs_write"])
+    stats.rs_s = run.done - run.first_send
+    out, end = run.out, max(run.done, gemm_end)
+    if mode == "all_reduce":
+        out, a0, end = ring_all_gather(tc, out, m=shape.m, n=shape.n, itemsize=itemsize,
+                                       start=end, ov=overlap, name=name, stats=stats)
+        tc.tl.summary(f"{name}.ag", Span(a0, end), resource=f"coll.{tc.name}", nbytes=total,
+                      dram_bytes=stats.dram["ag_read"] + stats.dram["ag_write"])
+    stats.total_s = end - s.t0
+    return out, Span(s.t0, end)
+
+
+def overlapped_gather_then_gemm(tc: TimedComm, x_shard: np.ndarray | None,
+                                w: np.ndarray | None, *, shape: GemmShape, dtype: str,
+                                after: SimTime, overlap: Overlap, name: str,
+                                stats: OverlapStats | None = None
+                                ) -> tuple[np.ndarray | None, Span]:
+    """Ring all-gather of row shards -> column-parallel GEMM under any strategy (8.6.2)."""
+    stats = OverlapStats() if stats is None else stats
+    stats.strategy = overlap.label
+    if tc.size == 1:
+        return _single(tc, x_shard, w, shape, dtype, after, name, stats)
+    itemsize, t = dtype_bytes(dtype), overlap.traits
+    params = overlap_params(tc.model.spec, overlap)
+    total = shape.m * shape.k * itemsize
+    if t.fused:
+        fused = AgGemm(tc, overlap, shape.m, shape.n, shape.k, dtype, itemsize, latest(after),
+                       params, stats, name)
+        y, a0, end = fused.run(x_shard, w)
+        tc.tl.summary(f"{name}.ag", Span(a0, a0 + stats.ag_s), resource=f"coll.{tc.name}",
+                      nbytes=total, dram_bytes=stats.dram["ag_read"] + stats.dram["ag_write"])
+        stats.total_s = end - fused.t0
+        return y, Span(min(a0, fused.t0), end)
+    t_ag = latest(after)
+    full, a0, ag_end = ring_all_gather(tc, x_shard, m=shape.m, n=shape.k, itemsize=itemsize,
+                                       start=t_ag, ov=overlap, name=name, stats=stats)
+    tc.tl.summary(f"{name}.ag", Span(a0, ag_end), resource=f"coll.{tc.name}", nbytes=total,
+                  dram_bytes=stats.dram["ag_read"] + stats.dram["ag_write"])
     g = ops.gemm(tc.tl, tc.model, f"{name}.gemm", shape.m, shape.n, shape.k, dtype=dtype,
-                 after=ag.t_end)
-    return y, Span(ag.t_start, g.t_end)
+                 after=t_ag if t.concurrent else ag_end)
+    cost = tc.model.gemm(shape.m, shape.n, shape.k, dtype=dtype)
+    stats.gemm_s = stats.gemm_isolated_s = g.duration
+    stats.n_stages = cost.n_stages
+    stats.add("gemm_read", cost.dram_read_bytes)
+    stats.add("gemm_write", cost.dram_write_bytes)
+    stats.total_s = max(g.t_end, ag_end) - min(t_ag, g.t_start)
+    return _matmul(full, w), Span(min(a0, g.t_start), max(g.t_end, ag_end))
 
 
 ReduceImpl = Callable[..., tuple[np.ndarray | None, Span]]
 STRATEGY_IMPLS: dict[str, tuple[ReduceImpl, ReduceImpl]] = {
-    "sequential": (sequential_gemm_then_reduce, sequential_gather_then_gemm),
+    s: (overlapped_gemm_then_reduce, overlapped_gather_then_gemm) for s in STRATEGIES
 }
 
 
@@ -77,25 +156,26 @@ def _impls(overlap: Overlap) -> tuple[ReduceImpl, ReduceImpl]:
 
 def gemm_then_reduce(tc: TimedComm, x: np.ndarray | None, w: np.ndarray | None, *,
                      shape: GemmShape, mode: str, dtype: str, after: SimTime,
-                     overlap: Overlap = Overlap(), name: str = "gemm"
-                     ) -> tuple[np.ndarray | None, Span]:
+                     overlap: Overlap = Overlap(), name: str = "gemm",
+                     stats: OverlapStats | None = None) -> tuple[np.ndarray | None, Span]:
     """y = sum over the TP group of x @ w, all-reduced or reduce-scattered by rows.
 
     forward: GEMM -> reduce-scatter (or all-reduce); conjugate: `gather_then_gemm`.
     x: [M, K_local], w: [K_local, N] -> [M, N] (all_reduce) or [rows of rank, N].
-    With x = w = None only the schedule runs (timing-only mode).
+    With x = w = None only the schedule runs (timing-only mode). `stats` (optional) receives
+    the time split and DRAM traffic of this call.
     """
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}; choose one of {list(MODES)}")
     impl = _impls(overlap)[0]
     return impl(tc, x, w, shape=shape, mode=mode, dtype=dtype, after=after, overlap=overlap,
-                name=name)
+                name=name, stats=stats)
 
 
 def gather_then_gemm(tc: TimedComm, x_shard: np.ndarray | None, w: np.ndarray | None, *,
                      shape: GemmShape, dtype: str, after: SimTime,
-                     overlap: Overlap = Overlap(), name: str = "gemm"
-                     ) -> tuple[np.ndarray | None, Span]:
+                     overlap: Overlap = Overlap(), name: str = "gemm",
+                     stats: OverlapStats | None = None) -> tuple[np.ndarray | None, Span]:
     """y = all_gather(x_shard rows) @ w.
 
     forward: all-gather -> GEMM; conjugate: `gemm_then_reduce` with reduce-scatter.
@@ -103,4 +183,8 @@ def gather_then_gemm(tc: TimedComm, x_shard: np.ndarray | None, w: np.ndarray | 
     """
     impl = _impls(overlap)[1]
     return impl(tc, x_shard, w, shape=shape, dtype=dtype, after=after, overlap=overlap,
-                name=name)
+                name=name, stats=stats)
+
+
+__all__ = ["GemmShape", "OverlapStats", "gather_then_gemm", "gemm_then_reduce",
+           "overlap_params"]
