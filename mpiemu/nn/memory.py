@@ -2,9 +2,10 @@
 
 Activations are counted from what the layers actually keep for backward (`layers.py`,
 `attention.py`, `model.py`): a test checks these counts against the arrays a numerics run
-stores. Side by side with Korthikanti et al. 2022 (Table 2, no recomputation, 2-byte values):
-per layer sbh(10 + 24/t + 5as/(ht)) without SP; ours keeps the same tensors except the
-attention input of V's GEMM is the dropped probabilities we also count, see docs/training.md.
+stores. Without SP a layer keeps exactly Korthikanti et al. 2022's sbh(10 + 24/t + 5as/(ht))
+bytes (Table 2, 2-byte values, no recomputation) plus the fp32 LayerNorm statistics; with SP
+it keeps 4sbh(1 - 1/t) more than their sbh/t (34 + 5as/h), because the gathered inputs of the
+column-parallel GEMMs are kept instead of gathered again in backward.
 """
 from __future__ import annotations
 
@@ -79,10 +80,11 @@ class MemoryReport:
         return self.total_bytes <= self.capacity_bytes
 
     def line(self) -> str:
-        g = [x / GIB for x in (self.params_bytes, self.grads_bytes, self.optimizer_bytes,
-                               self.activations_bytes, self.total_bytes, self.capacity_bytes)]
+        unit, scale = ("GiB", GIB) if self.total_bytes >= GIB / 10 else ("MiB", 2.0**20)
+        g = [x / scale for x in (self.params_bytes, self.grads_bytes, self.optimizer_bytes,
+                                 self.activations_bytes, self.total_bytes)]
         return (f"params {g[0]:.3g} + grads {g[1]:.3g} + optimizer {g[2]:.3g} + activations "
-                f"{g[3]:.3g} = {g[4]:.3g} GiB of {g[5]:.3g} GiB "
+                f"{g[3]:.3g} = {g[4]:.3g} {unit} of {self.capacity_bytes / GIB:.3g} GiB "
                 f"({'fits' if self.fits else 'does NOT fit'})")
 
 

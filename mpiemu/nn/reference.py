@@ -18,6 +18,11 @@ from .special import norm_cdf, norm_pdf
 Cache = dict[str, Any]
 
 
+def _wgrad(x: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """sum over batch and positions of x^T d: [B, S, I], [B, S, J] -> [I, J]."""
+    return x.reshape(-1, x.shape[-1]).T @ d.reshape(-1, d.shape[-1])
+
+
 def _ln(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> tuple[np.ndarray, Cache]:
     mu = x.mean(-1, keepdims=True)
     xc = x - mu
@@ -42,6 +47,7 @@ class Reference:
     def __init__(self, cfg: ModelConfig, seed: int, opt: OptimizerConfig,
                  global_batch: int, dtype: type = np.float64) -> None:
         self.cfg, self.seed, self.opt, self.global_batch = cfg, seed, opt, global_batch
+        self.dtype = dtype
         self.params = seeded.init_full_params(cfg, seed, dtype)
         self.m = {k: np.zeros_like(v) for k, v in self.params.items()}
         self.v = {k: np.zeros_like(v) for k, v in self.params.items()}
@@ -55,7 +61,7 @@ class Reference:
         s, h = self.cfg.seq_len, self.cfg.hidden
         keep = np.stack([seeded.hidden_keep(self.seed, it, layer, site, b, (s, h), p)
                          for b in range(self.global_batch)])
-        return keep / (1.0 - p)
+        return keep.astype(self.dtype) / self.dtype(1.0 - p)
 
     def _probs_mask(self, it: int, layer: int) -> np.ndarray | None:
         p = self.cfg.attention_dropout
@@ -65,7 +71,7 @@ class Reference:
                                                      self.cfg.seq_len, p)
                                    for hd in range(self.cfg.heads)])
                          for b in range(self.global_batch)])
-        return keep / (1.0 - p)
+        return keep.astype(self.dtype) / self.dtype(1.0 - p)
 
     # -- sub-layers -------------------------------------------------------------------------
     def _attention(self, x: np.ndarray, i: int, it: int) -> tuple[np.ndarray, Cache]:
@@ -98,7 +104,7 @@ class Reference:
         pre = f"layers.{i}.attn."
         bsz, s, h = dout.shape
         nh, dh = self.cfg.heads, self.cfg.head_dim
-        g[pre + "wo"] = np.einsum("bsi,bsj->ij", c["o"], dout)
+        g[pre + "wo"] = _wgrad(c["o"], dout)
         g[pre + "bo"] = dout.sum((0, 1))
         do = (dout @ p[pre + "wo"].T).reshape(bsz, s, nh, dh).transpose(0, 2, 1, 3)
         dv = c["dropped"].transpose(0, 1, 3, 2) @ do
@@ -111,7 +117,7 @@ class Reference:
         dx = np.zeros_like(c["x"])
         for name, d in (("q", dq), ("k", dk), ("v", dv)):
             d2 = d.transpose(0, 2, 1, 3).reshape(bsz, s, h)
-            g[pre + f"w{name}"] = np.einsum("bsi,bsj->ij", c["x"], d2)
+            g[pre + f"w{name}"] = _wgrad(c["x"], d2)
             g[pre + f"b{name}"] = d2.sum((0, 1))
             dx += d2 @ p[pre + f"w{name}"].T
         return dx
@@ -127,12 +133,12 @@ class Reference:
                   g: dict[str, np.ndarray]) -> np.ndarray:
         p = self.params
         pre = f"layers.{i}.mlp."
-        g[pre + "w2"] = np.einsum("bsi,bsj->ij", c["act"], dout)
+        g[pre + "w2"] = _wgrad(c["act"], dout)
         g[pre + "b2"] = dout.sum((0, 1))
         dact = dout @ p[pre + "w2"].T
         f = c["f"]
         df = dact * (norm_cdf(f) + f * norm_pdf(f))
-        g[pre + "w1"] = np.einsum("bsi,bsj->ij", c["x"], df)
+        g[pre + "w1"] = _wgrad(c["x"], df)
         g[pre + "b1"] = df.sum((0, 1))
         return df @ p[pre + "w1"].T
 
@@ -195,7 +201,7 @@ class Reference:
         np.put_along_axis(dlogits, targets[..., None],
                           np.take_along_axis(dlogits, targets[..., None], -1) - 1.0, -1)
         dlogits /= n
-        g["wte"] = np.einsum("bsv,bsh->vh", dlogits, x)
+        g["wte"] = _wgrad(dlogits, x)
         dx = dlogits @ p["wte"]
         if cfg.norm == "pre":
             dx, g["lnf.g"], g["lnf.b"] = _ln_back(dx, c_lnf)

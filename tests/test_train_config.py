@@ -1,0 +1,82 @@
+"""Bad training input is refused before any message, in one line naming values and choices."""
+from __future__ import annotations
+
+import pytest
+
+from mpiemu.run.errors import ConfigError
+from mpiemu.run.runner import validate
+from tests.conftest import run_mpi
+
+BASE = ["run.kind='train'", "model.preset='tiny'"]
+
+
+def refusal(world: int, *sets: str) -> str:
+    with pytest.raises(ConfigError) as exc:
+        validate(None, [*BASE, *sets], world)
+    msg = str(exc.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_tp_that_does_not_divide_the_heads_names_the_valid_tp() -> None:
+    msg = refusal(3, "parallel.tp=3")
+    assert msg == ("parallel.tp=3: does not divide model.heads=8; choose tp in {1, 2, 4, 8}")
+
+
+def test_tp_that_does_not_divide_the_hidden_size_is_refused() -> None:
+    msg = refusal(4, "parallel.tp=4", "model.heads=4", "model.ffn_hidden=250")
+    assert msg.startswith("parallel.tp=4: does not divide model.hidden=64 and "
+                          "model.ffn_hidden=250; choose tp in {1, 2}")
+
+
+def test_sequence_not_divisible_by_tp_under_sp_names_the_choices() -> None:
+    msg = refusal(4, "parallel.tp=4", "parallel.sequence_parallel=true", "model.seq_len=18")
+    assert msg.startswith("model.seq_len=18: is not divisible by parallel.tp=4 under "
+                          "parallel.sequence_parallel; choose tp in {1, 2}")
+
+
+def test_dp_that_does_not_divide_the_global_batch_names_the_valid_dp() -> None:
+    msg = refusal(4, "parallel.dp=4", "train.global_batch=6")
+    assert msg.startswith("train.global_batch=6: is not divisible by parallel.dp=4; choose dp "
+                          "in {1, 2, 3, 6}")
+
+
+def test_a_model_that_does_not_fit_is_reported_with_its_memory() -> None:
+    msg = refusal(8, "model.preset='gpt3-175b'", "parallel.tp=8", "device.preset='h100-sxm5'",
+                  "run.numerics='off'")
+    assert msg.startswith("model.preset='gpt3-175b': does not fit on h100-sxm5 at tp=8: "
+                          "params 40.7 + grads 40.7 + optimizer 244")
+    assert "GiB of 80 GiB (does NOT fit)" in msg and "memory_check='warn'" in msg
+
+
+def test_memory_check_warn_lets_an_oversized_model_be_emulated() -> None:
+    validate(None, [*BASE, "model.preset='gpt3-175b'", "parallel.tp=8", "run.numerics='off'",
+                    "device.preset='h100-sxm5'", "train.memory_check='warn'"], 8)
+
+
+def test_numerics_on_for_a_model_beyond_host_memory_is_refused() -> None:
+    msg = refusal(8, "model.preset='gpt3-175b'", "parallel.tp=8", "train.memory_check='warn'")
+    assert msg.startswith("run.numerics='on': needs ~") and "run.numerics='off'" in msg
+
+
+@pytest.mark.parametrize("sets, needle", [
+    (["model.preset='gpt-7'"], "model.preset='gpt-7': choose one of 'bert-large'"),
+    (["model.heads=5"], "model.heads=5: does not divide model.hidden=64"),
+    (["model.norm='sandwich'"], "model.norm='sandwich': choose one of 'pre', 'post'"),
+    (["optimizer.name='sgd'"], "optimizer.name='sgd': choose one of 'adam', 'lamb'"),
+    (["optimizer.beta2=1.5"], "optimizer.beta2=1.5: must be in [0, 1)"),
+    (["train.check_reference=true", "run.numerics='off'"], "train.check_reference=True"),
+    (["model.hidden_dropout=1.5"], "model.hidden_dropout=1.5: a rate in [0, 1)"),
+])
+def test_model_and_optimizer_settings_are_checked(sets: list[str], needle: str) -> None:
+    assert needle in refusal(1, *sets)
+
+
+def test_bad_input_under_mpiexec_exits_2_with_one_line_on_rank_0(tmp_path) -> None:
+    res = run_mpi(2, ["run", "workloads/quickstart.toml", "--set", "parallel.tp=1",
+                      "--set", "parallel.dp=2", "--set", "train.global_batch=5",
+                      "--out", str(tmp_path)])
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert lines == ["mpiemu: error: train.global_batch=5: is not divisible by parallel.dp=2; "
+                     "choose dp in {1, 5} or a global batch that is a multiple of 2"]

@@ -1,0 +1,128 @@
+"""What a training run's trace shows: TP collectives per layer, DP buckets under backward,
+the same schedule with and without numerics, and the per-iteration breakdown."""
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from mpiemu.analysis import load
+from mpiemu.analysis.breakdown import format_breakdown, run_breakdown
+from mpiemu.analysis.load import RankTrace
+from mpiemu.run.runner import run_workload
+
+H, S, BATCH = 64, 16, 8      # the tiny preset
+FWD_RS = {"proj.fwd", "fc2.fwd"}          # row-parallel GEMMs in forward
+BWD_RS = {"fc1.bwd", "qkv.bwd"}           # input-gradient GEMMs of column-parallel layers
+SP_AG = {"qkv.fwd", "fc1.fwd", "proj.bwd", "fc2.bwd"}
+
+
+def grid() -> tuple[int, int]:
+    n = MPI.COMM_WORLD.Get_size()
+    return 2, n // 2
+
+
+def train(out: Path, *extra: str) -> None:
+    tp, dp = grid()
+    sets = ["run.kind='train'", "run.iterations=2", f"parallel.tp={tp}", f"parallel.dp={dp}",
+            "model.preset='tiny'", "run.emulated_dtype='fp16'", "train.dp_bucket_MiB=0.02",
+            *extra]
+    run_workload(None, sets, str(out), [], world=MPI.COMM_WORLD)
+    MPI.COMM_WORLD.Barrier()        # every rank has closed its trace before anyone reads
+
+
+def tp_collectives(rt: RankTrace, iteration: int) -> dict[int, dict[str, set[str]]]:
+    """layer -> GEMM pair ('qkv.bwd') -> kinds of its collective spans ({'ar'}, {'rs', 'ag'})."""
+    ev = rt.events
+    m = (rt.cats == "collective") & (rt.resources == "coll.tp") & (ev["iteration"] == iteration)
+    out: dict[int, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for name, layer in zip(rt.names[m], ev["layer"][m]):
+        if layer >= 0:
+            stem, kind = name.rsplit(".", 1)
+            out[int(layer)][stem.split(".", 1)[1]].add(kind)
+    return out
+
+
+def even_world() -> None:
+    if MPI.COMM_WORLD.Get_size() % 2:
+        pytest.skip("needs tp = 2 times a whole dp")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_four_serialized_all_reduces_per_layer_of_h_sl_b_bytes(mpi_tmp_path: Path) -> None:
+    even_world()
+    train(mpi_tmp_path)
+    run = load(mpi_tmp_path)
+    _, dp = grid()
+    for rt in run.ranks:
+        per_layer = tp_collectives(rt, 1)
+        assert sorted(per_layer) == [0, 1]
+        for pairs in per_layer.values():
+            assert set(pairs) == FWD_RS | BWD_RS          # after OP, FC-2 fwd; FC-1, QKV bwd
+            assert all(k in ({"ar"}, {"rs", "ag"}) for k in pairs.values())
+        m = (rt.cats == "collective") & (rt.resources == "coll.tp") & (rt.events["layer"] >= 0)
+        assert set(rt.events["bytes"][m]) == {2 * H * S * (BATCH // dp)}   # Eq. 5.5, fp16
+
+
+@pytest.mark.mpi(min_size=2)
+def test_sequence_parallel_replaces_each_all_reduce_by_a_reduce_scatter_and_all_gather(
+        mpi_tmp_path: Path) -> None:
+    even_world()
+    train(mpi_tmp_path, "parallel.sequence_parallel=true")
+    for rt in load(mpi_tmp_path).ranks:
+        for pairs in tp_collectives(rt, 0).values():
+            assert {p for p, k in pairs.items() if k == {"rs"}} == FWD_RS | BWD_RS
+            assert {p for p, k in pairs.items() if k == {"ag"}} == SP_AG
+
+
+def overlaps(a0: np.ndarray, a1: np.ndarray, b0: float, b1: float) -> bool:
+    return bool(np.any((a0 < b1) & (a1 > b0)))
+
+
+@pytest.mark.mpi(min_size=4)
+def test_dp_buckets_overlap_the_rest_of_backward(mpi_tmp_path: Path) -> None:
+    even_world()
+    train(mpi_tmp_path)
+    for rt in load(mpi_tmp_path).ranks:
+        ev = rt.events
+        bwd = (rt.cats == "compute") & (rt.phases == "bwd")
+        buckets = np.char.startswith(rt.names.astype(str), "dp.bucket") & \
+            (rt.cats == "collective")
+        assert buckets.sum() >= 4
+        hidden = [overlaps(ev["t_start"][bwd], ev["t_end"][bwd], s, e)
+                  for s, e in zip(ev["t_start"][buckets], ev["t_end"][buckets])]
+        assert sum(hidden) >= 2
+        for b in run_breakdown(load(mpi_tmp_path))[rt.rank]:
+            assert b.dp_exposed_s < b.dp_total_s
+
+
+@pytest.mark.mpi(min_size=2)
+def test_timing_only_runs_exactly_the_numerics_schedule(mpi_tmp_path: Path) -> None:
+    even_world()
+    runs = []
+    for numerics in ("on", "off"):
+        out = mpi_tmp_path / numerics
+        train(out, f"run.numerics='{numerics}'", "parallel.sequence_parallel=true")
+        runs.append(load(out))
+    for a, b in zip(*(r.ranks for r in runs)):
+        np.testing.assert_array_equal(a.names, b.names)
+        np.testing.assert_array_equal(a.events["t_start"], b.events["t_start"])
+        np.testing.assert_array_equal(a.events["t_end"], b.events["t_end"])
+        np.testing.assert_array_equal(a.events["bytes"], b.events["bytes"])
+
+
+@pytest.mark.mpi(min_size=2)
+def test_breakdown_parts_add_up_to_the_iteration(mpi_tmp_path: Path) -> None:
+    even_world()
+    train(mpi_tmp_path)
+    run = load(mpi_tmp_path)
+    for per_rank in run_breakdown(run):
+        assert [b.iteration for b in per_rank] == [0, 1]
+        for b in per_rank:
+            assert b.compute_s > 0 and b.tp_exposed_s > 0 and b.idle_s >= -1e-15
+            total = b.compute_s + b.tp_exposed_s + b.dp_exposed_s + b.idle_s
+            assert total == pytest.approx(b.iteration_s)
+    assert len(format_breakdown(run)) == 3
