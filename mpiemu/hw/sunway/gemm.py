@@ -24,7 +24,7 @@ REQUEST_BYTES = 16 * 1024               # streaming DMA request size of elementw
 
 @dataclass(frozen=True)
 class Tiling:
-    """M_div x N_div pad-free tiles; `fused` re-splits the partial last wave over all CGs."""
+    """M_div x N_div pad-free tiles; `fused` runs each CG's share of them as one fused tile."""
 
     m_div: int
     n_div: int
@@ -46,6 +46,9 @@ class TileCost:
     time_s: float
     read_bytes: float
     write_bytes: float
+    fill_s: float = 0.0             # first K chunk in (DMA + RMA share)
+    body_s: float = 0.0             # the K loop
+    drain_s: float = 0.0            # C block out
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,13 @@ def default_micro_kernel(tm: int, tn: int, k: int) -> bool:
     return tm % 8 == 0 and tn % 8 == 0
 
 
+def min_tile(rows: int, cols: int) -> Predicate:
+    """A micro-kernel constraint: tiles of at least rows x cols (and 8-multiples)."""
+    def valid(tm: int, tn: int, k: int) -> bool:
+        return default_micro_kernel(tm, tn, k) and tm >= rows and tn >= cols
+    return valid
+
+
 def _kc(sw: SunwaySpec, mb: int, nb: int, k: int, e: int) -> int:
     """Largest K chunk whose double-buffered A and B panels fit beside the C block in LDM."""
     room = sw.ldm_usable_bytes / e - mb * nb
@@ -101,7 +111,8 @@ def tile_cost(sw: SunwaySpec, tm: int, tn: int, k: int, dtype: str) -> TileCost 
     store = sw.dma_s(tm * tn * e, cpes, store=True)
     body = (chunks - 1) * max(compute, load, share) + compute    # double-buffered K loop
     t = load + share + body + store                              # fill, loop, drain
-    return TileCost(tm, tn, k, kc, t, (tm + tn) * k * e, tm * tn * e)
+    return TileCost(tm, tn, k, kc, t, (tm + tn) * k * e, tm * tn * e, load + share, body,
+                    store)
 
 
 def pad_free_tilings(m: int, n: int, k: int, dtype: str, sw: SunwaySpec,
@@ -121,35 +132,33 @@ def _waves(total: int, cgs: int) -> list[int]:
 
 
 def tiled_cost(sw: SunwaySpec, m: int, n: int, k: int, dtype: str, batch: int,
-               tiling: Tiling) -> SunwayGemmCost:
-    """Waves of `batch * M_div * N_div` tiles over the CGs; fused tails use every CG."""
+               tiling: Tiling, cgs: int | None = None) -> SunwayGemmCost:
+    """Waves of `batch * M_div * N_div` tiles over `cgs` CGs (default all), or one fused tile
+    per CG when the tiling is fused."""
     tm, tn = m // tiling.m_div, n // tiling.n_div
     tc = tile_cost(sw, tm, tn, k, dtype)
     if tc is None:
         raise ValueError(f"tile {tm}x{tn}x{k} does not fit the LDM")
-    cgs = sw.core_groups
+    cgs = sw.core_groups if cgs is None else cgs
+    if not 0 < cgs <= sw.core_groups:
+        raise ValueError(f"compute_units={cgs} must lie in [1, {sw.core_groups}] CGs")
     total = batch * tiling.tiles
     waves = _waves(total, cgs)
     stages = [GemmStage(w, tc.time_s, w * tc.read_bytes, w * tc.write_bytes, math.inf)
               for w in waves]
-    if tiling.fused and total >= cgs and waves[-1] < cgs:
-        stages[-1] = _fused_tail(sw, tm, tn, k, dtype, waves[-1], tc)
+    if tiling.fused and total >= cgs:
+        stages = [_fused(tc, total, cgs)]
     return SunwayGemmCost(m, n, k, batch, 2.0 * m * n * k * batch, sw.launch_s, tuple(stages),
                           tiling=tiling, tile_s=tc.time_s, cgs=cgs)
 
 
-def _fused_tail(sw: SunwaySpec, tm: int, tn: int, k: int, dtype: str, tail: int,
-                tc: TileCost) -> GemmStage:
-    """Tile fusion (our reading of SWF's heuristic): fuse the tail tiles along N and re-split
-    the fused block over all CGs, so no CG idles in the last wave."""
-    cgs = sw.core_groups
-    width = tail * tn
-    if width % cgs or (width // cgs) % 8:
-        return GemmStage(tail, tc.time_s, tail * tc.read_bytes, tail * tc.write_bytes, math.inf)
-    sub = tile_cost(sw, tm, width // cgs, k, dtype)
-    if sub is None or sub.time_s >= tc.time_s:
-        return GemmStage(tail, tc.time_s, tail * tc.read_bytes, tail * tc.write_bytes, math.inf)
-    return GemmStage(cgs, sub.time_s, cgs * sub.read_bytes, cgs * sub.write_bytes, math.inf)
+def _fused(tc: TileCost, total: int, cgs: int) -> GemmStage:
+    """Tile fusion (our reading of SWF App. A.2; the heuristic is not in the appendix): each CG
+    takes a balanced run of consecutive pad-free tiles as one fused tile, so it fills its DMA
+    pipeline once and overlaps each sub-tile's C store with the next one's K loop."""
+    per = -(-total // cgs)
+    t = tc.fill_s + per * max(tc.body_s, tc.drain_s) + tc.drain_s
+    return GemmStage(cgs, t, total * tc.read_bytes, total * tc.write_bytes, math.inf)
 
 
 def _pad(x: int) -> int:
@@ -157,9 +166,23 @@ def _pad(x: int) -> int:
     return -(-x // 8) * 8
 
 
+def tiling_time_s(sw: SunwaySpec, m: int, n: int, k: int, dtype: str, batch: int,
+                  tiling: Tiling, cgs: int | None = None) -> float:
+    """`tiled_cost(...).time_s` without building its waves (for searching many tilings)."""
+    tc = tile_cost(sw, m // tiling.m_div, n // tiling.n_div, k, dtype)
+    if tc is None:
+        return math.inf
+    c = sw.core_groups if cgs is None else cgs
+    total = batch * tiling.tiles
+    if tiling.fused and total >= c:
+        return sw.launch_s + _fused(tc, total, c).time_s
+    return sw.launch_s + math.ceil(total / c) * tc.time_s
+
+
 def best_gemm(sw: SunwaySpec, m: int, n: int, k: int, dtype: str, batch: int = 1, *,
-              fusion: bool = False, valid: Predicate = default_micro_kernel) -> SunwayGemmCost:
-    """The pad-free (optionally tail-fused) tiling of least modelled time."""
+              fusion: bool = False, valid: Predicate = default_micro_kernel,
+              cgs: int | None = None) -> SunwayGemmCost:
+    """The pad-free (optionally fused) tiling of least modelled time."""
     if min(m, n, k, batch) <= 0:
         raise ValueError(f"GEMM dims must be positive, got M={m} N={n} K={k} batch={batch}")
     cands = pad_free_tilings(m, n, k, dtype, sw, valid)
@@ -167,9 +190,10 @@ def best_gemm(sw: SunwaySpec, m: int, n: int, k: int, dtype: str, batch: int = 1
         mp, np_ = _pad(m), _pad(n)
         if (mp, np_) == (m, n):
             raise ValueError(f"GEMM {m}x{n}x{k} has no pad-free tiling that fits the LDM")
-        padded = best_gemm(sw, mp, np_, k, dtype, batch, fusion=fusion, valid=valid)
+        padded = best_gemm(sw, mp, np_, k, dtype, batch, fusion=fusion, valid=valid, cgs=cgs)
         return replace(padded, m=m, n=n, flops=2.0 * m * n * k * batch)
     if fusion:
         cands += [Tiling(t.m_div, t.n_div, True) for t in cands]
-    costs = [tiled_cost(sw, m, n, k, dtype, batch, t) for t in cands]
-    return min(costs, key=lambda c: (c.time_s, c.tiling.tiles, c.tiling.fused))
+    best = min(cands, key=lambda t: (tiling_time_s(sw, m, n, k, dtype, batch, t, cgs),
+                                     t.tiles, t.fused))
+    return tiled_cost(sw, m, n, k, dtype, batch, best, cgs)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..specs import dtype_bytes
-from .gemm import pad_free_tilings, tiled_cost
+from .gemm import Predicate, default_micro_kernel, pad_free_tilings, tiled_cost
 from .model import AttnShape, SunwayModel
 from .schedule import Op, Option
 
@@ -45,25 +45,25 @@ class LayerShape:
         return self.heads // self.tp
 
 
-def gemm_op(model: SunwayModel, name: str, m: int, n: int, k: int, dtype: str,
-            deps: tuple[str, ...] = ()) -> Op:
+def _gemm_op(model: SunwayModel, name: str, m: int, n: int, k: int, dtype: str,
+            deps: tuple[str, ...] = (), valid: Predicate = default_micro_kernel) -> Op:
     """A GEMM node whose options are its best pad-free tilings (tasks = tiles on one CG)."""
     costs = sorted((tiled_cost(model.sw, m, n, k, dtype, 1, t)
-                    for t in pad_free_tilings(m, n, k, dtype, model.sw)),
+                    for t in pad_free_tilings(m, n, k, dtype, model.sw, valid)),
                    key=lambda c: c.time_s)
     if not costs:
         best = model.gemm(m, n, k, dtype=dtype)
         costs = [best]
     opts = tuple(Option(f"{c.tiling.m_div}x{c.tiling.n_div}", (c.tile_s,) * c.tiling.tiles)
                  for c in costs[:TOP_TILINGS])
-    return Op(name, "gemm", opts, deps)
+    return Op(name, "gemm", opts, deps, 2.0 * m * n * k)
 
 
 def stream_op(model: SunwayModel, name: str, nbytes_rw: tuple[float, float], flops: float,
               deps: tuple[str, ...] = ()) -> Op:
     """A memory-bound op over every CG: one task per CG, each a CG's share of the bytes."""
     t = model.elementwise_s(*nbytes_rw, flops)
-    return Op(name, "other", (Option("all-cgs", (t,) * model.sw.core_groups),), deps)
+    return Op(name, "other", (Option("all-cgs", (t,) * model.sw.core_groups),), deps, flops)
 
 
 def attention_op(model: SunwayModel, name: str, shape: LayerShape, pass_: str, kernel: str,
@@ -72,12 +72,16 @@ def attention_op(model: SunwayModel, name: str, shape: LayerShape, pass_: str, k
     a = AttnShape(shape.batch, shape.local_heads, shape.seq, shape.head_dim, shape.dtype)
     cost = model.attention(pass_, a, kernel=kernel)
     tasks = cost.tasks or (cost.time_s,) * model.sw.core_groups
-    return Op(name, "attention", (Option(kernel, tasks),), deps)
+    return Op(name, "attention", (Option(kernel, tasks),), deps, cost.flops)
 
 
 def layer_ops(model: SunwayModel, shape: LayerShape, pass_: str,
-              attention: str = "swattention") -> list[Op]:
+              attention: str = "swattention", valid: Predicate = default_micro_kernel
+              ) -> list[Op]:
     """The layer's ops in Megatron's execution order (a topological order)."""
+    def gemm_op(*args: object) -> Op:
+        return _gemm_op(*args, valid=valid)  # type: ignore[arg-type]
+
     e = dtype_bytes(shape.dtype)
     act = float(shape.tokens) * shape.hidden * e
     t, h, f, tp, dt = shape.tokens, shape.hidden, shape.ffn, shape.tp, shape.dtype

@@ -86,12 +86,15 @@ class SunwayModel:
 
     # --- ComputeModel ---------------------------------------------------------------------------
     def gemm(self, m: int, n: int, k: int, *, dtype: str = "fp16", batch: int = 1,
-             bypass_llc_output: bool = False) -> SunwayGemmCost:
-        """Best pad-free tiling; stages are waves over the CGs (no LLC: bypass is moot)."""
-        return self._gemm(m, n, k, dtype, batch)
+             bypass_llc_output: bool = False, compute_units: int | None = None
+             ) -> SunwayGemmCost:
+        """Best pad-free tiling; stages are waves over the CGs (`compute_units` of them; no
+        LLC on the CPE path, so `bypass_llc_output` changes nothing)."""
+        return self._gemm(m, n, k, dtype, batch, compute_units)
 
-    def _gemm_uncached(self, m: int, n: int, k: int, dtype: str, batch: int) -> SunwayGemmCost:
-        return best_gemm(self.sw, m, n, k, dtype, batch, fusion=self.tile_fusion)
+    def _gemm_uncached(self, m: int, n: int, k: int, dtype: str, batch: int,
+                       cgs: int | None) -> SunwayGemmCost:
+        return best_gemm(self.sw, m, n, k, dtype, batch, fusion=self.tile_fusion, cgs=cgs)
 
     def elementwise_s(self, read_bytes: float, write_bytes: float, flops: float = 0.0,
                       *, launch: bool = True) -> float:

@@ -38,6 +38,7 @@ class Op:
     kind: str                             # "gemm", "attention" or "other"
     options: tuple[Option, ...]
     deps: tuple[str, ...] = ()
+    flops: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.options or any(not o.tasks for o in self.options):
