@@ -80,7 +80,9 @@ def test_eight_ranks_tp4_dp2_match_the_reference(tmp_path: Path, sp: bool,
     sets = [a for o in overrides(4, 2, sp, dropout) for a in ("--set", o)]
     workload = tmp_path / "parity.toml"
     workload.write_text('name = "parity"\n')
-    res = run_mpi(8, ["run", str(workload), *sets, "--out", str(tmp_path / "run")], timeout=240)
+    res = run_mpi(8, ["run", str(workload), *sets, "--out", str(tmp_path / "run")],
+                  timeout=240)
     assert res.returncode == 0, res.stderr
     assert "PASS" in res.stdout
-    assert_matches_reference(json.loads((tmp_path / "run" / "manifest.json").read_text())["summary"])
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert_matches_reference(manifest["summary"])

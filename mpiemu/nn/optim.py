@@ -24,6 +24,11 @@ MASTER_BYTES = 4           # fp32 master weights and optimizer states (thesis 4.
 ADAM_FLOPS, LAMB1_FLOPS = 12, 12
 
 
+def _arrays(d: Params) -> dict[str, np.ndarray]:
+    """The real arrays of a numerics run (empty on shapes alone)."""
+    return {k: v for k, v in d.items() if v is not None}
+
+
 def state_bytes_per_param(e: int) -> int:
     """fp32 master copy (when the emulated dtype is narrower) plus Adam/LAMB m and v."""
     return (MASTER_BYTES if e < MASTER_BYTES else 0) + 2 * MASTER_BYTES
@@ -54,9 +59,9 @@ class ShardedOptimizer:
         if self.opt.needs_global_norm or self.opt.name == "lamb":
             self._clip(G, self._global_norm(G))
         if self.opt.name == "adam":
-            self._adam(P, G)
+            self._adam(_arrays(P), _arrays(G))
         else:
-            self._lamb(P, G)
+            self._lamb(_arrays(P), _arrays(G))
 
     def _global_norm(self, G: Params) -> float:
         E, e = self.E, self.E.e
@@ -91,14 +96,14 @@ class ShardedOptimizer:
             step = step + o.weight_decay * w
         return step
 
-    def _adam(self, P: Params, G: Params) -> None:
+    def _adam(self, P: dict[str, np.ndarray], G: dict[str, np.ndarray]) -> None:
         E, e = self.E, self.E.e
         copy = e if e < MASTER_BYTES else 0
         for _, lps, n in self._layers():
             if E.on:
                 for lp in lps:
                     w = P[lp.name]
-                    w -= self.opt.lr * self._moments(lp.name, w, G[lp.name], lp.decay)  # type: ignore[operator]
+                    w -= self.opt.lr * self._moments(lp.name, w, G[lp.name], lp.decay)
             E.kernel("optim.adam", Cost(ADAM_FLOPS * n, n * (e + 3 * MASTER_BYTES),
                                         n * (3 * MASTER_BYTES + copy)))
 
@@ -106,14 +111,14 @@ class ShardedOptimizer:
         """The pieces of a local tensor that belong to distinct full tensors (Wq|Wk|Wv)."""
         return np.split(a, 3, axis=-1) if lp.kind == "qkv" else [a]
 
-    def _lamb(self, P: Params, G: Params) -> None:
+    def _lamb(self, P: dict[str, np.ndarray], G: dict[str, np.ndarray]) -> None:
         E, e = self.E, self.E.e
         copy = e if e < MASTER_BYTES else 0
         steps: dict[str, np.ndarray] = {}
         for _, lps, n in self._layers():                            # stage 1: the update u
             if E.on:
                 for lp in lps:
-                    steps[lp.name] = self._moments(lp.name, P[lp.name], G[lp.name], lp.decay)  # type: ignore[arg-type]
+                    steps[lp.name] = self._moments(lp.name, P[lp.name], G[lp.name], lp.decay)
             E.kernel("optim.lamb.stage1", Cost(LAMB1_FLOPS * n, n * (e + 3 * MASTER_BYTES),
                                                3 * n * MASTER_BYTES))
         split = [(lp, j) for lp in self.specs if lp.tp_split
@@ -123,7 +128,7 @@ class ShardedOptimizer:
         sq = None
         if E.on:
             sq = np.array([float((x * x).sum()) for lp, j in split
-                           for x in (self._parts(lp, P[lp.name])[j],      # type: ignore[arg-type]
+                           for x in (self._parts(lp, P[lp.name])[j],
                                      self._parts(lp, steps[lp.name])[j])])
         sq = E.tp_sum("optim.lamb_norms", sq, 2 * len(split), MASTER_BYTES)
         full_sq = {(lp.name, j): (sq[2 * i], sq[2 * i + 1]) for i, (lp, j) in enumerate(split)} \
@@ -131,7 +136,7 @@ class ShardedOptimizer:
         for _, lps, n in self._layers():                            # stage 2: apply
             if E.on:
                 for lp in lps:
-                    self._lamb_apply(lp, P[lp.name], steps[lp.name], full_sq)  # type: ignore[arg-type]
+                    self._lamb_apply(lp, P[lp.name], steps[lp.name], full_sq)
             E.kernel("optim.lamb.stage2", Cost(2 * n, 2 * n * MASTER_BYTES,
                                                n * (MASTER_BYTES + copy)))
 
