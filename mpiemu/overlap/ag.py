@@ -91,6 +91,7 @@ class AgGemm:
         self.costs = ag_costs(ov)
         bw = spec.dram_stream_bw
         cu_bw = math.inf if cus is None or params is None else cus * params.comm_cu_bw_bytes_per_s
+        self.after = after                       # the own shard exists from here
         self.t0 = max(after, tc.tl.free_at(COMPUTE))
         self.clock = Clock(tc.tl, name, bw, arbitration(ov, params, self.plan, bw), self.costs,
                            tc.link.bw_bytes_per_s, tc.link.latency_s, len(self.lanes), cu_bw,
@@ -125,7 +126,7 @@ class AgGemm:
                 key = (p.lane, p.step, p.index)
                 nbytes = p.n_rows * self.k * self.itemsize
                 if s == 0:
-                    arrive[key] = self.t0
+                    arrive[key] = self.after
                 else:
                     h = recvs.pop(key)
                     MPI.Request.Waitall(h.reqs)
@@ -163,5 +164,5 @@ class AgGemm:
         for i, wave in enumerate(self.plan.waves):
             needed = [arrive[(p.lane, p.step, p.index)] for p in pieces
                       if p.pos0 < wave.pos1 - 1e-12 and p.n_rows > 0]
-            self.clock.gate[i] = max(needed, default=self.t0)
+            self.clock.gate[i] = max(needed, default=self.after)
         return self.clock.gemm_end()

@@ -65,7 +65,11 @@ def _single(tc: TimedComm, x: np.ndarray | None, w: np.ndarray | None, shape: Ge
     """One rank: the GEMM alone (no collective to overlap)."""
     g = ops.gemm(tc.tl, tc.model, f"{name}.gemm", shape.m, shape.n, shape.k, dtype=dtype,
                  after=after)
+    cost = tc.model.gemm(shape.m, shape.n, shape.k, dtype=dtype)
     stats.gemm_s = stats.gemm_isolated_s = stats.total_s = g.duration
+    stats.n_stages = cost.n_stages
+    stats.add("gemm_read", cost.dram_read_bytes)
+    stats.add("gemm_write", cost.dram_write_bytes)
     return _matmul(x, w), g
 
 

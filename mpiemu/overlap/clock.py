@@ -66,6 +66,7 @@ class Clock:
             if not getattr(self, name):
                 setattr(self, name, [default] * n)
         self._cursor = self.start
+        self._demand: float | None = None
 
     # ---- the GEMM ----------------------------------------------------------------------
     def stage_end(self, k: int) -> float:
@@ -116,9 +117,11 @@ class Clock:
     def _gemm_demand(self) -> float:
         """The GEMM's average DRAM demand in cost bytes per second (isolated)."""
         assert self.plan is not None
-        num = sum(w.read_bytes + w.write_bytes * wl * wc for w, wl, wc in
-                  zip(self.plan.waves, self.write_local, self.write_cost))
-        return num / self.plan.time_s if self.plan.time_s > 0 else 0.0
+        if self._demand is None:
+            num = sum(w.read_bytes + w.write_bytes * wl * wc for w, wl, wc in
+                      zip(self.plan.waves, self.write_local, self.write_cost))
+            self._demand = num / self.plan.time_s if self.plan.time_s > 0 else 0.0
+        return self._demand
 
     # ---- transfers ---------------------------------------------------------------------
     def _dram_for_comm(self, during_gemm: bool) -> float:

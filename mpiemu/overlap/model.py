@@ -105,8 +105,7 @@ def rs_costs(ov: Overlap, nmc_cost: float) -> RingCosts:
 
 def ag_costs(ov: Overlap) -> RingCosts:
     """All-gather: read the chunk to send, the received one is written (no reduction)."""
-    cu = 0.0 if ov.strategy in ("t3", "t3-mca", "ideal+nmc") else 2.0
-    send = ByteCost(1, 0, 1, cu)
+    send = ByteCost(1, 0, 1, 2.0 if ov.traits.comm_on_cus else 0.0)
     return RingCosts(send, send, ByteCost(0, 1, 1, 0), ByteCost(0, 0, 0, 0), 1.0)
 
 

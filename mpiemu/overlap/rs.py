@@ -12,12 +12,13 @@ reference bit for bit (`reference.gemm_rs_reference`). x = w = None: timing only
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
 
 from ..comm.p2p import RecvHandle, TimedComm
+from ..comm.ring import chunk_bounds
 from ..hw.contention import T3Params
 from ..sim.timeline import COMPUTE
 from . import schedule as sch
@@ -44,7 +45,6 @@ class RsSetup:
     plan: GemmPlan
     t0: float                          # when the GEMM may start
     ready_all: float = math.nan        # non-fused: when every partial is available
-    sends: list[list[MPI.Request]] = field(default_factory=list)
 
 
 def pieces_per_chunk(ov: Overlap, n_stages: int, size: int, n_lanes: int) -> int:
@@ -66,8 +66,8 @@ def setup(tc: TimedComm, ov: Overlap, m: int, n: int, k: int, dtype: str, itemsi
     ls = sch.lanes(m, tc.size, ov.bidirectional)
     parts = pieces_per_chunk(ov, plan.n_stages, tc.size, len(ls))
     pieces = sch.plan(tc.rank, tc.size, m, ls, parts, "rs")
-    nmc = params.nmc_update_cost if params is not None else 2.0
-    costs = rs_costs(ov, nmc)
+    # only the NMC strategies read the update cost, and they require the parameters
+    costs = rs_costs(ov, params.nmc_update_cost if params is not None else 1.0)
     bw = spec.dram_stream_bw
     arb = arbitration(ov, params, plan, bw)
     cu_bw = math.inf if cus is None or params is None else cus * params.comm_cu_bw_bytes_per_s
@@ -122,7 +122,7 @@ class RsRun:
         self.rbuf = [[np.empty((width, s.n), dt) for _ in (0, 1)] for _ in s.lanes]
         self.sreqs: list[list[list[MPI.Request]]] = [[[], []] for _ in s.lanes]
         self.recvs: dict[tuple[int, int, int], RecvHandle] = {}
-        own = sch.chunk_bounds(s.m, size)[tc.rank]
+        own = chunk_bounds(s.m, size)[tc.rank]
         self.out = np.empty((own[1] - own[0], s.n), dt) if self.real else None
         self.own_lo = own[0]
         self.first_send = math.inf

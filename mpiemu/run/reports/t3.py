@@ -212,11 +212,12 @@ def plot_speedups(rows: list[dict[str, Any]], path: Path) -> None:
         ax.text(len(keys) - 0.5, 1 + g, f"thesis {s} geomean", fontsize=7, va="bottom",
                 ha="right", color="gray")
     ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_ylim(0.8, 1.65)
     ax.set_xticks(range(len(keys)))
     ax.set_xticklabels([f"{m}\n{sub}\ntp={tp}" for m, tp, sub in keys], fontsize=7)
     ax.set_ylabel("speedup over sequential")
     ax.set_title("Sliced sub-layers on t3-gpu: GEMM -> RS -> AG (ours; dotted: thesis geomeans)")
-    ax.legend(ncol=6, fontsize=8, loc="upper left")
+    ax.legend(ncol=6, fontsize=8, loc="upper left", framealpha=0.9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -238,6 +239,7 @@ def plot_dram(rows: list[dict[str, Any]], path: Path) -> None:
         ys = [sum(r[key] for r in by[s]) / max(len(by[s]), 1) / 1e6 for s in strategies]
         ax.bar(strategies, ys, bottom=bottom, label=key)
         bottom = [b + y for b, y in zip(bottom, ys)]
+    ax.set_ylim(0, 1.3 * max(bottom))
     ax.set_ylabel("DRAM MB per GPU (mean over sub-layers)")
     ax.set_title("DRAM traffic per op and strategy")
     ax.legend(fontsize=8, ncol=3)
