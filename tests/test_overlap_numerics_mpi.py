@@ -143,3 +143,16 @@ def test_timing_only_runs_the_same_schedule(strategy: str) -> None:
                                        dtype="fp16", after=1e-6, overlap=ov, name="t")
             spans.append(span)
         assert spans[0] == spans[1]
+
+
+@pytest.mark.parametrize("mode", ["reduce_scatter", "all_reduce"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_single_rank_just_multiplies(strategy: str, mode: str) -> None:
+    xs, ws = operands(1)
+    tc = small_tiles_comm(MPI.COMM_SELF)
+    out, span = gemm_then_reduce(tc, xs[0], ws[0], shape=GemmShape(M, N, K), mode=mode,
+                                 dtype="fp16", after=0.0, overlap=overlap(strategy), name="t")
+    np.testing.assert_array_equal(out, xs[0] @ ws[0])
+    y, _ = gather_then_gemm(tc, xs[0], ws[0], shape=GemmShape(M, N, K), dtype="fp16",
+                            after=span.t_end, overlap=overlap(strategy), name="g")
+    np.testing.assert_array_equal(y, xs[0] @ ws[0])

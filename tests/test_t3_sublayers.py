@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import csv
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from mpiemu.run.errors import ConfigError
 from mpiemu.run.reports import t3 as report
 from mpiemu.run.runner import run_workload
 from mpiemu.run.sublayers import validate
+from tests.conftest import child_env
 
 WORKLOAD = str(Path(__file__).resolve().parents[1] / "workloads" / "t3_sublayers.toml")
 TINY = ['sublayers.models=[{name="tiny", hidden=120, tokens=37}]', "run.numerics='on'",
@@ -92,3 +95,20 @@ def test_report_checks_the_thesis_tolerance_and_ordering() -> None:
     lines = report.acceptance(report.summarize(synthetic()))
     assert any(line.startswith("- t3: geomean 10.0%") and "OUTSIDE" in line for line in lines)
     assert lines[-1].endswith("holds")
+
+
+def test_report_command_writes_tables_and_charts(tmp_path: Path) -> None:
+    """`mpiemu report t3` end to end, on two ranks and one sub-layer to stay quick."""
+    res = run_mpi_free(["report", "t3", "--tp", "2", "--out", str(tmp_path), "--set",
+                        'sublayers.sublayers=["OP-fwd"]'])
+    assert res.returncode == 0, res.stderr
+    for name in ("README.md", "sublayers.csv", "summary.csv", "speedup.png", "dram.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    text = (tmp_path / "README.md").read_text()
+    assert "ours beside the thesis" in text and "| t3-mca |" in text
+
+
+def run_mpi_free(args: list[str]) -> subprocess.CompletedProcess[str]:
+    """`python -m mpiemu ARGS` as a plain process (the report launches its own mpiexec)."""
+    return subprocess.run([sys.executable, "-m", "mpiemu", *args], capture_output=True,
+                          text=True, timeout=300, env=child_env())
