@@ -99,11 +99,11 @@ class AgGemm:
         stats.n_stages = self.plan.n_stages
         stats.gemm_isolated_s = self.plan.time_s
 
-    def run(self, x_shard: np.ndarray | None, w: np.ndarray | None) -> tuple[np.ndarray | None,
-                                                                           float, float]:
+    def run(self, x_shard: np.ndarray | None, w: np.ndarray | None
+            ) -> tuple[np.ndarray | None, float, float, float]:
         """Gather piece by piece, multiply each lane chunk once its rows are here.
 
-        Returns (y or None, start of the first transfer, end of the GEMM).
+        Returns (y or None, start of the first transfer, last arrival, end of the GEMM).
         """
         tc, size, r = self.tc, self.tc.size, self.tc.rank
         real = x_shard is not None and w is not None
@@ -149,8 +149,9 @@ class AgGemm:
         MPI.Request.Waitall(reqs)
         end = self._time_gemm(arrive)
         comm_end = max(arrive.values())
-        self.stats.ag_s += comm_end - min(first, comm_end)
-        return y, min(first, self.t0), end
+        first = min(first, comm_end)
+        self.stats.ag_s += comm_end - first
+        return y, first, comm_end, end
 
     def _multiply(self, step: int, xfull: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
         """y rows of every lane chunk held at `step` (one GEMM per lane chunk)."""

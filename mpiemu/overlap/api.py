@@ -59,6 +59,11 @@ def _has_params(spec: DeviceSpec) -> bool:
     return True
 
 
+def _dram(stats: OverlapStats, op: str, before: dict[str, float]) -> float:
+    """DRAM bytes of one op (`rs`/`ag`) during this call (stats may be reused across calls)."""
+    return sum(stats.dram[f"{op}_{d}"] - before[f"{op}_{d}"] for d in ("read", "write"))
+
+
 def _single(tc: TimedComm, x: np.ndarray | None, w: np.ndarray | None, shape: GemmShape,
             dtype: str, after: SimTime, name: str, stats: OverlapStats
             ) -> tuple[np.ndarray | None, Span]:
@@ -83,6 +88,7 @@ def overlapped_gemm_then_reduce(tc: TimedComm, x: np.ndarray | None, w: np.ndarr
     if tc.size == 1:
         return _single(tc, x, w, shape, dtype, after, name, stats)
     itemsize, t = dtype_bytes(dtype), overlap.traits
+    before = dict(stats.dram)
     s = rs.setup(tc, overlap, shape.m, shape.n, shape.k, dtype, itemsize, latest(after),
                  overlap_params(tc.model.spec, overlap), stats, name)
     y, gemm_end = None, -np.inf
@@ -96,14 +102,14 @@ def overlapped_gemm_then_reduce(tc: TimedComm, x: np.ndarray | None, w: np.ndarr
         gemm_end = s.clock.gemm_end()
     total = shape.m * shape.n * itemsize
     tc.tl.summary(f"{name}.rs", Span(run.first_send, run.done), resource=f"coll.{tc.name}",
-                  nbytes=total, dram_bytes=stats.dram["rs_read"] + stats.dram["rs_write"])
+                  nbytes=total, dram_bytes=_dram(stats, "rs", before))
     stats.rs_s = run.done - run.first_send
     out, end = run.out, max(run.done, gemm_end)
     if mode == "all_reduce":
         out, a0, end = ring_all_gather(tc, out, m=shape.m, n=shape.n, itemsize=itemsize,
                                        start=end, ov=overlap, name=name, stats=stats)
         tc.tl.summary(f"{name}.ag", Span(a0, end), resource=f"coll.{tc.name}", nbytes=total,
-                      dram_bytes=stats.dram["ag_read"] + stats.dram["ag_write"])
+                      dram_bytes=_dram(stats, "ag", before))
     stats.total_s = end - s.t0
     return out, Span(s.t0, end)
 
@@ -119,21 +125,22 @@ def overlapped_gather_then_gemm(tc: TimedComm, x_shard: np.ndarray | None,
     if tc.size == 1:
         return _single(tc, x_shard, w, shape, dtype, after, name, stats)
     itemsize, t = dtype_bytes(dtype), overlap.traits
+    before = dict(stats.dram)
     params = overlap_params(tc.model.spec, overlap)
     total = shape.m * shape.k * itemsize
     if t.fused:
         fused = AgGemm(tc, overlap, shape.m, shape.n, shape.k, dtype, itemsize, latest(after),
                        params, stats, name)
-        y, a0, end = fused.run(x_shard, w)
-        tc.tl.summary(f"{name}.ag", Span(a0, a0 + stats.ag_s), resource=f"coll.{tc.name}",
-                      nbytes=total, dram_bytes=stats.dram["ag_read"] + stats.dram["ag_write"])
+        y, a0, a1, end = fused.run(x_shard, w)
+        tc.tl.summary(f"{name}.ag", Span(a0, a1), resource=f"coll.{tc.name}",
+                      nbytes=total, dram_bytes=_dram(stats, "ag", before))
         stats.total_s = end - fused.t0
         return y, Span(min(a0, fused.t0), end)
     t_ag = latest(after)
     full, a0, ag_end = ring_all_gather(tc, x_shard, m=shape.m, n=shape.k, itemsize=itemsize,
                                        start=t_ag, ov=overlap, name=name, stats=stats)
     tc.tl.summary(f"{name}.ag", Span(a0, ag_end), resource=f"coll.{tc.name}", nbytes=total,
-                  dram_bytes=stats.dram["ag_read"] + stats.dram["ag_write"])
+                  dram_bytes=_dram(stats, "ag", before))
     g = ops.gemm(tc.tl, tc.model, f"{name}.gemm", shape.m, shape.n, shape.k, dtype=dtype,
                  after=t_ag if t.concurrent else ag_end)
     cost = tc.model.gemm(shape.m, shape.n, shape.k, dtype=dtype)
@@ -166,8 +173,8 @@ def gemm_then_reduce(tc: TimedComm, x: np.ndarray | None, w: np.ndarray | None, 
 
     forward: GEMM -> reduce-scatter (or all-reduce); conjugate: `gather_then_gemm`.
     x: [M, K_local], w: [K_local, N] -> [M, N] (all_reduce) or [rows of rank, N].
-    With x = w = None only the schedule runs (timing-only mode). `stats` (optional) receives
-    the time split and DRAM traffic of this call.
+    With x = w = None only the schedule runs (timing-only mode). `stats` (optional, a fresh
+    `OverlapStats` per call) receives the time split and DRAM traffic of this call.
     """
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}; choose one of {list(MODES)}")

@@ -132,7 +132,10 @@ def comm_cus(ov: Overlap, total_cus: int) -> int | None:
 
 @dataclass
 class OverlapStats:
-    """What one fused (or sequential) GEMM + collective cost this rank (for reports)."""
+    """What one fused (or sequential) GEMM + collective cost this rank (for reports).
+
+    Times and bytes accumulate: pass a fresh one per call.
+    """
 
     strategy: str = ""
     total_s: float = 0.0

@@ -118,8 +118,14 @@ class RsRun:
         self.real = x is not None and w is not None
         dt = np.result_type(x, w) if self.real else np.float64
         width = max((hi - lo for lane in s.lanes for lo, hi in lane.bounds), default=0)
-        self.part = [[np.empty((width, s.n), dt) for _ in (0, 1)] for _ in s.lanes]
-        self.rbuf = [[np.empty((width, s.n), dt) for _ in (0, 1)] for _ in s.lanes]
+
+        def pair(needed: bool) -> list[list[np.ndarray]]:
+            """Two buffers per lane (by step parity); none in timing-only mode."""
+            rows = width if needed and self.real else 0
+            return [[np.empty((rows, s.n), dt) for _ in (0, 1)] for _ in s.lanes]
+
+        self.part = pair(y is None)          # fused: this step's partials, being sent
+        self.rbuf = pair(True)               # partials arriving from the previous rank
         self.sreqs: list[list[list[MPI.Request]]] = [[[], []] for _ in s.lanes]
         self.recvs: dict[tuple[int, int, int], RecvHandle] = {}
         own = chunk_bounds(s.m, size)[tc.rank]
