@@ -160,8 +160,13 @@ def _report_iteration(ctx: RankContext, it: int, loss: float, wall: float) -> di
 
 
 def reference_tolerance(w: Workload) -> float:
-    """The check's relative tolerance: given, or by the numeric dtype."""
+    """The check's relative tolerance: given, or by the numeric dtype.
+
+    fp32: Adam / LAMB normalize gradients, so a gradient that is pure rounding noise (the key
+    bias: softmax is shift invariant) still moves its weight by up to lr; those moves differ
+    between orders of summation at ~1e-4 of the fused QKV bias' scale.
+    """
     if w.train.reference_rtol:
         return w.train.reference_rtol
-    return 1e-10 if w.run.numeric_dtype == "fp64" else 1e-4
+    return 1e-10 if w.run.numeric_dtype == "fp64" else 1e-3
 
