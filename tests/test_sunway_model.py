@@ -145,3 +145,19 @@ def test_sunway_section_refuses_unknown_values_and_mismatched_presets() -> None:
     with pytest.raises(ConfigError, match="device.preset"):
         SunwaySection().check_device("gpu", 108)
     SunwaySection(mode="single-cg").check_device("sunway", 1)
+
+
+def test_private_kv_copies_per_cpe_cost_more_dma_than_a_broadcast(model: SunwayModel) -> None:
+    from dataclasses import replace
+    private = SunwayModel(model.spec, replace(model.sw, kv_dma_copies=64))
+    shape = AttnShape(3, 8, 2048, 128)
+    one, many = model.attention("fwd", shape), private.attention("fwd", shape)
+    assert many.head.dram_read_bytes > 4 * one.head.dram_read_bytes      # 64 K/V copies
+    assert many.time_s > one.time_s
+
+
+def test_searched_blocks_are_no_slower_than_the_papers(model: SunwayModel) -> None:
+    shape = AttnShape(1, 6, 4096, 128)
+    for p in ("fwd", "bwd"):
+        assert model.attention(p, shape, blocks="search").time_s <= \
+            model.attention(p, shape, blocks="paper").time_s * (1 + 1e-12)

@@ -123,7 +123,7 @@ def swattention_fwd_head(sw: SunwaySpec, s: int, h: int, dtype: str, b: Blocks, 
             o = p.dma(a * b.br * h * e, a)                            # O_i, behind line 11
             p.wait(q)
             p.compute(gemm)                                           # line 11: tau Q_i K_j^T
-            p.compute(elem)                                           # mask, online softmax, dropout
+            p.compute(elem)                                           # mask, softmax, dropout
             p.compute(gemm)                                           # P_ij V_j
             p.wait(o)
             p.compute(rescale)                                        # O_i update

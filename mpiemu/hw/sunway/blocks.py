@@ -5,7 +5,6 @@
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -56,13 +55,10 @@ def paper_blocks(pass_: str, dtype: str, h: int, s: int) -> Blocks:
 def fitting_blocks(pass_: str, dtype: str, h: int, s: int, ldm_budget_bytes: float,
                    cpes: int = 64) -> list[Blocks]:
     """Power-of-two (Br, Bc) that fit the LDM budget and keep every CPE busy when S allows."""
-    out = []
-    full = [br for br in CANDIDATES if cpes * br <= max(s, cpes * CANDIDATES[0])]
-    for br in full:
-        for bc in CANDIDATES:
-            if bc <= max(s, CANDIDATES[0]) and ldm_bytes(pass_, br, bc, h, dtype) <= ldm_budget_bytes:
-                out.append(Blocks(br, bc))
-    return out
+    rows = [br for br in CANDIDATES if cpes * br <= max(s, cpes * CANDIDATES[0])]
+    cols = [bc for bc in CANDIDATES if bc <= max(s, CANDIDATES[0])]
+    return [Blocks(br, bc) for br in rows for bc in cols
+            if ldm_bytes(pass_, br, bc, h, dtype) <= ldm_budget_bytes]
 
 
 def search_blocks(pass_: str, dtype: str, h: int, s: int, ldm_budget_bytes: float,
@@ -73,7 +69,3 @@ def search_blocks(pass_: str, dtype: str, h: int, s: int, ldm_budget_bytes: floa
         raise ValueError(f"no (Br, Bc) fits {ldm_budget_bytes / 1024:.0f} KiB of LDM for "
                          f"{pass_} H={h} {dtype}")
     return min(cands, key=lambda b: (cost(b), -b.br * b.bc))
-
-
-def q_blocks(s: int, br: int) -> int:
-    return math.ceil(s / br)

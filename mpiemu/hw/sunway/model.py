@@ -14,6 +14,7 @@ from ..specs import DeviceSpec, dtype_bytes
 from .attention import HeadCost, swattention_bwd_head, swattention_fwd_head
 from .blocks import Blocks, paper_blocks, search_blocks
 from .gemm import REQUEST_BYTES, SunwayGemmCost, best_gemm
+from .schedule import Op, Schedule, schedule
 from .spec import SunwaySpec
 from .standard import (Kernel, standard_bwd_kernels, standard_footprint_bytes,
                        standard_fwd_kernels)
@@ -187,3 +188,7 @@ class SunwayModel:
         for i, t in enumerate(cost.tasks):
             busy[i % self.sw.core_groups] += t
         return busy
+
+    def schedule(self, ops: list[Op], policy: str = "intra") -> Schedule:
+        """SwFormer's CG task queue over a layer's ops (`intra`, `opt2` or `ka`)."""
+        return schedule(ops, self.sw.core_groups, policy)

@@ -25,10 +25,6 @@ class Option:
     label: str
     tasks: tuple[float, ...]
 
-    @property
-    def work_s(self) -> float:
-        return sum(self.tasks)
-
 
 @dataclass(frozen=True)
 class Op:

@@ -12,6 +12,7 @@ from ..presets import PresetError, Quantity, all_quantities, read_preset
 from ..specs import DeviceSpec, dtype_bytes
 
 MODES = ("all-shared", "single-cg")
+MAY_BE_ZERO = ("dma_request_overhead_s", "rma_latency_s")
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,6 @@ class SunwaySpec:
     vec_op_cycles: float
     convert_cycles: float
     simd_stream_cycles: float
-    dropout_keep: float
     clock_hz: float
     peak_flops_per_s: Mapping[str, float]
     gemm_efficiency: float
@@ -47,7 +47,7 @@ class SunwaySpec:
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
-            if isinstance(v, (int, float)) and v < 0:
+            if isinstance(v, (int, float)) and (v < 0 or (v == 0 and f.name not in MAY_BE_ZERO)):
                 raise PresetError(f"sunway.{f.name}={v} must be > 0")
         if self.cpe_mesh ** 2 != self.cpes_per_cg:
             raise PresetError(f"sunway.cpe_mesh={self.cpe_mesh}: mesh^2 must equal "
@@ -112,10 +112,6 @@ class SunwaySpec:
         """RMA bytes/s one CPE can receive (the CG's network split over its 64 CPEs)."""
         return self.rma_bytes_per_s / self.cpes_per_cg
 
-    @property
-    def dram_cg_load(self) -> float:
-        return self.dma_load_bytes_per_s / self.core_groups
-
     def lanes(self, dtype: str) -> int:
         """SIMD lanes of a 512-bit vector for a dtype."""
         return 512 // (8 * dtype_bytes(dtype))
@@ -142,7 +138,7 @@ class SunwaySpec:
             kv_dma_copies=int(need("kv_dma_copies")), exp_cycles=need("exp_cycles"),
             rng_cycles=need("rng_cycles"), vec_op_cycles=need("vec_op_cycles"),
             convert_cycles=need("convert_cycles"), simd_stream_cycles=need("simd_stream_cycles"),
-            dropout_keep=need("dropout_keep"), clock_hz=device.clock_hz,
+            clock_hz=device.clock_hz,
             peak_flops_per_s=dict(device.peak_flops_per_s),
             gemm_efficiency=device.gemm.efficiency, launch_s=device.kernel_launch_s,
             dram_capacity_bytes=device.dram_capacity_bytes)
