@@ -25,15 +25,22 @@ from mpiemu.sim.timeline import Timeline
 FUSED = ("t3-mca", "t3", "sw-overlap")
 
 
-def best_time(comm: MPI.Comm, fn: Callable[[], object], reps: int) -> float:
-    """Best wall time over reps (max over ranks of each rep), after one warm-up."""
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        comm.Barrier()
-        t0 = time.perf_counter()
+def best_times(comm: MPI.Comm, fns: dict[str, Callable[[], object]], reps: int
+               ) -> dict[str, float]:
+    """Best wall time of each callable (max over ranks per rep), after one warm-up each.
+
+    The callables alternate within every repetition, so a busy machine slows all of them
+    alike instead of whichever happened to run during a burst.
+    """
+    for fn in fns.values():
         fn()
-        best = min(best, comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+    best = {k: float("inf") for k in fns}
+    for _ in range(reps):
+        for k, fn in fns.items():
+            comm.Barrier()
+            t0 = time.perf_counter()
+            fn()
+            best[k] = min(best[k], comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
     return best
 
 
@@ -82,11 +89,10 @@ def main() -> None:
              "| operation | sequential (ms) | " + " | ".join(f"{s} (ms) | ratio" for s in FUSED)
              + " |", "|---|---:|" + "---:|---:|" * len(FUSED)]
     for op, fn in cases(comm, args.tokens, args.hidden, not args.unidirectional).items():
-        seq = best_time(comm, lambda: fn("sequential"), args.reps)
-        cells = []
-        for s in FUSED:
-            t = best_time(comm, lambda s=s: fn(s), args.reps)  # type: ignore[misc]
-            cells.append(f"{t * 1e3:.2f} | {t / seq:.2f}")
+        best = best_times(comm, {s: (lambda s=s: fn(s)) for s in ("sequential",) + FUSED},
+                          args.reps)
+        seq = best["sequential"]
+        cells = [f"{best[s] * 1e3:.2f} | {best[s] / seq:.2f}" for s in FUSED]
         lines.append(f"| {op} | {seq * 1e3:.2f} | " + " | ".join(cells) + " |")
     if comm.rank == 0:
         text = "\n".join(lines) + "\n"
