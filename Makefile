@@ -46,6 +46,7 @@ test-mpi: $(STAMP)
 ## make bench: the benchmarks reported in the README (not part of the test suite)
 bench: $(STAMP)
 	$(MPIEXEC) -n 4 $(BIN)/python -m mpi4py benchmarks/collectives.py
+	$(BIN)/python benchmarks/emulation_tax.py
 
 ## make install-site-mpi: install against the cluster's MPI instead of the mpich wheel
 install-site-mpi:

@@ -101,5 +101,8 @@ def format_tables(run: Run, top: int = 25) -> list[str]:
         lines.append(f"{r.name[:27]:<28}{r.cat:<11}{r.count:>7}{r.total_s * 1e3:>12.4f}"
                      f"{r.bytes / 1e6:>11.3f}{r.flops / 1e9:>10.3f}{r.dram_bytes / 1e6:>10.3f}")
     lines.append("")
+    from .breakdown import format_breakdown  # noqa: PLC0415 (breakdown imports this module)
+    if rows := format_breakdown(run):
+        lines += ["per iteration (rank 0; exp = exposed):", *rows, ""]
     lines += path_summary(critical_path(run), top=min(top, 12))
     return lines

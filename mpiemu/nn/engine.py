@@ -7,8 +7,9 @@ With numerics off every array is None and only the schedule runs (timing-only mo
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -62,20 +63,43 @@ class Engine:
         self.dtype, self.e = dtype, dtype_bytes(dtype)
         self.on, self.overlap, self.sp = numerics, overlap, sp
         self.t = 0.0
+        self.charging = True          # False: math and payload only (time charged elsewhere)
+        self.sunway: Any = None       # a SunwayLayerPlan when layers are charged by CG schedule
+        self._payload_tp: TimedComm | None = None
+
+    @contextmanager
+    def payload_only(self) -> Iterator[None]:
+        """Run the math and move the payload without charging emulated time.
+
+        For ranks whose layers are charged as a whole schedule (Sunway, SwFormer): the TP
+        collectives move the real values on a duplicate communicator with a scratch clock,
+        so their messages never mix with the timed ones (SimGrid: payload apart from cost).
+        """
+        if self._payload_tp is None:
+            tp = self.tp
+            self._payload_tp = TimedComm(tp.comm.Dup(), Timeline(), tp.link, tp.model, tp.name)
+        saved = (self.tp, self.t, self.charging)
+        self.tp, self.charging = self._payload_tp, False
+        try:
+            yield
+        finally:
+            self.tp, self.t, self.charging = saved
 
     def kernel(self, name: str, cost: Cost, fn: Callable[..., Any] | None = None,
                *args: Any) -> Any:
         """A memory-bound kernel: runs fn(*args) if numerics are on, charges `cost`."""
         out = fn(*args) if self.on and fn is not None else None
-        self.t = sim_ops.elementwise(self.tl, self.model, name, cost.read_bytes,
-                                     cost.write_bytes, cost.flops, after=self.t).t_end
+        if self.charging:
+            self.t = sim_ops.elementwise(self.tl, self.model, name, cost.read_bytes,
+                                         cost.write_bytes, cost.flops, after=self.t).t_end
         return out
 
     def gemm(self, name: str, a: Array, b: Array, m: int, n: int, k: int) -> Array:
         """C[M, N] = A[M, K] B[K, N] on this rank alone (no collective)."""
         out = a @ b if self.on and a is not None and b is not None else None
-        self.t = sim_ops.gemm(self.tl, self.model, name, m, n, k, dtype=self.dtype,
-                              after=self.t).t_end
+        if self.charging:
+            self.t = sim_ops.gemm(self.tl, self.model, name, m, n, k, dtype=self.dtype,
+                                  after=self.t).t_end
         return out
 
     def row_parallel(self, name: str, x: Array, w: Array, m: int, n: int, k: int) -> Array:

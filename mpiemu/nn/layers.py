@@ -15,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import attention as attn
+from . import sunway_layer
 from .config import ModelConfig
 from .engine import Array, Dims, Engine
 from .masks import Masks
@@ -46,9 +47,25 @@ class Layer:
 
     # -- forward ----------------------------------------------------------------------------
     def forward(self, x: Array, P: Params, masks: Masks) -> tuple[Array, Cache]:
+        if self.E.sunway is not None:
+            return self._scheduled(lambda: self._forward(x, P, masks), "fwd", (None, {}))
+        return self._forward(x, P, masks)
+
+    def _forward(self, x: Array, P: Params, masks: Masks) -> tuple[Array, Cache]:
         x, ca = self._sublayer(x, P, masks, "attn")
         x, cm = self._sublayer(x, P, masks, "mlp")
         return x, {"attn": ca, "mlp": cm}
+
+    def _scheduled(self, math: Callable[[], Any], pass_: str, empty: Any,
+                   ready: Ready | None = None) -> Any:
+        """Sunway ranks: the math (if on) without charge, then the layer's CG schedule."""
+        out = empty
+        if self.E.on:
+            with self.E.payload_only():
+                out = math()
+        self.E.t = sunway_layer.charge_pass(self.E, self.E.sunway, self.d, pass_, self.tag,
+                                            self.p, ready)
+        return out
 
     def _ln(self, name: str, x: Array, P: Params) -> tuple[Array, Any]:
         d, E = self.d, self.E
@@ -109,6 +126,8 @@ class Layer:
 
     def _charge_attention(self, backward: bool) -> float:
         d, E, cfg = self.d, self.E, self.cfg
+        if not E.charging:
+            return E.t
         name = f"{self.tag}.attn" + (".bwd" if backward else "")
         if cfg.attention == "dense":
             return attn.charge_dense(E.tl, E.model, name, d.batch * d.heads, d.seq, d.head_dim,
@@ -130,6 +149,13 @@ class Layer:
     # -- backward ---------------------------------------------------------------------------
     def backward(self, dx: Array, c: Cache, P: Params, G: Params, masks: Masks,
                  ready: Ready) -> Array:
+        if self.E.sunway is not None:     # gradients are handed over when the schedule says
+            return self._scheduled(lambda: self._backward(dx, c, P, G, masks, lambda n: None),
+                                   "bwd", None, ready)
+        return self._backward(dx, c, P, G, masks, ready)
+
+    def _backward(self, dx: Array, c: Cache, P: Params, G: Params, masks: Masks,
+                  ready: Ready) -> Array:
         dx = self._sublayer_back(dx, c["mlp"], P, G, masks, "mlp", ready)
         return self._sublayer_back(dx, c["attn"], P, G, masks, "attn", ready)
 

@@ -24,6 +24,7 @@ from ..nn.engine import Dims, Engine
 from ..nn.memory import GIB, host_bytes, memory_report
 from ..nn.model import ShardedModel, make_dims
 from ..nn.optim import ShardedOptimizer
+from ..nn.sunway_layer import SunwayLayerPlan
 from ..overlap.api import STRATEGY_IMPLS
 from ..sim.trace import rank_file
 from .config import Workload, resolve_device
@@ -70,7 +71,23 @@ def validate(w: Workload, world_size: int) -> None:
         raise ConfigError("train.check_reference", True, "needs run.numerics='on' (real values)")
     if w.overlap.strategy not in STRATEGY_IMPLS:
         raise ConfigError("overlap.strategy", w.overlap.strategy, sorted(STRATEGY_IMPLS))
+    _validate_sunway(w)
     _validate_memory(w, world_size)
+
+
+def _validate_sunway(w: Workload) -> None:
+    """Sunway ranks: a matching preset, all-reduce TP (SWA 3.1) and no GPU overlap model."""
+    spec = resolve_device(w)
+    if spec.kind != "sunway":
+        return
+    w.sunway.check_device(spec.kind, spec.compute_units)
+    if w.parallel.sequence_parallel:
+        raise ConfigError("parallel.sequence_parallel", True, "Sunway ranks model Megatron TP "
+                          "with all-reduces (SWattention / SwFormer); set it to false")
+    if w.overlap.strategy != "sequential":
+        raise ConfigError("overlap.strategy", w.overlap.strategy, "Sunway ranks run GEMM and "
+                          "all-reduce in sequence (T3 is a GPU memory-system design); use "
+                          "'sequential'")
 
 
 def _validate_memory(w: Workload, world_size: int) -> None:
@@ -99,6 +116,9 @@ def run(ctx: RankContext) -> dict[str, Any]:
     cfg, gb, dims = resolve(w)
     eng = Engine(ctx.tl, ctx.model, ctx.tp, dtype=w.run.emulated_dtype, numerics=ctx.numerics,
                  overlap=w.overlap.to_overlap(), sp=dims.sp)
+    if ctx.spec.kind == "sunway":     # layers charged as SwFormer CG schedules
+        eng.sunway = SunwayLayerPlan.build(ctx.model, dims, w.run.emulated_dtype,  # type: ignore[arg-type]
+                                           w.sunway.scheduler, w.sunway.attention)
     model = ShardedModel(cfg, eng, dims, tp_rank=grid.tp_rank, dp_rank=grid.dp_rank,
                          seed=w.run.seed, global_batch=gb, dp=ctx.dp,
                          bucket_bytes=w.train.dp_bucket_MiB * 2**20, np_dtype=ctx.np_dtype)
@@ -138,7 +158,9 @@ def _header(ctx: RankContext, cfg: ModelConfig, gb: int, dims: Dims, mem: str) -
             f"tp={ctx.grid.tp} x dp={ctx.grid.dp}{' + SP' if dims.sp else ''} on "
             f"{ctx.spec.name}, {w.run.emulated_dtype} emulated, numerics "
             f"{w.run.numerics}{' (' + w.run.numeric_dtype + ')' if ctx.numerics else ''}, "
-            f"{w.optimizer.name}, overlap {w.overlap.strategy}",
+            f"{w.optimizer.name}, overlap {w.overlap.strategy}"
+            + (f", Sunway {w.sunway.mode} {w.sunway.attention} scheduler {w.sunway.scheduler}"
+               if ctx.spec.kind == "sunway" else ""),
             f"memory per rank: {mem}",
             f"{'iter':>4} {'loss':>10} {'iteration ms':>13} {'compute ms':>11} "
             f"{'TP comm ms':>11} {'DP comm ms':>11} {'DP total ms':>12} {'idle ms':>9} "
