@@ -17,7 +17,7 @@ export MPLBACKEND ?= Agg
 PYTEST     := $(BIN)/python -m pytest -q -p no:cacheprovider
 MPI_PYTEST := $(BIN)/python -m mpi4py -m pytest -q -p no:cacheprovider --only-mpi
 
-.PHONY: install run test test-serial test-mpi bench install-site-mpi clean
+.PHONY: install run test test-serial test-mpi bench reports install-site-mpi clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,12 +41,19 @@ test-serial: $(STAMP)
 test-mpi: $(STAMP)
 	$(MPIEXEC) -n 2 $(MPI_PYTEST) tests
 	$(MPIEXEC) -n 4 $(MPI_PYTEST) tests
-	for n in 3 5 8; do $(MPIEXEC) -n $$n $(MPI_PYTEST) tests/test_ring_mpi.py || exit 1; done
+	for n in 3 5 8; do $(MPIEXEC) -n $$n $(MPI_PYTEST) tests/test_ring_mpi.py \
+		tests/test_overlap_numerics_mpi.py || exit 1; done
 
 ## make bench: the benchmarks reported in the README (not part of the test suite)
 bench: $(STAMP)
 	$(MPIEXEC) -n 4 $(BIN)/python -m mpi4py benchmarks/collectives.py
+	$(MPIEXEC) -n 4 $(BIN)/python -m mpi4py benchmarks/overlap.py
 	$(BIN)/python benchmarks/emulation_tax.py
+
+## make reports: regenerate results/t3 and results/sunway from the models
+reports: $(STAMP)
+	$(BIN)/mpiemu report t3 --out results/t3
+	$(BIN)/mpiemu report sunway --out results/sunway
 
 ## make install-site-mpi: install against the cluster's MPI instead of the mpich wheel
 install-site-mpi:

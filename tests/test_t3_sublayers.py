@@ -34,13 +34,21 @@ def test_the_shipped_workload_validates_at_tp_8_and_16() -> None:
 @pytest.mark.parametrize("override, needle", [
     ('sublayers.sublayers=["QKV-fwd"]', "sublayers.sublayers[0]"),
     ('sublayers.strategies=["t3"]', "must include 'sequential'"),
-    ("device.preset='h100-sxm5'", "overlap-model parameters"),
+    ("device.preset='sw26010pro'", "model a GPU memory system"),
     ('sublayers.models=[{name="odd", hidden=30, tokens=8}]', "divisible by parallel.tp=8"),
     ("sublayers.mode='broadcast'", "sublayers.mode"),
 ])
 def test_bad_input_is_one_config_error(override: str, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle.replace("[", r"\[").replace("]", r"\]")):
         check(override)
+
+
+def test_a_gpu_preset_without_overlap_parameters_is_refused(tmp_path: Path) -> None:
+    text = (Path(__file__).parents[1] / "mpiemu/hw/presets/h100-sxm5.toml").read_text()
+    bare = tmp_path / "bare-gpu.toml"
+    bare.write_text(text.split("[extra]")[0])
+    with pytest.raises(ConfigError, match="overlap-model parameters"):
+        check(f"device.preset='{bare}'")
 
 
 def rows(path: Path) -> list[dict[str, str]]:

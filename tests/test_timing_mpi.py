@@ -27,7 +27,8 @@ def test_all_reduce_time_is_closed_form(nbytes: int) -> None:
     count -= count % n                      # S a multiple of N
     _, span = all_reduce(tc, None, count=count, wire_itemsize=itemsize)
     step, red = _alpha_beta(tc, count * itemsize, itemsize)
-    expected = 2 * (n - 1) * step + (n - 1) * red
+    assert red < step - tc.link.latency_s          # link-bound: reductions hide but the last
+    expected = 2 * (n - 1) * step + (red if n > 1 else 0.0)
     assert span.duration == pytest.approx(expected, rel=1e-9, abs=0.0)
 
 
@@ -39,8 +40,23 @@ def test_rs_and_ag_times_are_closed_form() -> None:
     step, red = _alpha_beta(tc, count * 4, 4)
     _, rs = reduce_scatter(tc, None, count=count, wire_itemsize=4)
     _, ag = all_gather(tc, None, total=count, after=rs.t_end, count=count // n, wire_itemsize=4)
-    assert rs.duration == pytest.approx((n - 1) * (step + red), rel=1e-9, abs=0.0)
+    assert rs.duration == pytest.approx((n - 1) * step + (red if n > 1 else 0.0), rel=1e-9,
+                                        abs=0.0)
     assert ag.duration == pytest.approx((n - 1) * step, rel=1e-9, abs=0.0)
+
+
+@pytest.mark.mpi
+def test_a_slow_reduction_stretches_every_steady_step() -> None:
+    """Reduction-bound (fast link): steady steps last alpha + t_red, as the sum streams out."""
+    comm = MPI.COMM_WORLD
+    if comm.size < 3:
+        pytest.skip("needs steady steps (N >= 3)")
+    tc = timed_comm(comm, link=LinkSpec(latency_s=1e-6, bw_bytes_per_s=1e15))
+    n, count = comm.size, 4096 * comm.size
+    step, red = _alpha_beta(tc, count * 4, 4)
+    _, rs = reduce_scatter(tc, None, count=count, wire_itemsize=4)
+    expected = step + (n - 2) * (tc.link.latency_s + red) + red
+    assert rs.duration == pytest.approx(expected, rel=1e-9, abs=0.0)
 
 
 @pytest.mark.mpi

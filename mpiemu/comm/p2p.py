@@ -96,11 +96,17 @@ class TimedComm:
 
     def isend(self, buf: np.ndarray | None, dest: int, tag: int, nbytes: int,
               after: SimTime, *, direction: str | None = None, label: str = "send",
-              stage: int = -1) -> SendHandle:
-        """Send `buf` (None: header only) that is ready at `after`; charge the link."""
+              stage: int = -1, duration: SimTime | None = None, dram_bytes: float = 0.0
+              ) -> SendHandle:
+        """Send `buf` (None: header only) that is ready at `after`; charge the link.
+
+        The link is busy for alpha + bytes/beta, or for `duration` when something slower
+        than the link feeds it (a reduction streamed into the send).
+        """
         res = self.link_resource(dest, direction)
-        span = self.tl.reserve(label, [res], self.link.transfer_s(nbytes), after, cat="comm",
-                               nbytes=nbytes, peer=dest, stage=stage)
+        busy = self.link.transfer_s(nbytes) if duration is None else duration
+        span = self.tl.reserve(label, [res], busy, after, cat="comm", nbytes=nbytes,
+                               peer=dest, stage=stage, dram_bytes=dram_bytes)
         header = np.array([span.t_start, span.t_end, float(nbytes)])
         reqs = [self.comm.Isend(header, dest, tag)]
         if buf is not None:

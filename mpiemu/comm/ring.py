@@ -92,7 +92,7 @@ class _RsLane:
 
 def _rs_steps(tc: TimedComm, x: np.ndarray | None, lanes: list[Lane], itemsize: int,
               out: np.ndarray | None, out_lo: int) -> None:
-    """N-1 reduce-scatter steps over all lanes at once; reductions on the comm stream.
+    """N-1 reduce-scatter steps over all lanes at once (reductions streamed into the sends).
 
     Emulated time travels in one header per step (tag TAG_RS); the payload travels in pieces
     (tag TAG_RS_DATA) so that the piece j a rank has just reduced is forwarded at once while
@@ -111,19 +111,28 @@ def _rs_steps(tc: TimedComm, x: np.ndarray | None, lanes: list[Lane], itemsize: 
                       direction=lane.direction, label="rs.send", stage=0)
              for i, lane in enumerate(lanes)]
     for s in range(n_size - 1):
-        for i, lane in enumerate(lanes):             # timing: reduce, then announce next step
+        for i, lane in enumerate(lanes):
             t_arrive = heads[i].wait()
             rlo, rhi = bounds[i][s]
             n = rhi - rlo
-            lane.t = tc.tl.reserve("rs.reduce", [tc.stream], tc.reduce_s(n, itemsize),
-                                   t_arrive, cat="comm", flops=n, dram_bytes=3 * n * itemsize,
-                                   peer=heads[i].source, stage=s).t_end
+            red = tc.reduce_s(n, itemsize)
             sends[i].wait()
             if s < n_size - 2:
+                # steady step: local + received is streamed to the next rank as it is summed,
+                # so the step lasts alpha + max(bytes/beta, reduction) (thesis 8.5.1.1: only
+                # the last step's reduction is exposed)
                 dst, src = _peers(tc, lane.d)
-                heads[i] = tc.irecv(None, src, TAG_RS + i, lane.t)
-                sends[i] = tc.isend(None, dst, TAG_RS + i, n * itemsize, lane.t,
-                                    direction=lane.direction, label="rs.send", stage=s + 1)
+                heads[i] = tc.irecv(None, src, TAG_RS + i, t_arrive)
+                sends[i] = tc.isend(None, dst, TAG_RS + i, n * itemsize, t_arrive,
+                                    direction=lane.direction, label="rs.send", stage=s + 1,
+                                    duration=tc.link.latency_s + max(  # lanes share DRAM
+                                        n * itemsize / tc.link.bw_bytes_per_s, red * len(lanes)),
+                                    dram_bytes=3 * n * itemsize)
+                lane.t = sends[i].span.t_start
+            else:           # last step: the sum stays here (lanes take turns on the stream)
+                lane.t = tc.tl.reserve("rs.reduce", [tc.stream], red, t_arrive, cat="comm",
+                                       flops=n, dram_bytes=3 * n * itemsize,
+                                       peer=heads[i].source, stage=s).t_end
         if pay is not None:
             _rs_payload_step(tc, x, pay, bounds, s, itemsize, out, out_lo)  # type: ignore[arg-type]
 

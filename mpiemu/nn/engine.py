@@ -125,25 +125,12 @@ class Engine:
         """
         if self.tp.size == 1 or not self.sp:
             return self.gemm(f"{name}.gemm", x_s, w, m, n, k), x_s
+        full = None if x_s is None else np.empty((m, k), x_s.dtype)
         y, span = gather_then_gemm(self.tp, x_s, w, shape=GemmShape(m, n, k),
                                    dtype=self.dtype, after=self.t, overlap=self.overlap,
-                                   name=name)
+                                   name=name, gathered_out=full)
         self.t = span.t_end
-        return y, self._payload_gather(x_s)
-
-    def _payload_gather(self, x_s: Array) -> Array:
-        """The gathered rows `gather_then_gemm` already moved and charged.
-
-        Real fused AG+GEMM kernels keep the gathered buffer for the weight gradient
-        (TransformerEngine userbuffers); the overlap API returns only the product, so the
-        payload is fetched again here, outside emulated time (nothing is charged).
-        """
-        if x_s is None:
-            return None
-        x_s = np.ascontiguousarray(x_s)
-        full = np.empty((x_s.shape[0] * self.tp.size,) + x_s.shape[1:], x_s.dtype)
-        self.tp.comm.Allgather(x_s, full)
-        return full
+        return y, full
 
     # -- TP collectives that are not GEMM pairs (embedding, cross-entropy, SP grads) ---------
     def tp_reduce(self, name: str, x: Array, rows: int, width: int) -> Array:

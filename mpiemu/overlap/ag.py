@@ -32,9 +32,10 @@ def _header(t0: float, t1: float, nbytes: float) -> np.ndarray:
 
 
 def ring_all_gather(tc: TimedComm, mine: np.ndarray | None, *, m: int, n: int, itemsize: int,
-                    start: float, ov: Overlap, name: str, stats: OverlapStats
-                    ) -> tuple[np.ndarray | None, float, float]:
-    """Rows of every rank in rank order; returns (full [m, n] or None, first send, end)."""
+                    start: float, ov: Overlap, name: str, stats: OverlapStats,
+                    out: np.ndarray | None = None) -> tuple[np.ndarray | None, float, float]:
+    """Rows of every rank in rank order (into `out` if given); returns (full [m, n] or None,
+    first send, end)."""
     size, r = tc.size, tc.rank
     ls = sch.lanes(m, size, ov.bidirectional)
     costs = ag_costs(ov)
@@ -42,7 +43,7 @@ def ring_all_gather(tc: TimedComm, mine: np.ndarray | None, *, m: int, n: int, i
                   tc.link.bw_bytes_per_s, tc.link.latency_s, len(ls), stats=stats)
     full = None
     if mine is not None:
-        full = np.empty((m, n), mine.dtype)
+        full = np.empty((m, n), mine.dtype) if out is None else out
         lo, hi = chunk_bounds(m, size)[r]
         full[lo:hi] = mine
     have = [start] * len(ls)
@@ -99,17 +100,16 @@ class AgGemm:
         stats.n_stages = self.plan.n_stages
         stats.gemm_isolated_s = self.plan.time_s
 
-    def run(self, x_shard: np.ndarray | None, w: np.ndarray | None
-            ) -> tuple[np.ndarray | None, float, float, float]:
-        """Gather piece by piece, multiply each lane chunk once its rows are here.
-
-        Returns (y or None, start of the first transfer, last arrival, end of the GEMM).
+    def run(self, x_shard: np.ndarray | None, w: np.ndarray | None,
+            out: np.ndarray | None = None) -> tuple[np.ndarray | None, float, float, float]:
+        """Gather piece by piece (into `out` if given), multiply each lane chunk once its rows
+        are here. Returns (y or None, first transfer start, last arrival, end of the GEMM).
         """
         tc, size, r = self.tc, self.tc.size, self.tc.rank
         real = x_shard is not None and w is not None
         xfull = y = None
         if real:
-            xfull = np.empty((self.m, self.k), np.result_type(x_shard))
+            xfull = np.empty((self.m, self.k), np.result_type(x_shard)) if out is None else out
             lo, hi = chunk_bounds(self.m, size)[r]
             xfull[lo:hi] = x_shard
             y = np.empty((self.m, self.n), np.result_type(x_shard, w))

@@ -117,12 +117,15 @@ def overlapped_gemm_then_reduce(tc: TimedComm, x: np.ndarray | None, w: np.ndarr
 def overlapped_gather_then_gemm(tc: TimedComm, x_shard: np.ndarray | None,
                                 w: np.ndarray | None, *, shape: GemmShape, dtype: str,
                                 after: SimTime, overlap: Overlap, name: str,
-                                stats: OverlapStats | None = None
+                                stats: OverlapStats | None = None,
+                                gathered_out: np.ndarray | None = None
                                 ) -> tuple[np.ndarray | None, Span]:
     """Ring all-gather of row shards -> column-parallel GEMM under any strategy (8.6.2)."""
     stats = OverlapStats() if stats is None else stats
     stats.strategy = overlap.label
     if tc.size == 1:
+        if gathered_out is not None and x_shard is not None:
+            gathered_out[...] = x_shard
         return _single(tc, x_shard, w, shape, dtype, after, name, stats)
     itemsize, t = dtype_bytes(dtype), overlap.traits
     before = dict(stats.dram)
@@ -131,14 +134,15 @@ def overlapped_gather_then_gemm(tc: TimedComm, x_shard: np.ndarray | None,
     if t.fused:
         fused = AgGemm(tc, overlap, shape.m, shape.n, shape.k, dtype, itemsize, latest(after),
                        params, stats, name)
-        y, a0, a1, end = fused.run(x_shard, w)
+        y, a0, a1, end = fused.run(x_shard, w, gathered_out)
         tc.tl.summary(f"{name}.ag", Span(a0, a1), resource=f"coll.{tc.name}",
                       nbytes=total, dram_bytes=_dram(stats, "ag", before))
         stats.total_s = end - fused.t0
         return y, Span(min(a0, fused.t0), end)
     t_ag = latest(after)
     full, a0, ag_end = ring_all_gather(tc, x_shard, m=shape.m, n=shape.k, itemsize=itemsize,
-                                       start=t_ag, ov=overlap, name=name, stats=stats)
+                                       start=t_ag, ov=overlap, name=name, stats=stats,
+                                       out=gathered_out)
     tc.tl.summary(f"{name}.ag", Span(a0, ag_end), resource=f"coll.{tc.name}", nbytes=total,
                   dram_bytes=_dram(stats, "ag", before))
     g = ops.gemm(tc.tl, tc.model, f"{name}.gemm", shape.m, shape.n, shape.k, dtype=dtype,
@@ -186,15 +190,18 @@ def gemm_then_reduce(tc: TimedComm, x: np.ndarray | None, w: np.ndarray | None, 
 def gather_then_gemm(tc: TimedComm, x_shard: np.ndarray | None, w: np.ndarray | None, *,
                      shape: GemmShape, dtype: str, after: SimTime,
                      overlap: Overlap = Overlap(), name: str = "gemm",
-                     stats: OverlapStats | None = None) -> tuple[np.ndarray | None, Span]:
+                     stats: OverlapStats | None = None,
+                     gathered_out: np.ndarray | None = None) -> tuple[np.ndarray | None, Span]:
     """y = all_gather(x_shard rows) @ w.
 
     forward: all-gather -> GEMM; conjugate: `gemm_then_reduce` with reduce-scatter.
-    x_shard: [rows of rank, K], w: [K, N_local] -> [M, N_local].
+    x_shard: [rows of rank, K], w: [K, N_local] -> [M, N_local]. `gathered_out` ([M, K]),
+    if given, receives the gathered rows: the weight gradient needs them, and fused kernels
+    keep that buffer anyway (TransformerEngine userbuffers).
     """
     impl = _impls(overlap)[1]
     return impl(tc, x_shard, w, shape=shape, dtype=dtype, after=after, overlap=overlap,
-                name=name, stats=stats)
+                name=name, stats=stats, gathered_out=gathered_out)
 
 
 __all__ = ["GemmShape", "OverlapStats", "gather_then_gemm", "gemm_then_reduce",

@@ -1,8 +1,10 @@
 """Workload kind "collectives": sweep ring RS / AG / AR sizes, emulated time vs alpha-beta.
 
 The closed form for a unidirectional ring of N ranks, S bytes, largest chunk c = ceil(S/N):
-RS = (N-1)(alpha + c/beta + t_red(c)), AG = (N-1)(alpha + c/beta), AR = RS + AG
-(thesis 2.4.3.1 step counts; alpha-beta form from thesis_models.md 2.4 [EXT]).
+RS = (alpha + c/beta) + (N-2)(alpha + max(c/beta, t_red(c))) + t_red(c): intermediate
+reductions stream into the next send, only the last is exposed (thesis 8.5.1.1);
+AG = (N-1)(alpha + c/beta); AR = RS + AG. Link-bound, AR = 2(N-1)(alpha + S/(N beta)) +
+t_red(S/N) (thesis 2.4.3.1 step counts; alpha-beta form from thesis_models.md 2.4 [EXT]).
 """
 from __future__ import annotations
 
@@ -49,9 +51,11 @@ def predicted_s(tc: TimedComm, op: str, nbytes: int, itemsize: int) -> float:
     if n == 1:
         return 0.0
     c = math.ceil(nbytes / itemsize / n)
-    link = tc.link.latency_s + c * itemsize / tc.link.bw_bytes_per_s
-    rs = (n - 1) * (link + tc.reduce_s(c, itemsize))
-    ag = (n - 1) * link
+    wire = c * itemsize / tc.link.bw_bytes_per_s
+    red = tc.reduce_s(c, itemsize)
+    alpha = tc.link.latency_s
+    rs = (alpha + wire) + (n - 2) * (alpha + max(wire, red)) + red
+    ag = (n - 1) * (alpha + wire)
     return {"reduce_scatter": rs, "all_gather": ag, "all_reduce": rs + ag}[op]
 
 

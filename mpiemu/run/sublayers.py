@@ -15,13 +15,13 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..hw.contention import T3Params
 from ..overlap.api import GemmShape, gemm_then_reduce
 from ..overlap.model import OverlapStats
 from ..overlap.strategy import Overlap
-from .config import Workload, resolve_device
+from .config import Workload
 from .context import RankContext
 from .errors import ConfigError
+from .overlap_check import check_overlap_devices
 from .sections.overlap import SUBLAYER_K, SublayerModel
 
 FIELDS = ("model", "sublayer", "tp", "strategy", "m", "n", "k", "n_stages", "time_s",
@@ -39,21 +39,7 @@ def validate(w: Workload, world_size: int) -> None:
                 raise ConfigError(f"sublayers.models[{m.name}].hidden", m.hidden,
                                   f"{SUBLAYER_K[sub]}*hidden must be divisible by "
                                   f"parallel.tp={tp} for {sub}")
-    needs_params = [s for s in cfg.strategies if s not in ("sequential", "ideal")]
-    presets = w.device.rank_presets or (w.device.preset,)
-    for r in range(len(presets)):
-        spec = resolve_device(w, r)
-        if needs_params and spec.kind != "gpu":
-            raise ConfigError("sublayers.strategies", list(needs_params),
-                              f"model a GPU memory system; device {spec.name} is a {spec.kind}")
-        if needs_params:
-            try:
-                T3Params.from_extra(spec.extra, spec.name)
-            except ValueError as exc:
-                raise ConfigError("device.preset", spec.name, str(exc)) from None
-    if len(set(presets)) > 1 and w.overlap.pieces == 0:
-        raise ConfigError("overlap.pieces", 0, "must be > 0 when ranks play different devices "
-                          "(the per-stage default would cut chunks differently per rank)")
+    check_overlap_devices(w, cfg.strategies, "sublayers.strategies")
 
 
 def _data(ctx: RankContext, m: SublayerModel, k: int, seed: int

@@ -17,6 +17,7 @@ from mpi4py import MPI
 
 from ..analysis.breakdown import IterationBreakdown, iteration_breakdown
 from ..analysis.load import read_rank
+from ..comm.p2p import TimedComm
 from ..hw.specs import dtype_bytes
 from ..nn.check import check_against_reference
 from ..nn.config import ModelConfig, divisors
@@ -26,10 +27,12 @@ from ..nn.model import ShardedModel, make_dims
 from ..nn.optim import ShardedOptimizer
 from ..nn.sunway_layer import SunwayLayerPlan
 from ..overlap.api import STRATEGY_IMPLS
+from ..sim.timeline import Timeline
 from ..sim.trace import rank_file
 from .config import Workload, resolve_device
 from .context import RankContext
 from .errors import ConfigError
+from .overlap_check import check_overlap_devices
 
 HOST_MEMORY_SHARE = 0.8    # a numerics run may use this share of the host's memory
 
@@ -72,6 +75,8 @@ def validate(w: Workload, world_size: int) -> None:
     if w.overlap.strategy not in STRATEGY_IMPLS:
         raise ConfigError("overlap.strategy", w.overlap.strategy, sorted(STRATEGY_IMPLS))
     _validate_sunway(w)
+    if resolve_device(w).kind == "gpu":
+        check_overlap_devices(w, [w.overlap.strategy], "overlap.strategy")
     _validate_memory(w, world_size)
 
 
@@ -141,6 +146,10 @@ def run(ctx: RankContext) -> dict[str, Any]:
                                "global_batch": gb, "tp": grid.tp, "dp": grid.dp,
                                "sequence_parallel": dims.sp, "iterations": rows,
                                "memory": asdict(mem) | {"fits": mem.fits}}
+    if w.overlap.strategy != "sequential":
+        first = rows[0]
+        summary["overlap"] = _against_sequential(ctx, cfg, gb, dims,
+                                                 first["t_end"] - first["t_start"])
     if w.train.check_reference and ctx.numerics:
         chk = check_against_reference(ctx.world, cfg, w.optimizer.to_config(), w.run.seed, gb,
                                       grid.tp, grid.tp_rank, model.P,  # type: ignore[arg-type]
@@ -149,6 +158,40 @@ def run(ctx: RankContext) -> dict[str, Any]:
         ctx.say(chk.line())
         summary["reference"] = chk.as_dict()
     return summary
+
+
+def _sequential_iteration_s(ctx: RankContext, cfg: ModelConfig, gb: int, dims: Dims) -> float:
+    """Iteration 0 again on a scratch clock, timing only, every TP pair `sequential`.
+
+    Its messages travel on duplicate communicators, so they never meet the run's own.
+    """
+    w, grid = ctx.w, ctx.grid
+    tl = Timeline()
+    tp = TimedComm(grid.tp_comm.Dup(), tl, ctx.tp.link, ctx.model, "tp")
+    dp = TimedComm(grid.dp_comm.Dup(), tl, ctx.dp.link, ctx.model, "dp")
+    eng = Engine(tl, ctx.model, tp, dtype=w.run.emulated_dtype, numerics=False,
+                 overlap=w.overlap.to_overlap(strategy="sequential"), sp=dims.sp)
+    model = ShardedModel(cfg, eng, dims, tp_rank=grid.tp_rank, dp_rank=grid.dp_rank,
+                         seed=w.run.seed, global_batch=gb, dp=dp,
+                         bucket_bytes=w.train.dp_bucket_MiB * 2**20, np_dtype=ctx.np_dtype)
+    opt = ShardedOptimizer(w.optimizer.to_config(), model.specs, eng, grid.tp_rank, model.P)
+    with tl.labelled(iteration=0):
+        model.train_step(0)
+        opt.step(model.P, model.G)
+    for c in (tp.comm, dp.comm):
+        c.Free()
+    return tl.now()
+
+
+def _against_sequential(ctx: RankContext, cfg: ModelConfig, gb: int, dims: Dims,
+                        iteration_s: float) -> dict[str, float]:
+    """Issue-4 item 6: the iteration speedup of the run's strategy over `sequential`."""
+    base = ctx.world.bcast(_sequential_iteration_s(ctx, cfg, gb, dims), root=0)
+    speedup = base / iteration_s
+    ctx.say(f"overlap {ctx.w.overlap.strategy}: iteration 0 {iteration_s * 1e3:.4f} ms, "
+            f"sequential {base * 1e3:.4f} ms: speedup {speedup:.4f}x "
+            f"({(speedup - 1) * 100:+.2f}%)")
+    return {"iteration_s": iteration_s, "sequential_s": base, "speedup": speedup}
 
 
 def _header(ctx: RankContext, cfg: ModelConfig, gb: int, dims: Dims, mem: str) -> None:
