@@ -8,13 +8,13 @@ best of the repetitions. A benchmark, not a test: numbers depend on the machine.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 from mpi4py import MPI
+
+from _emit import emit  # benchmarks/ is the script's directory
 
 from mpiemu.comm.p2p import TimedComm
 from mpiemu.comm.ring import all_gather, all_reduce, chunk_bounds, reduce_scatter
@@ -77,12 +77,7 @@ def main() -> None:
             lines.append(f"| {op} | {size} | {t_ours * 1e3:.3f} | {t_native * 1e3:.3f} | "
                          f"{t_native / t_ours:.2f} |")
         size *= 4
-    if comm.rank == 0:
-        text = "\n".join(lines) + "\n"
-        sys.stdout.write(text)
-        if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(text)
+    emit(comm, lines, args.out)
 
 
 if __name__ == "__main__":

@@ -8,13 +8,13 @@ timing model must not make the emulation itself much slower. A benchmark, not a 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 from mpi4py import MPI
+
+from _emit import emit  # benchmarks/ is the script's directory
 
 from mpiemu.comm.p2p import TimedComm
 from mpiemu.hw import load_device, model_for
@@ -94,12 +94,7 @@ def main() -> None:
         seq = best["sequential"]
         cells = [f"{best[s] * 1e3:.2f} | {best[s] / seq:.2f}" for s in FUSED]
         lines.append(f"| {op} | {seq * 1e3:.2f} | " + " | ".join(cells) + " |")
-    if comm.rank == 0:
-        text = "\n".join(lines) + "\n"
-        sys.stdout.write(text)
-        if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(text)
+    emit(comm, lines, args.out)
 
 
 if __name__ == "__main__":
