@@ -17,7 +17,7 @@ export MPLBACKEND ?= Agg
 PYTEST     := $(BIN)/python -m pytest -q -p no:cacheprovider
 MPI_PYTEST := $(BIN)/python -m mpi4py -m pytest -q -p no:cacheprovider --only-mpi
 
-.PHONY: install run test test-serial test-mpi bench reports install-site-mpi clean
+.PHONY: install run test lint test-serial test-mpi bench reports install-site-mpi clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +32,12 @@ run: $(STAMP)
 	$(MPIEXEC) -n $(NP) $(BIN)/mpiemu run workloads/quickstart.toml --out runs/quickstart
 	$(BIN)/mpiemu analyze runs/quickstart --top 12
 
-## make test: serial tests (and MPI tests at 1 rank), then MPI tests at 2 and 4 ranks
-test: $(STAMP) test-serial test-mpi
+## make test: static checks, serial tests (and MPI tests at 1 rank), MPI tests at 2 and 4 ranks
+test: $(STAMP) lint test-serial test-mpi
+
+lint: $(STAMP)
+	$(BIN)/python -m pyflakes mpiemu tests benchmarks
+	$(BIN)/python -m mypy
 
 test-serial: $(STAMP)
 	$(PYTEST) --with-mpi tests

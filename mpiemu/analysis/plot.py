@@ -30,8 +30,9 @@ def gantt(run: Run, path: Path, *, t_min: float | None = None, t_max: float | No
         for cat, colour in COLOURS.items():
             m = cats == cat
             if m.any():
-                ax.broken_barh(np.column_stack([t0[m] * 1e3, (t1[m] - t0[m]) * 1e3]),
-                               (y - 0.4, 0.8), facecolors=colour)
+                spans = [(float(a), float(b)) for a, b in
+                         zip(t0[m] * 1e3, (t1[m] - t0[m]) * 1e3)]      # (start, width) ms
+                ax.broken_barh(spans, (y - 0.4, 0.8), facecolors=colour)
     ax.set_yticks(range(len(rows)), labels=[r[0] for r in rows], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("emulated time (ms)")

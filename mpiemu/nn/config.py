@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Sequence
 
 class ModelConfigError(ValueError):
     """A model or optimizer setting out of range: names the field, the value, what is allowed."""
@@ -93,7 +94,7 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _fmt(items: tuple[object, ...] | list[object]) -> str:
+def _fmt(items: Sequence[object]) -> str:
     return "{" + ", ".join(str(i) for i in items) + "}"
 
 

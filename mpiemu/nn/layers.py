@@ -109,6 +109,7 @@ class Layer:
                                    d.hidden)
         c: Cache = {"h": h}
         if E.on:
+            assert qkv is not None
             qkv += P[p + "qkv.b"]        # bias in the GEMM epilogue (cuBLASLt): not charged
             q, k, v = self._heads(qkv)
             pa = cfg.attention_dropout
@@ -202,6 +203,7 @@ class Layer:
         ready([p + "proj.w"] + with_bias)
         dqkv = None
         if E.on:
+            assert dctx is not None
             do = np.ascontiguousarray(dctx.reshape(d.seq, d.batch, d.heads, d.head_dim)
                                       .transpose(1, 2, 0, 3))           # (B, hl, S, dh)
             if cfg.attention == "dense":

@@ -109,7 +109,7 @@ class ShardedModel:
                         ids, self.vocab_lo)
         x = E.tp_reduce("embed", part, d.rows, h)          # all-reduce, or RS to sequence rows
         x = E.kernel("embed.pos_add", Cost(rows * h, 2 * rows * h * E.e, rows * h * E.e),
-                     lambda: x + self.P["wpe"][self.positions])
+                     self._add_positions, x)
         c: Cache = {}
         if cfg.norm == "post":
             res = E.kernel("lne.fwd", layernorm_cost(rows, h, E.e), layernorm, x,
@@ -123,6 +123,11 @@ class ShardedModel:
             x = E.kernel("embed.dropout", Cost(rows * h, rows * h * E.e,
                                                rows * h * (E.e + MASK_BYTES)), dropout, x, keep, p)
         return x, c
+
+    def _add_positions(self, x: np.ndarray) -> np.ndarray:
+        wpe = self.P["wpe"]
+        assert wpe is not None
+        return x + wpe[self.positions]
 
     def _embed_back(self, dx: Array, c: Cache, ids: Array) -> None:
         d, E, cfg = self.d, self.E, self.cfg

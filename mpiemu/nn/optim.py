@@ -67,9 +67,9 @@ class ShardedOptimizer:
         E, e = self.E, self.E.e
         n = sum(lp.size for lp in self.specs)
         sq = None
-        if E.on:
-            sq = np.array([sum(float((G[lp.name] * G[lp.name]).sum())  # type: ignore[operator]
-                               for lp in self.specs if lp.tp_split or self.tp_rank == 0)])
+        if E.on:          # TP-split tensors on every rank, replicated ones counted once
+            own = [G[lp.name] for lp in self.specs if lp.tp_split or self.tp_rank == 0]
+            sq = np.array([sum(float((g * g).sum()) for g in own if g is not None)])
         E.kernel("optim.grad_norm", Cost(2 * n, n * e, MASTER_BYTES), None)
         total = E.tp_sum("optim.grad_norm", sq, 1, MASTER_BYTES)
         return float(np.sqrt(total[0])) if total is not None else 0.0
@@ -80,7 +80,8 @@ class ShardedOptimizer:
         coeff = self.opt.clip_grad_norm / (norm + CLIP_EPS)
         if coeff < 1.0:
             for k, g in G.items():
-                G[k] = g * coeff   # type: ignore[operator]
+                if g is not None:
+                    G[k] = g * coeff
 
     def _moments(self, name: str, w: np.ndarray, g: np.ndarray, decay: bool) -> np.ndarray:
         """Adam's bias-corrected step (plus decoupled weight decay), as the reference."""

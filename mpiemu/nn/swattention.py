@@ -238,8 +238,8 @@ def swattention_fwd(q: np.ndarray, k: np.ndarray, v: np.ndarray, layout: Layout 
     l, m = np.zeros((b * n, s)), np.zeros((b * n, s))
     for heads in cg_heads(b * n, layout.cgs):                         # level 1: CGs
         for hd in heads:                                              # a CG's outermost loop
-            o[hd], l[hd], m[hd] = _head_fwd(*(x[hd] for x in flat), layout, causal, keep,
-                                            seed, hd)
+            qh, kh, vh = (x[hd] for x in flat)
+            o[hd], l[hd], m[hd] = _head_fwd(qh, kh, vh, layout, causal, keep, seed, hd)
     return o.reshape(b, n, s, h), l.reshape(b, n, s), m.reshape(b, n, s)
 
 
@@ -256,8 +256,8 @@ def swattention_bwd(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray,
     grads = [np.zeros((b * n, s, h)) for _ in range(3)]
     for heads in cg_heads(b * n, layout.cgs):
         for hd in heads:
-            out = _head_bwd(*(x[hd] for x in flat), lf[hd], mf[hd], layout, causal, keep,
-                            seed, hd)
+            qh, kh, vh, oh, doh = (x[hd] for x in flat)
+            out = _head_bwd(qh, kh, vh, oh, doh, lf[hd], mf[hd], layout, causal, keep, seed, hd)
             for g, x in zip(grads, out):
                 g[hd] = x
     return tuple(g.reshape(b, n, s, h) for g in grads)  # type: ignore[return-value]

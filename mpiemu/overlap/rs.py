@@ -164,7 +164,8 @@ class RsRun:
             # the sends from this buffer two steps ago must finish before it is overwritten
             MPI.Request.Waitall(self.sreqs[p.lane][p.step % 2])
             self.sreqs[p.lane][p.step % 2] = []
-            np.matmul(self.x[lo:hi], self.w, out=buf[:hi - lo])  # type: ignore[index]
+            assert self.x is not None and self.w is not None      # self.real
+            np.matmul(self.x[lo:hi], self.w, out=buf[:hi - lo])
         return buf[p.rows[0] - lo:p.rows[1] - lo]
 
     def _post(self, step: int) -> None:

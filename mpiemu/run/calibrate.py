@@ -29,7 +29,7 @@ def _best(fn: Callable[[], object], reps: int = 5) -> float:
 
 def gemm_rate(dtype: type, n: int = 1024) -> float:
     """flop/s of an n x n x n numpy matmul."""
-    a = np.random.default_rng(0).standard_normal((n, n)).astype(dtype)
+    a: np.ndarray = np.random.default_rng(0).standard_normal((n, n)).astype(dtype)
     b = a.T.copy()
     return 2.0 * n**3 / _best(lambda: a @ b, reps=3)
 

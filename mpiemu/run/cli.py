@@ -65,10 +65,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
 @_command
 def cmd_plot(args: argparse.Namespace) -> int:
     """Gantt PNG of a run's emulated timeline."""
+    from pathlib import Path  # noqa: PLC0415
+
     from ..analysis import load  # noqa: PLC0415
     from ..analysis.plot import gantt  # noqa: PLC0415
     run = load(args.run_dir)
-    out = args.out or str(run.path / "timeline.png")
+    out = Path(args.out) if args.out else run.path / "timeline.png"
     sys.stdout.write(f"wrote {gantt(run, out, t_min=args.t_min, t_max=args.t_max)}\n")
     return 0
 

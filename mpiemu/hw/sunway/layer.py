@@ -79,8 +79,9 @@ def layer_ops(model: SunwayModel, shape: LayerShape, pass_: str,
               attention: str = "swattention", valid: Predicate = default_micro_kernel
               ) -> list[Op]:
     """The layer's ops in Megatron's execution order (a topological order)."""
-    def gemm_op(*args: object) -> Op:
-        return _gemm_op(*args, valid=valid)  # type: ignore[arg-type]
+    def gemm_op(model: SunwayModel, name: str, m: int, n: int, k: int, dtype: str,
+                deps: tuple[str, ...] = ()) -> Op:
+        return _gemm_op(model, name, m, n, k, dtype, deps, valid)
 
     e = dtype_bytes(shape.dtype)
     act = float(shape.tokens) * shape.hidden * e

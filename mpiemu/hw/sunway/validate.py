@@ -27,6 +27,7 @@ def attention_rows(m: SunwayModel, seqs: tuple[int, ...]) -> list[dict[str, Any]
                 shape = AttnShape(B, N, s, h, dtype)
                 for p in ("fwd", "bwd"):
                     sw = m.attention(p, shape)
+                    assert sw.head is not None
                     try:
                         st: float | None = m.attention(p, shape, kernel="standard").time_s
                     except SunwayOutOfMemory:
@@ -80,9 +81,9 @@ def seed_rows(m: SunwayModel, rows: list[dict[str, Any]]) -> list[dict[str, Any]
     shape = AttnShape(B, N, 2048, 128)
     add("FP32 forward TFLOPS, S=2048, H=128", m.attention("fwd", shape).tflops, 2.4, "SWA 4.1")
     for h, rng in ((64, (2.81, 3.22)), (128, (1.85, 2.32))):
-        vals = [r["speedup"] for r in rows if r["dtype"] == "fp16" and r["H"] == h
-                and r["pass_"] == "bwd" and r["S"] > 1024 and r["speedup"] is not None]
-        add(f"FP16 backward speedup, H={h}, S=2k-16k (range)", (min(vals), max(vals)), rng,
+        got = [r["speedup"] for r in rows if r["dtype"] == "fp16" and r["H"] == h
+               and r["pass_"] == "bwd" and r["S"] > 1024 and r["speedup"] is not None]
+        add(f"FP16 backward speedup, H={h}, S=2k-16k (range)", (min(got), max(got)), rng,
             "SWA 4.2")
     for h, rng in ((64, (2.35, 2.44)), (128, (1.51, 1.65))):
         sp = []
@@ -108,6 +109,7 @@ def seed_rows(m: SunwayModel, rows: list[dict[str, Any]]) -> list[dict[str, Any]
             _time(m, p, a, async_dma=False) / _time(m, p, a), 1.1, "SWA 4.3")
     for s, v in ((2048, 0.24), (4096, 0.16)):
         hd = m.attention("bwd", AttnShape(3, 4, s, 128)).head
+        assert hd is not None                     # SWattention costs carry their head
         add(f"RMA reduction share of backward, S={s}", hd.rma_s / hd.time_s, v, "SWA 4.3")
     g = m.gemm(2048, 128, 2048, dtype="fp32", batch=B * N)
     add("baseline 2nd matmul TFLOPS, S=2048, H=128", g.flops / g.time_s / 1e12, 6.3, "SWA 4.1")
@@ -140,8 +142,8 @@ def layer_schedules(m: SunwayModel, batch: int, pass_: str, coarse: bool
     """The GPT-3 6.7B-like layer (s2t8, micro-batch `batch`) under intra, OPT2 and KA;
     `coarse` applies a micro-kernel constraint of tiles >= 512 x 512."""
     shape = LayerShape(batch=batch, dtype="fp32", **GPT3)
-    kw = {"valid": min_tile(512, 512)} if coarse else {}
-    ops = layer_ops(m, shape, pass_, **kw)
+    ops = (layer_ops(m, shape, pass_, valid=min_tile(512, 512)) if coarse
+           else layer_ops(m, shape, pass_))
     return ops, {p: schedule(ops, m.sw.core_groups, p) for p in ("intra", "opt2", "ka")}
 
 

@@ -284,12 +284,12 @@ def write_csvs(rows: list[dict[str, Any]], summ: dict[str, dict[str, float]], ou
         for r in rows:
             w.writerow({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in r.items()})
     with (out / "summary.csv").open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["strategy", "geomean_speedup", "thesis_geomean", "max_speedup",
+        sw = csv.writer(f)
+        sw.writerow(["strategy", "geomean_speedup", "thesis_geomean", "max_speedup",
                     "thesis_max", "dram_change_mean", "dram_change_max"])
         for s, v in summ.items():
             th = THESIS.get(s, (math.nan, math.nan))
-            w.writerow([s, f"{v['geomean']:.4f}", th[0], f"{v['max']:.4f}", th[1],
+            sw.writerow([s, f"{v['geomean']:.4f}", th[0], f"{v['max']:.4f}", th[1],
                         f"{v['dram_mean']:.4f}", f"{v['dram_max']:.4f}"])
 
 
@@ -322,7 +322,7 @@ def markdown(rows: list[dict[str, Any]], summ: dict[str, dict[str, float]], tps:
     for text, key, th in named:
         if key in rt:
             lines.append(f"| {text} | {100 * rt[key]:.1f}% | {th} |")
-    per_tp = [("RS speed-up from NMC, tp={tp} (8.5.1.1)", "nmc_rs_speedup_tp{tp}", "pct",
+    per_tp: list[tuple[str, str, str, dict[int, str]]] = [("RS speed-up from NMC, tp={tp} (8.5.1.1)", "nmc_rs_speedup_tp{tp}", "pct",
                {8: "7%", 16: "3%"}),
               ("RS reads, sequential / T3-MCA, tp={tp} (8.5.2)", "rs_read_ratio_tp{tp}", "x",
                {8: "2.5x", 16: "2.2x"}),
@@ -330,12 +330,12 @@ def markdown(rows: list[dict[str, Any]], summ: dict[str, dict[str, float]], tps:
                {8: "14%", 16: "7%"}),
               ("GEMM reads, sequential / T3-MCA, tp={tp} (8.5.2)", "gemm_read_ratio_tp{tp}",
                "x", {8: "1.2x", 16: "2x"})]
-    for text, key, kind, th in per_tp:
+    for text, key, kind, by_tp in per_tp:
         for tp in (tp_a, tp_b) if tp_a != tp_b else (tp_a,):
             k = key.format(tp=tp)
             if k in rt and math.isfinite(rt[k]):
                 v = f"{100 * rt[k]:.1f}%" if kind == "pct" else f"{rt[k]:.2f}x"
-                lines.append(f"| {text.format(tp=tp)} | {v} | {th.get(tp, '-')} |")
+                lines.append(f"| {text.format(tp=tp)} | {v} | {by_tp.get(tp, '-')} |")
     lines += ["", "## Where we differ from the thesis, and why", "", *DIFFERENCES,
               *balance_note(rows), "",
               "## Model parameters (preset `t3-gpu`)", "", *parameter_table(), "",
