@@ -8,7 +8,8 @@ on real data (or on shapes alone when x = w = None) and charges emulated time by
 chunk at a time. For mode "all_reduce" the reduce-scatter is followed by a sequential
 all-gather, fused or not (thesis 8.4.3).
 Trace events: `<name>.gemm` (compute; `stage` = the GEMM's stage count), `rs.send`,
-`rs.reduce`, `ag.send` (comm), `<name>.rs` and `<name>.ag` (collective spans).
+`rs.reduce`, `ag.send` (comm, the ring steps), and one collective span per call:
+`<name>.rs` (reduce-scatter), `<name>.ar` (all-reduce = RS then AG) or `<name>.ag`.
 """
 from __future__ import annotations
 
@@ -101,15 +102,18 @@ def overlapped_gemm_then_reduce(tc: TimedComm, x: np.ndarray | None, w: np.ndarr
     if t.fused:
         gemm_end = s.clock.gemm_end()
     total = shape.m * shape.n * itemsize
-    tc.tl.summary(f"{name}.rs", Span(run.first_send, run.done), resource=f"coll.{tc.name}",
-                  nbytes=total, dram_bytes=_dram(stats, "rs", before))
     stats.rs_s = run.done - run.first_send
     out, end = run.out, max(run.done, gemm_end)
-    if mode == "all_reduce":
-        out, a0, end = ring_all_gather(tc, out, m=shape.m, n=shape.n, itemsize=itemsize,
-                                       start=end, ov=overlap, name=name, stats=stats)
-        tc.tl.summary(f"{name}.ag", Span(a0, end), resource=f"coll.{tc.name}", nbytes=total,
-                      dram_bytes=_dram(stats, "ag", before))
+    if mode == "all_reduce":         # one all-reduce span (RS then AG), as comm.ring records it
+        out, _, end = ring_all_gather(tc, out, m=shape.m, n=shape.n, itemsize=itemsize,
+                                      start=end, ov=overlap, name=name, stats=stats)
+        tc.tl.summary(f"{name}.ar", Span(run.first_send, end), resource=f"coll.{tc.name}",
+                      nbytes=total,
+                      dram_bytes=_dram(stats, "rs", before) + _dram(stats, "ag", before))
+    else:
+        tc.tl.summary(f"{name}.rs", Span(run.first_send, run.done),
+                      resource=f"coll.{tc.name}", nbytes=total,
+                      dram_bytes=_dram(stats, "rs", before))
     stats.total_s = end - s.t0
     return out, Span(s.t0, end)
 
