@@ -1,7 +1,7 @@
 """Workload sections of the transformer training kind: [model], [train], [optimizer]."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from ...nn.config import (ATTENTIONS, MASKS, NORMS, OPTIMIZERS, ModelConfig, ModelConfigError,
@@ -96,25 +96,17 @@ class TrainSection:
 
 
 @dataclass(frozen=True)
-class OptimizerSection:
-    """Adam or LAMB and their hyper-parameters (fp32 master weights and states)."""
-
-    name: str = "adam"
-    lr: float = 1e-3
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-    clip_grad_norm: float = 1.0      # 0: no clipping
+class OptimizerSection(OptimizerConfig):
+    """[optimizer]: Adam or LAMB and their hyper-parameters (fp32 master weights and states);
+    the fields and checks are `nn.config.OptimizerConfig`'s, errors become ConfigErrors."""
 
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZERS:
             raise ConfigError("optimizer.name", self.name, OPTIMIZERS)
         try:
-            self.to_config()
+            super().__post_init__()
         except ModelConfigError as exc:
             raise ConfigError(exc.field, exc.value, exc.allowed) from None
 
     def to_config(self) -> OptimizerConfig:
-        return OptimizerConfig(self.name, self.lr, self.beta1, self.beta2, self.eps,
-                               self.weight_decay, self.clip_grad_norm)
+        return OptimizerConfig(**{f.name: getattr(self, f.name) for f in fields(self)})
