@@ -74,3 +74,10 @@ def test_critical_path_covers_the_makespan_without_gaps(run_dir: Path) -> None:
     for later, earlier in zip(path, path[1:]):       # a contiguous chain back to t = 0
         assert earlier.t_end == pytest.approx(later.t_start, abs=1e-15)
     assert path[-1].t_start == 0.0
+
+
+def test_select_filters_events_for_notebooks(run_dir: Path) -> None:
+    rt = load(run_dir).ranks[0]
+    sends = rt.select(cat="comm", prefix="rs.")
+    assert sends.any() and set(rt.names[sends]) <= {"rs.send", "rs.reduce"}
+    assert not rt.select(cat="compute").any()

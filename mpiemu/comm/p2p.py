@@ -125,7 +125,3 @@ class TimedComm:
     def reduce_s(self, n_elems: int, elem_bytes: int) -> SimTime:
         """Modelled time of one ring step's reduction of n elements."""
         return self.model.reduction_s(n_elems, elem_bytes)
-
-    def barrier_time(self, t: SimTime) -> SimTime:
-        """The latest emulated time over the group (for aligning ranks between experiments)."""
-        return float(self.comm.allreduce(t, op=MPI.MAX))

@@ -16,7 +16,7 @@ from .events import CATS, PHASES
 from .trace import TraceWriter
 
 SimTime = float
-COMPUTE, DRAM = "compute", "dram"
+COMPUTE = "compute"
 
 
 @dataclass(frozen=True)
@@ -97,11 +97,6 @@ class Timeline:
         self._record(name, cat, "+".join(resources), t_start, t_end, flops, nbytes,
                      dram_bytes, peer, stage, wall_start)
         return Span(t_start, t_end)
-
-    def mark(self, name: str, t: SimTime, *, cat: str = "wait", peer: int = -1,
-             resource: str = "-") -> None:
-        """A zero-length event (e.g. a receive completing), recorded but occupying nothing."""
-        self._record(name, cat, resource, t, t, 0.0, 0, 0.0, peer, -1, None)
 
     def _record(self, name: str, cat: str, resource: str, t0: SimTime, t1: SimTime,
                 flops: float, nbytes: int, dram_bytes: float, peer: int, stage: int,
