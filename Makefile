@@ -54,10 +54,9 @@ bench: $(STAMP)
 	$(MPIEXEC) -n 4 $(BIN)/python -m mpi4py benchmarks/overlap.py
 	$(BIN)/python benchmarks/emulation_tax.py
 
-## make reports: regenerate results/t3 and results/sunway from the models
+## make reports: regenerate every study under results/ (mpiemu report --list)
 reports: $(STAMP)
-	$(BIN)/mpiemu report t3 --out results/t3
-	$(BIN)/mpiemu report sunway --out results/sunway
+	$(BIN)/mpiemu report --all
 
 ## make install-site-mpi: install against the cluster's MPI instead of the mpich wheel
 install-site-mpi:

@@ -9,7 +9,7 @@ from mpiemu.hw import load_device, model_for, read_preset
 from mpiemu.hw.presets import all_quantities
 from mpiemu.hw.sunway import (AttnShape, SunwayModel, SunwayOutOfMemory, SunwaySpec, ldm_bytes,
                               pad_free_tilings, paper_blocks)
-from mpiemu.hw.sunway.validate import attention_rows, seed_rows
+from mpiemu.studies.sunway_rows import attention_rows, seed_rows
 from mpiemu.run.devices import format_devices
 from mpiemu.run.errors import ConfigError
 from mpiemu.run.sections.sunway import SunwaySection

@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 from mpiemu.run.config import load_workload
 from mpiemu.run.errors import ConfigError
-from mpiemu.run.reports import t3 as report
+from mpiemu.studies import t3 as report
 from mpiemu.run.runner import run_workload
 from mpiemu.run.sublayers import validate
 from tests.conftest import child_env

@@ -88,11 +88,18 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 @_command
 def cmd_report(args: argparse.Namespace) -> int:
-    """Regenerate a report under results/ from the project's own models and runs."""
+    """Regenerate a study under results/ (`--list`: the studies and their seeds)."""
     from pathlib import Path  # noqa: PLC0415
 
-    from .reports import run_report  # noqa: PLC0415
-    return run_report(args.name, Path(args.out) if args.out else None, args.extra)
+    from ..studies import STUDIES, list_lines, run_study  # noqa: PLC0415
+    if args.list:
+        sys.stdout.write("\n".join(list_lines()) + "\n")
+        return 0
+    if args.all:
+        return max(run_study(name, None, []) for name in STUDIES)
+    if not args.name:
+        raise ValueError("report needs a study NAME, --all or --list")
+    return run_study(args.name, Path(args.out) if args.out else None, args.extra)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,8 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--t-max", type=float, help="end of the window (emulated seconds)")
     cal = sub.add_parser("calibrate", help="measure this host as a device preset")
     cal.add_argument("--out", default="host.toml", help="preset file to write")
-    rep = sub.add_parser("report", help="regenerate a report under results/ (t3, sunway)")
-    rep.add_argument("name")
+    rep = sub.add_parser("report", help="regenerate a study under results/ (--list to see them)")
+    rep.add_argument("name", nargs="?", help="the study (mpiemu report --list)")
+    rep.add_argument("--list", action="store_true", help="list the studies and their seeds")
+    rep.add_argument("--all", action="store_true", help="regenerate every study")
     rep.add_argument("--out", help="output directory (default results/<name>)")
     rep.add_argument("extra", nargs=argparse.REMAINDER, help="arguments for the report")
     return p

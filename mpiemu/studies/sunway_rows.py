@@ -1,21 +1,38 @@
-"""The seeds' figures beside the model's: SWattention vs standard attention (SWA 4), memory
-limits (SWA 4.2, 4.4) and SwFormer's scheduling gains (SWF App. A, C). Costs only.
+"""The Sunway seeds' figures beside the model's: SWattention vs standard attention (SWA 4),
+memory limits (SWA 4.2, 4.4) and SwFormer's scheduling gains (SWF App. A, C). Costs only; the
+seeds' setups and figures come from `sunway.toml`.
 
-`required` marks the speedups the acceptance asks to be within 20% of the seed.
+`required` marks the speedups the acceptance asks to be within tolerance of the seed.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from .gemm import min_tile
-from .layer import LayerShape, layer_ops
-from .model import AttnShape, SunwayModel, SunwayOutOfMemory
-from .schedule import Op, Schedule, schedule
-from .standard import standard_footprint_bytes
+from ..hw.sunway.gemm import min_tile
+from ..hw.sunway.layer import LayerShape, layer_ops
+from ..hw.sunway.model import AttnShape, SunwayModel, SunwayOutOfMemory
+from ..hw.sunway.schedule import Op, Schedule, schedule
+from ..hw.sunway.standard import standard_footprint_bytes
+from .common import load_figures
 
-B, N = 3, 8                                            # SWA 4.2: 24 heads, 4 per CG
-SEQS = (1024, 2048, 4096, 8192, 16384)
-GPT3 = dict(hidden=4096, heads=32, head_dim=128, ffn=16384, seq=2048, tp=8)   # s2t8
+FIG = load_figures("sunway")
+B, N = int(FIG["batch"]), int(FIG["heads"])            # SWA 4.2: 24 heads, 4 per CG
+SEQS: tuple[int, ...] = tuple(FIG["seqs"].value)
+GPT3: dict[str, int] = dict(FIG["gpt3_layer"].value)   # SWF s2t8
+
+
+def _pair(name: str) -> tuple[Any, Any]:
+    """A figure given per head dim {h64, h128} as (H=64, H=128)."""
+    v = FIG[name].value
+    return v["h64"], v["h128"]
+
+
+def _range(v: Any) -> tuple[float, float]:
+    return float(v[0]), float(v[1])
+
+
+def _where(name: str) -> str:
+    return FIG[name].source.split(":")[0]
 
 
 def attention_rows(m: SunwayModel, seqs: tuple[int, ...]) -> list[dict[str, Any]]:
@@ -70,49 +87,57 @@ def seed_rows(m: SunwayModel, rows: list[dict[str, Any]]) -> list[dict[str, Any]
         out.append(dict(figure=what, ours=shown, seed=f"{lo}-{hi}" if lo != hi else f"{lo}",
                         diff=diff, rel=rel, source=where, required=required))
 
-    k1_8, k4_8 = (1024, 2048, 4096, 8192), (4096, 8192)
-    for p, tag, vals in (("fwd", "forward", (3.42, 2.21)), ("bwd", "backward", (1.94, 1.33))):
-        for h, v in zip((64, 128), vals):
+    k1_8, k4_8 = SEQS[:4], SEQS[2:4]
+    for p, tag, name in (("fwd", "forward", "fp32_fwd_speedup"),
+                         ("bwd", "backward", "fp32_bwd_speedup")):
+        for h, v in zip((64, 128), _pair(name)):
             add(f"FP32 {tag} speedup, H={h}, mean S=1k-8k", _mean_speedup(rows, "fp32", h, p,
-                k1_8), v, "SWA 4.2", True)
-    for h, v in ((64, 2.74), (128, 2.35)):
+                k1_8), v, _where(name), True)
+    for h, v in zip((64, 128), _pair("fp16_fwd_speedup")):
         add(f"FP16 forward speedup, H={h}, mean S=4k,8k", _mean_speedup(rows, "fp16", h, "fwd",
-            k4_8), v, "SWA 4.2", True)
+            k4_8), v, _where("fp16_fwd_speedup"), True)
     shape = AttnShape(B, N, 2048, 128)
-    add("FP32 forward TFLOPS, S=2048, H=128", m.attention("fwd", shape).tflops, 2.4, "SWA 4.1")
-    for h, rng in ((64, (2.81, 3.22)), (128, (1.85, 2.32))):
+    add("FP32 forward TFLOPS, S=2048, H=128", m.attention("fwd", shape).tflops,
+        float(FIG["fp32_fwd_tflops_s2048"]), _where("fp32_fwd_tflops_s2048"))
+    for h, rng in zip((64, 128), _pair("fp16_bwd_speedup_range")):
         got = [r["speedup"] for r in rows if r["dtype"] == "fp16" and r["H"] == h
                and r["pass_"] == "bwd" and r["S"] > 1024 and r["speedup"] is not None]
-        add(f"FP16 backward speedup, H={h}, S=2k-16k (range)", (min(got), max(got)), rng,
-            "SWA 4.2")
-    for h, rng in ((64, (2.35, 2.44)), (128, (1.51, 1.65))):
+        add(f"FP16 backward speedup, H={h}, S=2k-16k (range)", (min(got), max(got)),
+            _range(rng), _where("fp16_bwd_speedup_range"))
+    for h, rng in zip((64, 128), _pair("fp32_fwdbwd_speedup_range")):
         sp = []
         for s in k1_8:
             a = AttnShape(B, N, s, h)
             sp.append(sum(_time(m, p, a, kernel="standard") for p in ("fwd", "bwd"))
                       / sum(_time(m, p, a) for p in ("fwd", "bwd")))
-        add(f"FP32 fwd+bwd speedup, H={h}, mean S=1k-8k", sum(sp) / len(sp), rng, "SWA 4.2")
+        add(f"FP32 fwd+bwd speedup, H={h}, mean S=1k-8k", sum(sp) / len(sp), _range(rng),
+            _where("fp32_fwdbwd_speedup_range"))
     a16 = AttnShape(B, N, 16384, 128, "fp16")
-    add("FP16 backward TFLOPS, S=16k, H=128", m.attention("bwd", a16).tflops, 5.44, "SWA 4.2")
+    add("FP16 backward TFLOPS, S=16k, H=128", m.attention("bwd", a16).tflops,
+        float(FIG["fp16_bwd_tflops_s16k"]), _where("fp16_bwd_tflops_s16k"))
     mixed = [sum(_time(m, p, AttnShape(B, N, s, 128)) for p in ("fwd", "bwd"))
              / sum(_time(m, p, AttnShape(B, N, s, 128, "fp16")) for p in ("fwd", "bwd"))
              for s in (4096, 8192, 16384)]
-    add("mixed precision over FP32, H=128, S=4k-16k (mean)", sum(mixed) / 3, (1.73, 1.86),
-        "SWA 4.2")
-    for s, v in ((1024, 1.18), (8192, 2.76)):
-        a = AttnShape(B, N, s, 128)
+    add("mixed precision over FP32, H=128, S=4k-16k (mean)", sum(mixed) / 3,
+        _range(FIG["mixed_over_fp32"].value), _where("mixed_over_fp32"))
+    for s, v in FIG["fp32_fwdbwd_tflops"].value.items():
+        a = AttnShape(B, N, int(s[1:]), 128)
         t = _time(m, "fwd", a) + _time(m, "bwd", a)
-        add(f"FP32 fwd+bwd TFLOPS, S={s}, H=128", 3 * a.flops("fwd") / t / 1e12, v, "SWA 4.2")
+        add(f"FP32 fwd+bwd TFLOPS, S={int(s[1:])}, H=128", 3 * a.flops("fwd") / t / 1e12, v,
+            _where("fp32_fwdbwd_tflops"))
     for p, tag in (("fwd", "forward"), ("bwd", "backward")):
         a = AttnShape(3, 4, 2048, 128)
         add(f"async over blocking DMA, {tag}, B=3 N=4 S=2048",
-            _time(m, p, a, async_dma=False) / _time(m, p, a), 1.1, "SWA 4.3")
-    for s, v in ((2048, 0.24), (4096, 0.16)):
-        hd = m.attention("bwd", AttnShape(3, 4, s, 128)).head
+            _time(m, p, a, async_dma=False) / _time(m, p, a), float(FIG["async_dma_gain"]),
+            _where("async_dma_gain"))
+    for s, v in FIG["rma_share"].value.items():
+        hd = m.attention("bwd", AttnShape(3, 4, int(s[1:]), 128)).head
         assert hd is not None                     # SWattention costs carry their head
-        add(f"RMA reduction share of backward, S={s}", hd.rma_s / hd.time_s, v, "SWA 4.3")
+        add(f"RMA reduction share of backward, S={int(s[1:])}", hd.rma_s / hd.time_s, v,
+            _where("rma_share"))
     g = m.gemm(2048, 128, 2048, dtype="fp32", batch=B * N)
-    add("baseline 2nd matmul TFLOPS, S=2048, H=128", g.flops / g.time_s / 1e12, 6.3, "SWA 4.1")
+    add("baseline 2nd matmul TFLOPS, S=2048, H=128", g.flops / g.time_s / 1e12,
+        float(FIG["baseline_matmul_tflops"]), _where("baseline_matmul_tflops"))
     return out
 
 
@@ -124,14 +149,16 @@ def memory_rows(m: SunwayModel) -> list[dict[str, Any]]:
         need = standard_footprint_bytes(B, N, s, 128, "fp32")
         rows.append(dict(case=f"standard attention, B=3 N=8 S={s} H=128 FP32, training step",
                          need_GB=need / 1e9, fits=need <= cap))
-    for name, layers in (("2.1B", 16), ("3.9B", 32)):
-        # SWA 4.4: hidden 3072, 24 heads, TP=4 -> 6 heads, batch 1, S=8k, FP32 Adam states
-        params = layers * 12 * 3072 ** 2 / 4
-        saved = layers * standard_footprint_bytes(1, 6, 8192, 128, "fp32", training=False)
-        peak = standard_footprint_bytes(1, 6, 8192, 128, "fp32") - \
-            standard_footprint_bytes(1, 6, 8192, 128, "fp32", training=False)
+    g = FIG["swa44_model"].value
+    hl, sq, hd = g["heads"] // g["tp"], g["seq"], g["hidden"] // g["heads"]
+    for name, layers in (("2.1B", g["layers_small"]), ("3.9B", g["layers_big"])):
+        # SWA 4.4: heads split over TP, batch 1, FP32 Adam states
+        params = layers * 12 * g["hidden"] ** 2 / g["tp"]
+        saved = layers * standard_footprint_bytes(1, hl, sq, hd, "fp32", training=False)
+        peak = standard_footprint_bytes(1, hl, sq, hd, "fp32") - \
+            standard_footprint_bytes(1, hl, sq, hd, "fp32", training=False)
         need = 16 * params + saved + peak
-        rows.append(dict(case=f"GPT {name} ({layers} layers) S=8k without SWattention, "
+        rows.append(dict(case=f"GPT {name} ({layers} layers) S={sq} without SWattention, "
                               "saved scores of all layers + Adam states", need_GB=need / 1e9,
                          fits=need <= cap))
     return rows

@@ -1,0 +1,52 @@
+"""Every study the project reproduces: one module each, its paper numbers in a sourced data file.
+
+A study module `mpiemu/studies/<name>.py` has
+* `main(out_dir: Path, argv: list[str]) -> int`: regenerate `results/<name>/` (README, CSV, PNG);
+* `golden() -> list[Golden]`: the CSV rows regenerated from the models for the golden test
+  (`tests/test_studies_golden.py`), all of them or a stated cheap subset;
+and its paper's figures in `mpiemu/studies/<name>.toml` (`common.load_figures`).
+Adding a study: that module, that data file, one `StudyInfo` line below (docs/studies.md).
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+
+@dataclass(frozen=True)
+class StudyInfo:
+    """One registry line: the study's name, module, seeds and what it reproduces."""
+
+    name: str
+    module: str
+    seeds: str
+    what: str
+
+
+STUDIES: dict[str, StudyInfo] = {s.name: s for s in (
+    StudyInfo("t3", "mpiemu.studies.t3", "003 (thesis ch. 8.5)",
+              "T3 fused GEMM + ring reduce-scatter on the thesis's 16 sub-layers"),
+    StudyInfo("sunway", "mpiemu.studies.sunway", "001 (SWattention), 000 (SwFormer)",
+              "SWattention vs standard attention, SwFormer OPT2 / KA scheduling"),
+)}
+
+
+def study_module(name: str) -> ModuleType:
+    """The module of a registered study; one line naming the choices otherwise."""
+    if name not in STUDIES:
+        raise ValueError(f"report={name!r}; choose one of {sorted(STUDIES)} "
+                         "(mpiemu report --list)")
+    return importlib.import_module(STUDIES[name].module)
+
+
+def run_study(name: str, out: Path | None, argv: list[str]) -> int:
+    """Regenerate one study into `out` (default results/<name>)."""
+    return int(study_module(name).main(out or Path("results") / name, argv))
+
+
+def list_lines() -> list[str]:
+    """`mpiemu report --list`: name, seeds and what each study reproduces."""
+    width = max(len(n) for n in STUDIES)
+    return [f"{s.name:<{width}}  seeds {s.seeds}: {s.what}" for s in STUDIES.values()]

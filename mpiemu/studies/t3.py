@@ -1,0 +1,165 @@
+"""`mpiemu report t3`: the T3 sub-layer study (thesis 8.5) regenerated from our own runs.
+
+Runs `workloads/t3_sublayers.toml` timing-only at tp=8 and tp=16 (`mpiexec -n tp`), then
+writes `README.md` (ours beside the thesis, `t3_report.py`), `sublayers.csv` (every run),
+`summary.csv` (geomean / max per strategy), `speedup.png` and `dram.png`. The thesis's
+numbers are in `t3.toml`. Raw run directories go to a temporary folder and are deleted.
+Golden test: the tp=8 runs (half the study, about 6 s) against the committed rows.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+from .common import ROOT, Golden, Row, geomean, load_figures, write_csv
+
+ORDER = ("ideal", "ideal+nmc", "sw-overlap(16)", "sw-overlap(8)", "t3", "t3-mca")
+COMPARED = ("ideal", "t3", "t3-mca")         # strategies the thesis gives geomean / max for
+DRAM_KEYS = ("gemm_read", "gemm_write", "rs_read", "rs_write", "ag_read", "ag_write")
+INT_KEYS = ("tp", "m", "n", "k", "n_stages", "mca_threshold")
+
+
+def thesis() -> dict[str, tuple[float, float]]:
+    """Per compared strategy: the thesis's (geomean, max) speedup over sequential."""
+    f = load_figures("t3")
+    return {s: (float(f[f"{s}_geomean"]), float(f[f"{s}_max"])) for s in COMPARED}
+
+
+def _args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="mpiemu report t3", description=__doc__)
+    p.add_argument("--tp", type=int, nargs="+", default=[8, 16])
+    p.add_argument("--workload", default=str(ROOT / "workloads" / "t3_sublayers.toml"))
+    p.add_argument("--set", action="append", default=[], help="extra workload overrides")
+    p.add_argument("--keep-runs", help="keep the raw run directories here")
+    p.add_argument("--timeout", type=int, default=1200, help="seconds per mpiexec run")
+    p.add_argument("--out", help="output directory (when the CLI passes it through)")
+    return p.parse_args(argv)
+
+
+def _mpiexec() -> str:
+    local = Path(sys.executable).parent / "mpiexec"
+    return str(local) if local.exists() else (shutil.which("mpiexec") or "mpiexec")
+
+
+def _child_env(timeout: int) -> dict[str, str]:
+    """This environment minus any launcher's variables (we may run under mpiexec ourselves)."""
+    drop = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCAL", "MPICH_", "OMPI_", "PRTE_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MPIEXEC_TIMEOUT=str(timeout))
+    return env
+
+
+def run_sweep(tp: int, args: argparse.Namespace, runs: Path) -> list[Row]:
+    """One timing-only run of the sub-layer workload on tp ranks; its CSV rows."""
+    from .common import read_csv  # noqa: PLC0415
+    out = runs / f"tp{tp}"
+    cmd = [_mpiexec(), "-n", str(tp), sys.executable, "-m", "mpiemu", "run", args.workload,
+           "--set", f"parallel.tp={tp}", "--set", "run.numerics='off'", "--out", str(out)]
+    for item in args.set:
+        cmd += ["--set", item]
+    sys.stdout.write(f"running: {' '.join(cmd[:4])} ... tp={tp}\n")
+    sys.stdout.flush()
+    res = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(args.timeout),
+                         timeout=args.timeout + 60, cwd=ROOT)
+    if res.returncode != 0:
+        raise RuntimeError(f"tp={tp} run failed ({res.returncode}): "
+                           f"{(res.stderr or res.stdout).strip()[-2000:]}")
+    return [_typed(r) for r in read_csv(out / "sublayers.csv")]
+
+
+def _typed(r: dict[str, str]) -> Row:
+    out: Row = {}
+    for k, v in r.items():
+        try:
+            out[k] = int(v) if k in INT_KEYS else float(v)
+        except ValueError:
+            out[k] = v
+    return out
+
+
+def cases(rows: list[Row]) -> dict[tuple[str, int, str], dict[str, Row]]:
+    """(model, tp, sub-layer) -> strategy label -> row."""
+    out: dict[tuple[str, int, str], dict[str, Row]] = defaultdict(dict)
+    for r in rows:
+        out[(r["model"], r["tp"], r["sublayer"])][r["strategy"]] = r
+    return out
+
+
+def summarize(rows: list[Row]) -> dict[str, dict[str, float]]:
+    """Per strategy: geomean and max speedup over sequential, DRAM change mean and max."""
+    cs = cases(rows)
+    out = {}
+    for s in ORDER:
+        sp = [c[s]["speedup"] for c in cs.values() if s in c]
+        dr = [c[s]["dram_total"] / c["sequential"]["dram_total"] - 1 for c in cs.values()
+              if s in c]
+        if sp:
+            out[s] = {"geomean": geomean(sp) - 1, "max": max(sp) - 1,
+                      "dram_mean": sum(dr) / len(dr), "dram_max": min(dr)}
+    return out
+
+
+def acceptance(summ: dict[str, dict[str, float]]) -> list[str]:
+    """The issue's checks: within tolerance of the thesis, and the ordering of the geomeans."""
+    tol = float(load_figures("t3")["acceptance_pp"])
+    lines = []
+    for s, (g, _) in thesis().items():
+        d = summ[s]["geomean"] - g
+        lines.append(f"- {s}: geomean {100 * summ[s]['geomean']:.1f}% vs thesis {100 * g:.0f}%"
+                     f" ({100 * d:+.1f} pp): {'within' if abs(d) <= tol else 'OUTSIDE'} "
+                     f"{100 * tol:.0f} pp")
+    t3, mca, nmc = (summ[k]["geomean"] for k in ("t3", "t3-mca", "ideal+nmc"))
+    ok = 0 < t3 < mca <= nmc + 1e-12
+    lines.append(f"- ordering sequential < t3 < t3-mca <= ideal+nmc: 0 < {100 * t3:.1f}% < "
+                 f"{100 * mca:.1f}% <= {100 * nmc:.1f}%: {'holds' if ok else 'VIOLATED'}")
+    return lines
+
+
+def summary_rows(summ: dict[str, dict[str, float]]) -> list[Row]:
+    th: dict[str, tuple[float | None, float | None]] = dict(thesis())
+    return [{"strategy": s, "geomean_speedup": round(v["geomean"], 4),
+             "thesis_geomean": th.get(s, (None, None))[0], "max_speedup": round(v["max"], 4),
+             "thesis_max": th.get(s, (None, None))[1],
+             "dram_change_mean": round(v["dram_mean"], 4),
+             "dram_change_max": round(v["dram_max"], 4)} for s, v in summ.items()]
+
+
+def sweep(args: argparse.Namespace) -> list[Row]:
+    runs = Path(args.keep_runs) if args.keep_runs else Path(tempfile.mkdtemp(prefix="t3-"))
+    try:
+        return [r for tp in args.tp for r in run_sweep(tp, args, runs)]
+    finally:
+        if not args.keep_runs:
+            shutil.rmtree(runs, ignore_errors=True)
+
+
+def golden() -> list[Golden]:
+    """The tp=8 half of the sweep (8 ranks, timing only) against the committed tp=8 rows."""
+    rows = sweep(_args(["--tp", "8"]))
+    return [Golden("sublayers.csv", rows, lambda r: r["tp"] == "8")]
+
+
+def main(out_dir: Path, argv: list[str]) -> int:
+    """Run the sweeps, write the report; returns a process exit code."""
+    from .t3_report import markdown, plot_dram, plot_speedups  # noqa: PLC0415
+    args = _args(argv)
+    out_dir = Path(args.out) if args.out else out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = sweep(args)
+    summ = summarize(rows)
+    write_csv(out_dir / "sublayers.csv", rows)
+    write_csv(out_dir / "summary.csv", summary_rows(summ))
+    plot_speedups(rows, out_dir / "speedup.png")
+    plot_dram(rows, out_dir / "dram.png")
+    (out_dir / "README.md").write_text("\n".join(markdown(rows, summ, args.tp)) + "\n")
+    from .t3_report import summary_table  # noqa: PLC0415
+    sys.stdout.write("\n".join(summary_table(summ) + [""] + acceptance(summ)) + "\n")
+    sys.stdout.write(f"wrote {out_dir}/README.md, sublayers.csv, summary.csv, speedup.png, "
+                     "dram.png\n")
+    return 0
