@@ -81,8 +81,8 @@ def test_cache_resident_gemm_reads_inputs_once() -> None:
 
 def test_llc_bypass_of_outputs_helps_cache_sensitive_gemms() -> None:
     m = model_for(load_device("t3-gpu"))
-    cached = m.gemm(8192, 4256, 4 * 4256 // 8)
-    bypass = m.gemm(8192, 4256, 4 * 4256 // 8, bypass_llc_output=True)
+    cached = m.gemm(16384, 3072, 1536)   # two waves' panels (15 MB) fit only without outputs
+    bypass = m.gemm(16384, 3072, 1536, bypass_llc_output=True)
     assert bypass.dram_read_bytes < 0.8 * cached.dram_read_bytes
 
 
@@ -90,3 +90,26 @@ def test_elementwise_is_bandwidth_plus_launch() -> None:
     d = load_device("t3-gpu")
     t = model_for(d).elementwise_s(1e9, 1e9)
     assert t == pytest.approx(2e9 / d.dram_stream_bw + d.kernel_launch_s)
+
+
+@pytest.mark.parametrize("preset", ["a100-sxm4-80gb", "h100-sxm5", "t3-gpu"])
+def test_weight_gradient_costs_as_its_m_n_swapped_twin(preset: str) -> None:
+    """A wave's working set is K-blocked: a 1.7B model's FC-1 weight gradient (K = tokens)
+    is not charged twice its M<->N-swapped twin (the old whole-panel LLC bug)."""
+    m = model_for(load_device(preset))
+    wgrad, twin = m.gemm(2304, 9216, 16384), m.gemm(9216, 2304, 16384)
+    assert wgrad.time_s == pytest.approx(twin.time_s, rel=0.05)
+
+
+def test_tile_choice_and_split_k_follow_the_shape() -> None:
+    m = model_for(load_device("h100-sxm5"))
+    big, skinny = m.gemm(8192, 8192, 8192), m.gemm(512, 512, 16384)
+    assert (big.tile_m * big.tile_n, big.split_k) == (128 * 256, 1)
+    assert skinny.split_k > 1                   # too few output tiles to fill 132 SMs
+    assert big.tflops > 0.9 * 989.4 * 0.801 and skinny.tflops < big.tflops
+
+
+def test_tf32_runs_on_tensor_cores_and_fp32_on_cuda_cores() -> None:
+    m = model_for(load_device("a100-sxm4-80gb"))
+    tf32, fp32 = m.gemm(8192, 8192, 8192, dtype="tf32"), m.gemm(8192, 8192, 8192, dtype="fp32")
+    assert 100 < tf32.tflops < 156 and fp32.tflops < 19.5

@@ -30,7 +30,7 @@ def small_tiles_comm(comm: MPI.Comm) -> TimedComm:
     """t3-gpu with 8x8 tiles on 4 CUs: a few dozen rows already take several stages."""
     spec = load_device("t3-gpu")
     spec = dataclasses.replace(spec, compute_units=4, gemm=dataclasses.replace(
-        spec.gemm, tile_m=8, tile_n=8, wgs_per_cu=1))
+        spec.gemm, tile_m=8, tile_n=8, tile_min=8, wgs_per_cu=1))
     return TimedComm(comm, Timeline(), spec.link, model_for(spec), "tp")
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .gemm import GemmCost, gemm_cost
+from .gemm import NO_EPILOGUE, Epilogue, GemmCost, gemm_cost
 from .specs import DeviceSpec, dtype_bytes
 
 
@@ -17,7 +17,8 @@ class ComputeModel(Protocol):
     spec: DeviceSpec
 
     def gemm(self, m: int, n: int, k: int, *, dtype: str = "fp16", batch: int = 1,
-             bypass_llc_output: bool = False) -> GemmCost: ...
+             bypass_llc_output: bool = False, layout: str = "NN",
+             epilogue: Epilogue = NO_EPILOGUE) -> GemmCost: ...
 
     def elementwise_s(self, read_bytes: float, write_bytes: float, flops: float = 0.0,
                       *, launch: bool = True) -> float: ...
@@ -33,18 +34,20 @@ class GpuModel:
         self._gemm_cache: dict[tuple[object, ...], GemmCost] = {}
 
     def gemm(self, m: int, n: int, k: int, *, dtype: str = "fp16", batch: int = 1,
-             bypass_llc_output: bool = False, compute_units: int | None = None) -> GemmCost:
-        """Cost of C[M,N] = A[M,K] B[K,N], `batch` times; cached per shape.
+             bypass_llc_output: bool = False, compute_units: int | None = None,
+             layout: str = "NN", epilogue: Epilogue = NO_EPILOGUE) -> GemmCost:
+        """Cost of C[M,N] = op(A)[M,K] op(B)[K,N], `batch` times; cached per shape.
 
         `compute_units` < the device's: the GEMM shares the GPU with a communication kernel.
+        tf32 operands are stored as fp32 and C is written in fp32.
         """
-        key = (m, n, k, dtype, batch, bypass_llc_output, compute_units)
+        key = (m, n, k, dtype, batch, bypass_llc_output, compute_units, layout, epilogue)
         cost = self._gemm_cache.get(key)
         if cost is None:
             eb = dtype_bytes(dtype)
             cost = gemm_cost(self.spec, m, n, k, dtype=dtype, batch=batch, in_bytes=eb,
                              out_bytes=eb, bypass_llc_output=bypass_llc_output,
-                             compute_units=compute_units)
+                             compute_units=compute_units, layout=layout, epilogue=epilogue)
             self._gemm_cache[key] = cost
         return cost
 

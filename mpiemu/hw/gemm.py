@@ -1,22 +1,57 @@
-"""GPU GEMM cost: output tiles -> workgroups -> stages (waves), a roofline per stage.
+"""GPU GEMM cost: CTA tiles -> waves (stages) -> a roofline per wave over a K-blocked working set.
 
-A GEMM's output is tiled; each workgroup (WG) computes one tile; the compute units hold
-`compute_units * wgs_per_cu` WGs at once, so the GEMM runs in stages (thesis 2.4.1.3, 7.2.1,
-8.1.2). Each stage costs max(compute, DRAM) time, so a partial last stage under-uses the device.
-DRAM reads follow the last-level cache: inputs re-read only when they fall out of the LLC.
-A GEMM sliced in K (tensor parallelism) keeps its tile and stage counts (thesis Fig. 8.3).
+A GEMM's output C[M, N] is cut into CTA tiles; each CTA walks K in blocks of `k_block_bytes`
+(thesis 2.4.1.3; NVIDIA Matrix Multiplication guide 2.1). An SM holds as many CTAs as its
+shared memory takes (`pipeline_stages` K-blocks of A and B each), so the GEMM runs in waves
+of `compute_units * ctas_per_cu` tiles: a partial last wave under-uses the device (wave
+quantization, guide 3.2) and ragged edges compute whole tiles (tile quantization, 3.1).
+
+A wave costs max(math, operand feed from L2, DRAM) plus a fixed pipeline fill / epilogue
+drain. Math runs at `efficiency` of the matrix peak (fp16 / bf16 / tf32 tensor cores) or at
+`simt_efficiency` of the CUDA-core peak (fp32 / fp64). DRAM reads are K-blocked: the CTAs of a
+wave advance through K together, so at any moment the wave holds a few K-blocks of its panels
+and every A row-panel and B column-panel it touches is read from DRAM once per wave; a panel
+of the previous wave is reused only when the whole (K-long) panels of both waves fit in the
+LLC. The layout (NN, TN, NT) does not change the cost of aligned tensor-core GEMMs (cuBLAS
+has kernels for every layout); what a transposed call changes is M and N, which the caller
+states. The cheapest (tile, split-K) is chosen, as cuBLAS's heuristic intends.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Iterator
 
-from .specs import DeviceSpec
+from .specs import MATRIX_DTYPES, DeviceSpec, GemmTiling
+
+LAYOUTS = ("NN", "TN", "NT", "TT")
+PARTIAL_BYTES = 4            # split-K partial sums are kept in fp32
+TIE = 0.01                   # a smaller tile or more splits must win by 1% (library bias
+                             # toward large tiles and no split: fewer kernels, fewer partials)
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """Work fused into a GEMM: per output element after the K-loop, per A element before it.
+
+    Costs run on the CUDA cores / SFUs of the SM that owns the tile, serially with its MMA
+    (the epilogue follows the K-loop; a prologue scales A tiles before they enter it).
+    Extra DRAM bytes (bias, statistics, auxiliary outputs) join the waves' traffic.
+    """
+
+    out_flops: float = 0.0           # vector flops per C element
+    out_sfu: float = 0.0             # special-function ops (exp) per C element
+    a_flops: float = 0.0             # vector flops per A element loaded (prologue)
+    extra_read_bytes: float = 0.0    # whole GEMM
+    extra_write_bytes: float = 0.0
+
+
+NO_EPILOGUE = Epilogue()
 
 
 @dataclass(frozen=True)
 class GemmStage:
-    """One wave of workgroups: its tiles, isolated compute time and DRAM traffic."""
+    """One wave of CTAs: its tiles, isolated compute time and DRAM traffic."""
 
     tiles: int
     compute_s: float
@@ -40,7 +75,7 @@ class GemmStage:
 
 @dataclass(frozen=True)
 class GemmCost:
-    """Modelled cost of C[M, N] = A[M, K] @ B[K, N] (optionally batched)."""
+    """Modelled cost of C[M, N] = op(A)[M, K] @ op(B)[K, N] (optionally batched)."""
 
     m: int
     n: int
@@ -49,6 +84,10 @@ class GemmCost:
     flops: float
     launch_s: float
     stages: tuple[GemmStage, ...]
+    tile_m: int = 0
+    tile_n: int = 0
+    split_k: int = 1
+    layout: str = "NN"
 
     @property
     def time_s(self) -> float:
@@ -70,32 +109,205 @@ class GemmCost:
     def n_stages(self) -> int:
         return len(self.stages)
 
+    @property
+    def tflops(self) -> float:
+        return self.flops / self.time_s / 1e12
 
-def _wave_span(first: int, count: int, tiles_n: int) -> tuple[range, range]:
-    """Tile rows and columns touched by tiles [first, first+count) in row-major raster."""
-    last = first + count - 1
-    r0, r1 = first // tiles_n, last // tiles_n
-    cols = range(tiles_n) if r1 > r0 else range(first % tiles_n, last % tiles_n + 1)
-    return range(r0, r1 + 1), cols
+
+@dataclass(frozen=True)
+class _Shape:
+    """Everything the wave loop needs about one (tile, split-K) candidate."""
+
+    m: int
+    n: int
+    k: int
+    batch: int
+    tm: int
+    tn: int
+    split: int
+    in_bytes: int
+    out_bytes: int
+    epi: Epilogue
+
+    @property
+    def tiles_m(self) -> int:
+        return math.ceil(self.m / self.tm)
+
+    @property
+    def tiles_n(self) -> int:
+        return math.ceil(self.n / self.tn)
+
+    @property
+    def k_part(self) -> int:
+        return math.ceil(self.k / self.split)
+
+    @property
+    def per_gemm(self) -> int:
+        """CTAs per batch member: output tiles x K splits (split-major raster)."""
+        return self.tiles_m * self.tiles_n * self.split
+
+
+def candidate_tiles(g: GemmTiling) -> list[tuple[int, int]]:
+    """CTA tiles the library may pick (cuBLAS set: powers of two, aspect <= 2)."""
+    top, area = g.largest_side, g.tile_m * g.tile_n
+    low = g.tile_min or min(g.tile_m, g.tile_n)
+    sides = [s for s in (2 ** i for i in range(3, 12)) if low <= s <= top]
+    out = [(a, b) for a in sides for b in sides
+           if a * b <= area and max(a, b) <= 2 * min(a, b)]
+    return out or [(g.tile_m, g.tile_n)]
+
+
+def ctas_per_cu(g: GemmTiling, tm: int, tn: int, in_bytes: int) -> int:
+    """CTAs an SM holds: shared memory for the K-block pipeline, capped by occupancy."""
+    cap = max(1, g.wgs_per_cu * g.tile_m * g.tile_n // (tm * tn))
+    smem = g.pipeline_stages * (tm + tn) * g.k_block_bytes
+    fit = g.smem_per_cu_bytes // smem if math.isfinite(g.smem_per_cu_bytes) else cap
+    return int(max(1, min(cap, fit)))
+
+
+def swizzle_width(wave: int, tiles_n: int, swizzle: int = 1) -> int:
+    """Tile columns per raster band: the power of two nearest sqrt(wave), so a wave covers a
+    squarish block of C (CUTLASS threadblock swizzle); all columns for row-major order."""
+    if not swizzle:
+        return tiles_n
+    width = 2 ** max(0, round(math.log2(max(1.0, math.sqrt(wave)))))
+    return max(1, min(width, tiles_n))
+
+
+def _wave_span(first: int, count: int, sh: "_Shape", width: int) -> tuple[set[int], set[int]]:
+    """Tile rows and columns touched by tiles [first, first+count) of one K split, walked in
+    bands of `width` columns, each band row by row (the last band may be narrower)."""
+    rows: set[int] = set()
+    cols: set[int] = set()
+    band_tiles = sh.tiles_m * width
+    t, end = first, first + count
+    while t < end:
+        band, rest = divmod(t, band_tiles)
+        c0 = band * width
+        w = min(width, sh.tiles_n - c0)
+        take = min(end - t, sh.tiles_m * w - rest)
+        r0, r1 = rest // w, (rest + take - 1) // w
+        rows.update(range(r0, r1 + 1))
+        if r1 > r0:
+            cols.update(range(c0, c0 + w))
+        else:
+            cols.update(range(c0 + rest % w, c0 + (rest + take - 1) % w + 1))
+        t += take
+    return rows, cols
+
+
+def _stage_panels(first: int, count: int, sh: _Shape, width: int
+                  ) -> tuple[set[int], set[int]]:
+    """Panels (A tile-rows, B tile-columns, each per K split) a wave touches, over the batch."""
+    rows: set[int] = set()
+    cols: set[int] = set()
+    per_split = sh.tiles_m * sh.tiles_n
+    pos, left = first, count
+    while left > 0:
+        b, local = divmod(pos, sh.per_gemm)
+        s, t = divmod(local, per_split)
+        take = min(left, per_split - t)
+        r, c = _wave_span(t, take, sh, width)
+        key = (b * sh.split + s) * (sh.tiles_m + sh.tiles_n)
+        rows.update(key + i for i in r)
+        cols.update(key + sh.tiles_m + j for j in c)
+        pos += take
+        left -= take
+    return rows, cols
 
 
 def _stage_reads(rows: set[int], cols: set[int], prev_rows: set[int], prev_cols: set[int],
-                 row_bytes: float, col_bytes: float, llc_bytes: float, tiles: int) -> float:
-    """DRAM input bytes for one stage under an LRU-like last-level cache."""
-    ws = len(rows) * row_bytes + len(cols) * col_bytes
+                 row_bytes: float, col_bytes: float, llc_bytes: float) -> float:
+    """DRAM input bytes of one wave: each panel once (K-blocked), the previous wave's kept
+    only if both waves' whole panels fit in the LLC."""
     union = len(rows | prev_rows) * row_bytes + len(cols | prev_cols) * col_bytes
-    if union <= llc_bytes:            # previous stage's panels are still cached
+    if union <= llc_bytes:
         return len(rows - prev_rows) * row_bytes + len(cols - prev_cols) * col_bytes
-    if ws <= llc_bytes:               # the stage's own panels are reused across its WGs
-        return ws
-    per_tile = tiles * (row_bytes + col_bytes)   # thrashing: each WG streams its own panels
-    return min(per_tile, ws * ws / llc_bytes)
+    return len(rows) * row_bytes + len(cols) * col_bytes
+
+
+def _math_rate(spec: DeviceSpec, dtype: str) -> float:
+    """Flop/s one SM sustains in a steady K-loop."""
+    g = spec.gemm
+    eff = g.efficiency if dtype in MATRIX_DTYPES else (g.simt_efficiency or g.efficiency)
+    return spec.peak(dtype) * eff / spec.compute_units
+
+
+def _waves(spec: DeviceSpec, sh: _Shape, dtype: str, cus: int, bypass: bool
+           ) -> Iterator[GemmStage]:
+    g = spec.gemm
+    per_cu = ctas_per_cu(g, sh.tm, sh.tn, sh.in_bytes)
+    wave, total = cus * per_cu, sh.per_gemm * sh.batch
+    rate = _math_rate(spec, dtype)
+    row_bytes = min(sh.tm, sh.m) * sh.k_part * sh.in_bytes
+    col_bytes = min(sh.tn, sh.n) * sh.k_part * sh.in_bytes
+    tile_out = min(sh.tm, sh.m) * min(sh.tn, sh.n) * \
+        (0 if _partials_in_llc(spec, sh) else PARTIAL_BYTES if sh.split > 1 else sh.out_bytes)
+    tile_math = 2.0 * sh.tm * sh.tn * sh.k_part / rate
+    tile_epi = _tile_epilogue_s(spec, sh)
+    feed_per_tile = (sh.tm + sh.tn) * sh.k_part * sh.in_bytes
+    extra_r, extra_w = sh.epi.extra_read_bytes / total, sh.epi.extra_write_bytes / total
+    width = swizzle_width(wave, sh.tiles_n, g.swizzle)
+    prev_rows: set[int] = set()
+    prev_cols: set[int] = set()
+    for first in range(0, total, wave):
+        count = min(wave, total - first)
+        out_stage = count * tile_out
+        llc = spec.llc_bytes - (0.0 if bypass else min(out_stage, spec.llc_bytes / 2))
+        rows, cols = _stage_panels(first, count, sh, width)
+        reads = _stage_reads(rows, cols, prev_rows, prev_cols, row_bytes, col_bytes, llc)
+        per_sm = math.ceil(count / cus)
+        compute = max(per_sm * tile_math, count * feed_per_tile / g.l2_bw_bytes_per_s) \
+            + per_sm * tile_epi + g.wave_fixed_s
+        yield GemmStage(count, compute, reads + count * extra_r, out_stage + count * extra_w,
+                        spec.dram_bw_bytes_per_s)
+        prev_rows, prev_cols = rows, cols
+
+
+def _tile_epilogue_s(spec: DeviceSpec, sh: _Shape) -> float:
+    """Fused epilogue / prologue work of one tile on its SM's CUDA cores and SFUs."""
+    e = sh.epi
+    if e == NO_EPILOGUE:
+        return 0.0
+    vec = spec.vector_flops_per_s / spec.compute_units
+    sfu = spec.sfu_ops_per_s / spec.compute_units
+    return (sh.tm * sh.tn * (e.out_flops / vec + e.out_sfu / sfu)
+            + sh.tm * sh.k_part * e.a_flops / vec)
+
+
+def _partials_in_llc(spec: DeviceSpec, sh: _Shape) -> bool:
+    """Split-K partial sums stay in the LLC (in-kernel serial reduction) when they fit."""
+    return sh.split > 1 and sh.m * sh.n * sh.batch * sh.split * PARTIAL_BYTES <= spec.llc_bytes / 2
+
+
+def _split_reduce(spec: DeviceSpec, sh: _Shape) -> GemmStage:
+    """Summing split-K partials: every fp32 partial read once (from the LLC when they fit
+    there, else from DRAM), C written once."""
+    elems = sh.m * sh.n * sh.batch
+    partial = elems * sh.split * PARTIAL_BYTES
+    if _partials_in_llc(spec, sh):
+        return GemmStage(0, partial / spec.gemm.l2_bw_bytes_per_s + spec.gemm.wave_fixed_s, 0.0,
+                         elems * sh.out_bytes, spec.dram_bw_bytes_per_s)
+    return GemmStage(0, spec.gemm.wave_fixed_s, partial, elems * sh.out_bytes,
+                     spec.dram_bw_bytes_per_s)
+
+
+def _candidates(spec: DeviceSpec, m: int, n: int, k: int, batch: int, in_bytes: int,
+                out_bytes: int, epi: Epilogue) -> Iterator[_Shape]:
+    g = spec.gemm
+    k_block = max(1, g.k_block_bytes // in_bytes)
+    for tm, tn in candidate_tiles(g):
+        split = 1
+        while split <= g.split_k_max and (split == 1 or k // split >= 4 * k_block):
+            yield _Shape(m, n, k, batch, tm, tn, split, in_bytes, out_bytes, epi)
+            split *= 2
 
 
 def gemm_cost(spec: DeviceSpec, m: int, n: int, k: int, *, dtype: str = "fp16",
               batch: int = 1, in_bytes: int = 2, out_bytes: int = 2,
-              bypass_llc_output: bool = False, compute_units: int | None = None) -> GemmCost:
-    """Stage-by-stage cost of a (batched) GEMM on a GPU.
+              bypass_llc_output: bool = False, compute_units: int | None = None,
+              layout: str = "NN", epilogue: Epilogue = NO_EPILOGUE) -> GemmCost:
+    """Stage-by-stage cost of a (batched) GEMM on a GPU, cheapest tile and split-K.
 
     `bypass_llc_output` models T3's uncached output writes (thesis 8.3.3): output tiles no
     longer occupy the LLC, leaving it all for input panels. `compute_units` runs the GEMM on
@@ -104,49 +316,19 @@ def gemm_cost(spec: DeviceSpec, m: int, n: int, k: int, *, dtype: str = "fp16",
     """
     if min(m, n, k, batch) <= 0:
         raise ValueError(f"GEMM dims must be positive, got M={m} N={n} K={k} batch={batch}")
-    g = spec.gemm
-    tiles_m, tiles_n = math.ceil(m / g.tile_m), math.ceil(n / g.tile_n)
-    per_gemm = tiles_m * tiles_n
-    total = per_gemm * batch
+    if layout not in LAYOUTS:
+        raise ValueError(f"gemm layout={layout!r}; choose one of {list(LAYOUTS)}")
     cus = spec.compute_units if compute_units is None else compute_units
     if not 0 < cus <= spec.compute_units:
         raise ValueError(f"compute_units={compute_units} must lie in [1, {spec.compute_units}]")
-    wave = cus * g.wgs_per_cu
-    cu_rate = spec.peak(dtype) * g.efficiency / spec.compute_units
-    tile_flops = 2.0 * g.tile_m * g.tile_n * k
-    row_bytes = min(g.tile_m, m) * k * in_bytes      # one tile-row panel of A
-    col_bytes = min(g.tile_n, n) * k * in_bytes      # one tile-column panel of B
-    tile_out = min(g.tile_m, m) * min(g.tile_n, n) * out_bytes
-    bw = spec.dram_stream_bw
-    stages: list[GemmStage] = []
-    prev_rows: set[int] = set()
-    prev_cols: set[int] = set()
-    for first in range(0, total, wave):
-        count = min(wave, total - first)
-        out_bytes_stage = count * tile_out
-        llc = spec.llc_bytes - (0.0 if bypass_llc_output else min(out_bytes_stage,
-                                                                    spec.llc_bytes / 2))
-        rows, cols = _stage_panels(first, count, per_gemm, tiles_n)
-        reads = _stage_reads(rows, cols, prev_rows, prev_cols, row_bytes, col_bytes, llc, count)
-        compute = math.ceil(count / cus) * tile_flops / cu_rate
-        stages.append(GemmStage(count, compute, reads, out_bytes_stage, bw))
-        prev_rows, prev_cols = rows, cols
-    flops = 2.0 * m * n * k * batch
-    return GemmCost(m, n, k, batch, flops, spec.kernel_launch_s, tuple(stages))
-
-
-def _stage_panels(first: int, count: int, per_gemm: int, tiles_n: int
-                  ) -> tuple[set[int], set[int]]:
-    """Panels (A tile-rows, B tile-columns) touched by a stage, keyed across batch members."""
-    rows: set[int] = set()
-    cols: set[int] = set()
-    pos, left = first, count
-    while left > 0:
-        b, local = divmod(pos, per_gemm)
-        take = min(left, per_gemm - local)
-        r, c = _wave_span(local, take, tiles_n)
-        rows.update(b * per_gemm + i for i in r)
-        cols.update(b * per_gemm + j for j in c)
-        pos += take
-        left -= take
-    return rows, cols
+    best: GemmCost | None = None
+    for sh in _candidates(spec, m, n, k, batch, in_bytes, out_bytes, epilogue):
+        stages = tuple(_waves(spec, sh, dtype, cus, bypass_llc_output))
+        if sh.split > 1:
+            stages += (_split_reduce(spec, sh),)
+        cost = GemmCost(m, n, k, batch, 2.0 * m * n * k * batch, spec.kernel_launch_s, stages,
+                        sh.tm, sh.tn, sh.split, layout)
+        if best is None or cost.time_s < best.time_s * (1 - TIE):
+            best = cost
+    assert best is not None
+    return best

@@ -12,13 +12,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
-from .specs import DeviceSpec, GemmTiling, LinkSpec
+from .specs import DeviceSpec, GemmTiling, KernelSpec, LinkSpec
 
 UNIT_SCALE: dict[str, float] = {
     "GHz": 1e9, "TFLOPS": 1e12, "GFLOPS": 1e9, "GBps": 1e9, "GiB": 2.0**30, "GB": 1e9,
     "MiB": 2.0**20, "KiB": 2.0**10, "us": 1e-6, "ns": 1e-9, "s": 1.0, "frac": 1.0, "count": 1.0,
 }
-DTYPES = ("fp16", "bf16", "fp32", "fp64")
+DTYPES = ("fp16", "bf16", "tf32", "fp32", "fp64")
 
 
 class PresetError(ValueError):
@@ -99,6 +99,13 @@ def link_from(q: Mapping[str, Quantity], topology: str, where: str) -> LinkSpec:
                     sources={k: v.source for k, v in q.items()})
 
 
+def _gemm_tiling(q: Mapping[str, Quantity], where: str) -> GemmTiling:
+    try:
+        return GemmTiling.from_quantities({k: v.value for k, v in q.items()}, where)
+    except ValueError as exc:
+        raise PresetError(str(exc)) from None
+
+
 def load_device(name_or_path: str) -> DeviceSpec:
     """Build a DeviceSpec from a preset; raises PresetError naming what is wrong."""
     raw = read_preset(name_or_path)
@@ -121,10 +128,9 @@ def load_device(name_or_path: str) -> DeviceSpec:
         clock_hz=_need(comp, "clock", f"{name}.compute"),
         kernel_launch_s=_need(comp, "kernel_launch", f"{name}.compute"),
         dram_efficiency=_need(mem, "dram_efficiency", f"{name}.memory"),
-        gemm=GemmTiling(tile_m=int(_need(gemm, "tile_m", f"{name}.gemm")),
-                        tile_n=int(_need(gemm, "tile_n", f"{name}.gemm")),
-                        wgs_per_cu=int(_need(gemm, "wgs_per_cu", f"{name}.gemm")),
-                        efficiency=_need(gemm, "efficiency", f"{name}.gemm")),
+        gemm=_gemm_tiling(gemm, f"{name}.gemm"),
+        kernels=KernelSpec.from_quantities({k: v.value for k, v in
+                                            secs.get("kernels", {}).items()}),
         link=link_from(link, topology, f"{name}.link"),
         description=str(raw.get("description", "")),
         sources=sources,

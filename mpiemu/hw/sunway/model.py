@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from ..gemm import NO_EPILOGUE, Epilogue
 from ..specs import DeviceSpec, dtype_bytes
 from .attention import HeadCost, swattention_bwd_head, swattention_fwd_head
 from .blocks import Blocks, paper_blocks, search_blocks
@@ -87,10 +88,14 @@ class SunwayModel:
 
     # --- ComputeModel ---------------------------------------------------------------------------
     def gemm(self, m: int, n: int, k: int, *, dtype: str = "fp16", batch: int = 1,
-             bypass_llc_output: bool = False, compute_units: int | None = None
-             ) -> SunwayGemmCost:
+             bypass_llc_output: bool = False, compute_units: int | None = None,
+             layout: str = "NN", epilogue: Epilogue = NO_EPILOGUE) -> SunwayGemmCost:
         """Best pad-free tiling; stages are waves over the CGs (`compute_units` of them; no
-        LLC on the CPE path, so `bypass_llc_output` changes nothing)."""
+        LLC on the CPE path, so `bypass_llc_output` changes nothing; the layout does not
+        change a CPE tiling). Fused GPU epilogues are not a Sunway kernel."""
+        if epilogue != NO_EPILOGUE:
+            raise ValueError("fused GEMM epilogues are a GPU (cuBLASLt) feature; not modelled "
+                             "on Sunway")
         return self._gemm(m, n, k, dtype, batch, compute_units)
 
     def _gemm_uncached(self, m: int, n: int, k: int, dtype: str, batch: int,
