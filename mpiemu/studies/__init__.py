@@ -30,6 +30,8 @@ STUDIES: dict[str, StudyInfo] = {s.name: s for s in (
               "T3 fused GEMM + ring reduce-scatter on the thesis's 16 sub-layers"),
     StudyInfo("sunway", "mpiemu.studies.sunway", "001 (SWattention), 000 (SwFormer)",
               "SWattention vs standard attention, SwFormer OPT2 / KA scheduling"),
+    StudyInfo("kernels", "mpiemu.studies.kernels", "issue 10 (published GEMM measurements)",
+              "GEMM throughput of transformer-layer shapes on A100 and H100"),
 )}
 
 
