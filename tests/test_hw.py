@@ -106,7 +106,7 @@ def test_tile_choice_and_split_k_follow_the_shape() -> None:
     big, skinny = m.gemm(8192, 8192, 8192), m.gemm(512, 512, 16384)
     assert (big.tile_m * big.tile_n, big.split_k) == (128 * 256, 1)
     assert skinny.split_k > 1                   # too few output tiles to fill 132 SMs
-    assert big.tflops > 0.9 * 989.4 * 0.801 and skinny.tflops < big.tflops
+    assert big.tflops > 0.85 * 989.4 * 0.801 and skinny.tflops < big.tflops
 
 
 def test_tf32_runs_on_tensor_cores_and_fp32_on_cuda_cores() -> None:

@@ -46,7 +46,7 @@ def assert_accounting_matches(m: ShardedModel) -> None:
     assert tuple(edge) == dataclasses.astuple(edge_stored(m.cfg, m.d))
 
 
-@pytest.mark.parametrize("attention", ["dense", "blockwise"])
+@pytest.mark.parametrize("attention", ["baseline", "flash"])
 @pytest.mark.parametrize("norm", ["pre", "post"])
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 def test_activation_accounting_equals_what_a_step_stores(attention: str, norm: str,

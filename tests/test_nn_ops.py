@@ -70,15 +70,15 @@ def test_bias_dropout_add_scales_kept_elements_and_adds_the_residual() -> None:
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("p", [0.0, 0.3])
 @pytest.mark.parametrize("block", [3, 4, 16])
-def test_blockwise_attention_equals_dense_forward_and_backward(causal: bool, p: float,
+def test_flash_attention_equals_dense_forward_and_backward(causal: bool, p: float,
                                                                block: int) -> None:
     q, k, v, do = (RNG.standard_normal((2, 3, 11, 4)) for _ in range(4))
     keep = RNG.random((2, 3, 11, 11)) >= p if p else None
     o1, c1 = attn.dense(q, k, v, causal, keep, p)
-    o2, c2 = attn.blockwise(q, k, v, causal, lambda: keep, p, block)
+    o2, c2 = attn.flash_forward(q, k, v, causal, lambda: keep, p, block)
     np.testing.assert_allclose(o2, o1, atol=1e-14)
     for g1, g2 in zip(attn.dense_back(do, c1, p),
-                      attn.blockwise_back(do, o2, c2, causal, lambda: keep, p, block)):
+                      attn.flash_backward(do, o2, c2, causal, lambda: keep, p, block)):
         np.testing.assert_allclose(g2, g1, atol=1e-13)
 
 
@@ -140,10 +140,21 @@ def test_vocab_parallel_embedding_sums_to_the_full_lookup_and_scatter(tp: int) -
 
 
 def test_costs_state_flops_and_bytes_in_the_emulated_dtype() -> None:
-    fwd = ops.layernorm_cost(rows=10, width=4, e=2)
+    [fwd] = ops.layernorm_cost(rows=10, width=4, e=2)
     assert fwd.read_bytes == 10 * 4 * 2 + 2 * 4 * 2
     assert fwd.write_bytes == 10 * 4 * 2 + 2 * 10 * ops.STAT_BYTES
-    drop = ops.dropout_add_cost(10, 4, 2, dropout=True)
+    [drop] = ops.dropout_add_cost(10, 4, 2, dropout=True)
     assert drop.write_bytes == 10 * 4 * (2 + ops.MASK_BYTES)
-    assert ops.dropout_add_cost(10, 4, 4, dropout=False).write_bytes == 10 * 4 * 4
-    assert ops.bias_gelu_cost(10, 4, 2).flops == ops.GELU_FLOPS * 40
+    assert ops.dropout_add_cost(10, 4, 4, dropout=False)[0].write_bytes == 10 * 4 * 4
+    assert ops.bias_gelu_cost(10, 4, 2)[0].flops == ops.GELU_FLOPS * 40 + 40
+
+
+def test_unfused_kernels_launch_one_kernel_per_op_and_move_more_bytes() -> None:
+    """Plain PyTorch (unfused) runs bias, GeLU, dropout, add, scale, mask, softmax as their
+    own kernels through DRAM; Megatron's fused kernels do each group in one pass."""
+    for fused, unfused in ((ops.bias_gelu_cost(64, 32, 2), ops.bias_gelu_cost(64, 32, 2,
+                                                                               mode="unfused")),
+                           (ops.dropout_add_cost(64, 32, 2, True),
+                            ops.dropout_add_cost(64, 32, 2, True, mode="unfused"))):
+        assert len(unfused) > len(fused) == 1
+        assert sum(k.dram_bytes for k in unfused) > sum(k.dram_bytes for k in fused)

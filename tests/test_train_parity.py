@@ -58,10 +58,10 @@ def test_every_rank_matches_the_reference_after_three_steps(mpi_tmp_path: Path, 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("variant", [
-    ["model.attention='blockwise'"],
+    ["model.attention='flash'"],
     ["optimizer.name='lamb'"],
     ["model.norm='post'", "model.attention_mask='bidirectional'"],
-], ids=["blockwise", "lamb", "bert"])
+], ids=["flash", "lamb", "bert"])
 def test_variants_match_the_reference_on_the_largest_grid(mpi_tmp_path: Path,
                                                           variant: list[str]) -> None:
     grids = grids_of_this_world()

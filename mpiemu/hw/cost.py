@@ -21,7 +21,7 @@ class ComputeModel(Protocol):
              epilogue: Epilogue = NO_EPILOGUE) -> GemmCost: ...
 
     def elementwise_s(self, read_bytes: float, write_bytes: float, flops: float = 0.0,
-                      *, launch: bool = True) -> float: ...
+                      *, launch: bool = True, sfu_ops: float = 0.0) -> float: ...
 
     def reduction_s(self, n_elems: int, elem_bytes: int) -> float: ...
 
@@ -52,10 +52,10 @@ class GpuModel:
         return cost
 
     def elementwise_s(self, read_bytes: float, write_bytes: float, flops: float = 0.0,
-                      *, launch: bool = True) -> float:
-        """max(bytes / streaming bandwidth, flops / vector peak) plus a launch."""
+                      *, launch: bool = True, sfu_ops: float = 0.0) -> float:
+        """max(bytes / streaming bandwidth, flops / vector peak, exp / SFU rate) + a launch."""
         body = max((read_bytes + write_bytes) / self.spec.dram_stream_bw,
-                   flops / self.spec.vector_flops_per_s)
+                   flops / self.spec.vector_flops_per_s, sfu_ops / self.spec.sfu_ops_per_s)
         return body + (self.spec.kernel_launch_s if launch else 0.0)
 
     def reduction_s(self, n_elems: int, elem_bytes: int) -> float:

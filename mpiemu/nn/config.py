@@ -19,7 +19,10 @@ class ModelConfigError(ValueError):
 
 NORMS = ("pre", "post")                 # GPT-2/3 pre-LN, BERT post-LN ("Add & Norm")
 MASKS = ("causal", "bidirectional")     # GPT decoder, BERT encoder
-ATTENTIONS = ("dense", "blockwise")     # materialized S x S scores, or online softmax
+# baseline: materialized S x S scores and a softmax kernel; sd / sdf: that softmax recomposed
+# (seed 004), unfused / fused into the GEMMs; flash: FlashAttention-2 (online softmax)
+ATTENTIONS = ("baseline", "sd", "sdf", "flash")
+ATTENTION_ALIASES = {"dense": "baseline", "blockwise": "flash"}   # the names before issue 10
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,7 @@ class ModelConfig:
     seq_len: int
     norm: str = "pre"
     attention_mask: str = "causal"
-    attention: str = "dense"
+    attention: str = "baseline"
     attention_block: int = 64        # rows and columns of a block (blockwise attention)
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
@@ -45,6 +48,8 @@ class ModelConfig:
     vocab_padded: int = 0            # set by `for_tp`; 0 = vocab rounded to vocab_multiple
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "attention",
+                           ATTENTION_ALIASES.get(self.attention, self.attention))
         for key in ("hidden", "layers", "heads", "ffn_hidden", "vocab", "seq_len",
                     "attention_block", "vocab_multiple"):
             if getattr(self, key) < 1:

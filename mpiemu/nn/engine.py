@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from ..comm.p2p import TimedComm
 from ..comm.ring import all_gather, all_reduce, reduce_scatter
 from ..hw.cost import ComputeModel
+from ..hw.gemm import NO_EPILOGUE, Epilogue
+from ..hw.kernels import check_mode
 from ..hw.specs import dtype_bytes
 from ..overlap.api import GemmShape, gather_then_gemm, gemm_then_reduce
 from ..overlap.strategy import Overlap
@@ -24,6 +26,19 @@ from ..sim.timeline import Timeline
 from .ops import Cost
 
 Array = np.ndarray | None
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    """How a GPU rank launches its non-GEMM work (`train.kernels`: "unfused" as plain
+    PyTorch, "fused" as Megatron-LM) and whether FC-1's bias + GeLU (and their gradients) run
+    in the neighbouring GEMMs' cuBLASLt epilogues (`train.fuse_epilogues`)."""
+
+    mode: str = "fused"
+    fuse_epilogues: bool = False
+
+    def __post_init__(self) -> None:
+        check_mode(self.mode)
 
 
 @dataclass(frozen=True)
@@ -58,8 +73,10 @@ class Engine:
     """Math plus emulated charge for every op of one rank, on one critical-path cursor."""
 
     def __init__(self, tl: Timeline, model: ComputeModel, tp: TimedComm, *, dtype: str,
-                 numerics: bool, overlap: Overlap, sp: bool) -> None:
+                 numerics: bool, overlap: Overlap, sp: bool,
+                 kernels: KernelOptions = KernelOptions()) -> None:
         self.tl, self.model, self.tp = tl, model, tp
+        self.kernels = kernels
         self.dtype, self.e = dtype, dtype_bytes(dtype)
         self.on, self.overlap, self.sp = numerics, overlap, sp
         self.t = 0.0
@@ -85,21 +102,26 @@ class Engine:
         finally:
             self.tp, self.t, self.charging = saved
 
-    def kernel(self, name: str, cost: Cost, fn: Callable[..., Any] | None = None,
-               *args: Any) -> Any:
-        """A memory-bound kernel: runs fn(*args) if numerics are on, charges `cost`."""
+    def kernel(self, name: str, cost: Cost | Sequence[Cost],
+               fn: Callable[..., Any] | None = None, *args: Any) -> Any:
+        """Memory-bound kernels: runs fn(*args) if numerics are on, charges each kernel of
+        `cost` in order (`name.tag` when an op launches several; none: fused elsewhere)."""
         out = fn(*args) if self.on and fn is not None else None
-        if self.charging:
-            self.t = sim_ops.elementwise(self.tl, self.model, name, cost.read_bytes,
-                                         cost.write_bytes, cost.flops, after=self.t).t_end
+        kernels = [cost] if isinstance(cost, Cost) else list(cost)
+        for k in kernels if self.charging else []:
+            label = f"{name}.{k.tag}" if k.tag and len(kernels) > 1 else name
+            self.t = sim_ops.elementwise(self.tl, self.model, label, k.read_bytes,
+                                         k.write_bytes, k.flops, after=self.t,
+                                         sfu_ops=k.sfu_ops).t_end
         return out
 
-    def gemm(self, name: str, a: Array, b: Array, m: int, n: int, k: int) -> Array:
+    def gemm(self, name: str, a: Array, b: Array, m: int, n: int, k: int,
+             epilogue: Epilogue = NO_EPILOGUE) -> Array:
         """C[M, N] = A[M, K] B[K, N] on this rank alone (no collective)."""
         out = a @ b if self.on and a is not None and b is not None else None
         if self.charging:
             self.t = sim_ops.gemm(self.tl, self.model, name, m, n, k, dtype=self.dtype,
-                                  after=self.t).t_end
+                                  after=self.t, epilogue=epilogue).t_end
         return out
 
     def row_parallel(self, name: str, x: Array, w: Array, m: int, n: int, k: int) -> Array:
@@ -116,15 +138,16 @@ class Engine:
         self.t = span.t_end
         return y
 
-    def column_parallel(self, name: str, x_s: Array, w: Array, m: int, n: int, k: int
-                        ) -> tuple[Array, Array]:
+    def column_parallel(self, name: str, x_s: Array, w: Array, m: int, n: int, k: int,
+                        epilogue: Epilogue = NO_EPILOGUE) -> tuple[Array, Array]:
         """(x w[K, N/tp], x): under SP x is first all-gathered from its sequence shards.
 
         forward: all-gather -> GEMM (SP) or identity -> GEMM; conjugate: `row_parallel`.
-        Returns the gathered x too: the weight gradient needs it.
+        Returns the gathered x too: the weight gradient needs it. A fused `epilogue` needs
+        the plain GEMM (no SP; the training config refuses the combination).
         """
         if self.tp.size == 1 or not self.sp:
-            return self.gemm(f"{name}.gemm", x_s, w, m, n, k), x_s
+            return self.gemm(f"{name}.gemm", x_s, w, m, n, k, epilogue), x_s
         full = None if x_s is None else np.empty((m, k), x_s.dtype)
         y, span = gather_then_gemm(self.tp, x_s, w, shape=GemmShape(m, n, k),
                                    dtype=self.dtype, after=self.t, overlap=self.overlap,

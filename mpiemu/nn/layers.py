@@ -14,14 +14,16 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..hw.attention_gpu import AttnShape, sub_vector
+from ..hw.gemm import NO_EPILOGUE, Epilogue
 from . import attention as attn
 from . import sunway_layer
 from .config import ModelConfig
 from .engine import Array, Dims, Engine
 from .masks import Masks
-from .ops import (Cost, bias_dropout_add, bias_gelu, bias_gelu_back, bias_gelu_cost,
-                  bias_grad_cost, dropout, dropout_add_cost, layernorm, layernorm_back,
-                  layernorm_cost)
+from .ops import (GELU_FLOPS, Cost, bias_dropout_add, bias_gelu, bias_gelu_back,
+                  bias_gelu_cost, bias_grad_cost, dropout, dropout_add_cost, layernorm,
+                  layernorm_back, layernorm_cost)
 
 Params = dict[str, Array]
 Cache = dict[str, Any]
@@ -82,7 +84,7 @@ class Layer:
         d, E, pdrop = self.d, self.E, self.cfg.hidden_dropout
         keep = masks.hidden(self.i, site)
         c: Cache = {} if keep is None else {"keep": keep}
-        bda = dropout_add_cost(d.shard_rows, d.hidden, E.e, pdrop > 0)
+        bda = dropout_add_cost(d.shard_rows, d.hidden, E.e, pdrop > 0, mode=E.kernels.mode)
         name = f"{self.tag}.{which}.bias_dropout_add"
         if self.cfg.norm == "pre":
             y, c["ln"] = self._ln(ln, x, P)
@@ -112,37 +114,51 @@ class Layer:
             assert qkv is not None
             qkv += P[p + "qkv.b"]        # bias in the GEMM epilogue (cuBLASLt): not charged
             q, k, v = self._heads(qkv)
-            pa = cfg.attention_dropout
-            if cfg.attention == "dense":
-                o, c["attn"] = attn.dense(q, k, v, cfg.causal, masks.probs(self.i), pa)
-            else:
-                o, c["attn"] = attn.blockwise(q, k, v, cfg.causal,
-                                              lambda: masks.probs(self.i), pa,
-                                              cfg.attention_block)
+            o, c["attn"] = attn.forward(cfg.attention, q, k, v, cfg.causal,
+                                        lambda: masks.probs(self.i), cfg.attention_dropout,
+                                        cfg.attention_block,
+                                        sub_vector(E.model, self._attn_shape(), E.dtype))
             c["ctx"] = self._merge(o)
         E.t = self._charge_attention(backward=False)
         a = E.row_parallel(f"{self.tag}.proj.fwd", c.get("ctx"), P[p + "proj.w"], d.rows,
                            d.hidden, w)
         return a, c
 
+    def _attn_shape(self) -> AttnShape:
+        d, cfg = self.d, self.cfg
+        return AttnShape(d.batch * d.heads, d.seq, d.seq, d.head_dim, self.E.e,
+                         dropout=cfg.attention_dropout > 0, causal=cfg.causal, training=True)
+
     def _charge_attention(self, backward: bool) -> float:
-        d, E, cfg = self.d, self.E, self.cfg
+        E = self.E
         if not E.charging:
             return E.t
         name = f"{self.tag}.attn" + (".bwd" if backward else "")
-        if cfg.attention == "dense":
-            return attn.charge_dense(E.tl, E.model, name, d.batch * d.heads, d.seq, d.head_dim,
-                                     E.e, cfg.attention_dropout, E.dtype, E.t, backward)
-        return attn.charge_blockwise(E.tl, E.model, name, d.batch * d.heads, d.seq,
-                                     d.head_dim, E.e, cfg.attention_block, cfg.causal,
-                                     E.dtype, E.t, backward)
+        return attn.charge(E.tl, E.model, name, self._attn_shape(), self.cfg.attention,
+                           E.kernels.mode, E.dtype, E.t, backward)
+
+    def _gelu_epilogue(self, backward: bool) -> Epilogue:
+        """FC-1's bias + GeLU in its GEMM's cuBLASLt epilogue (GELU_AUX_BIAS: the
+        pre-activation is written for backward), or their gradients in FC-2's activation-
+        gradient GEMM (DGELU_BGRAD: reads it back); none unless train.fuse_epilogues."""
+        if not self.E.kernels.fuse_epilogues:
+            return NO_EPILOGUE
+        d, e = self.d, self.E.e
+        aux = d.rows * d.ffn * e
+        if backward:
+            return Epilogue(out_flops=2 * GELU_FLOPS + 1, out_sfu=1.0, extra_read_bytes=aux,
+                            extra_write_bytes=d.ffn * e)
+        return Epilogue(out_flops=GELU_FLOPS + 1, out_sfu=1.0, extra_read_bytes=d.ffn * e,
+                        extra_write_bytes=aux)
 
     def _mlp(self, y: Array, P: Params, masks: Masks) -> tuple[Array, Cache]:
         d, E, p = self.d, self.E, self.p
+        epi = self._gelu_epilogue(backward=False)
         f, h = E.column_parallel(f"{self.tag}.fc1.fwd", y, P[p + "fc1.w"], d.rows, d.ffn,
-                                 d.hidden)
-        res = E.kernel(f"{self.tag}.gelu.fwd", bias_gelu_cost(d.rows, d.ffn, E.e), bias_gelu,
-                       f, P[p + "fc1.b"])
+                                 d.hidden, epi)
+        cost = [] if epi != NO_EPILOGUE else bias_gelu_cost(d.rows, d.ffn, E.e,
+                                                            mode=E.kernels.mode)
+        res = E.kernel(f"{self.tag}.gelu.fwd", cost, bias_gelu, f, P[p + "fc1.b"])
         x, g = res if res is not None else (None, None)
         m = E.row_parallel(f"{self.tag}.fc2.fwd", g, P[p + "fc2.w"], d.rows, d.hidden, d.ffn)
         return m, {"h": h, "pre_gelu": x, "gelu": g}
@@ -181,7 +197,8 @@ class Layer:
         ln, bias = ("ln1", "proj.b") if which == "attn" else ("ln2", "fc2.b")
         back = self._attention_back if which == "attn" else self._mlp_back
         d, E, pdrop = self.d, self.E, self.cfg.hidden_dropout
-        bda = dropout_add_cost(d.shard_rows, d.hidden, E.e, pdrop > 0, backward=True)
+        bda = dropout_add_cost(d.shard_rows, d.hidden, E.e, pdrop > 0, backward=True,
+                               mode=E.kernels.mode)
         name = f"{self.tag}.{which}.bias_dropout_add.bwd"
         if self.cfg.norm == "post":
             dy = self._ln_back(ln, dy, c["ln"], P, G, ready)
@@ -206,11 +223,11 @@ class Layer:
             assert dctx is not None
             do = np.ascontiguousarray(dctx.reshape(d.seq, d.batch, d.heads, d.head_dim)
                                       .transpose(1, 2, 0, 3))           # (B, hl, S, dh)
-            if cfg.attention == "dense":
+            if cfg.attention != "flash":
                 grads = attn.dense_back(do, c["attn"], cfg.attention_dropout)
             else:
                 o = c["ctx"].reshape(d.seq, d.batch, d.heads, d.head_dim).transpose(1, 2, 0, 3)
-                grads = attn.blockwise_back(do, o, c["attn"], cfg.causal,
+                grads = attn.flash_backward(do, o, c["attn"], cfg.causal,
                                             lambda: masks.probs(self.i),
                                             cfg.attention_dropout, cfg.attention_block)
             dqkv = np.concatenate([self._merge(g) for g in grads], axis=1)   # (S*B, 3 hl dh)
@@ -226,13 +243,14 @@ class Layer:
     def _mlp_back(self, dm: Array, c: Cache, P: Params, G: Params, masks: Masks,
                   with_bias: list[str], ready: Ready) -> Array:
         d, E, p = self.d, self.E, self.p
+        epi = self._gelu_epilogue(backward=True)
         dg, dm_full = E.column_parallel(f"{self.tag}.fc2.bwd", dm, _t(P[p + "fc2.w"]), d.rows,
-                                        d.ffn, d.hidden)
+                                        d.ffn, d.hidden, epi)
         G[p + "fc2.w"] = E.gemm(f"{self.tag}.fc2.wgrad", _t(c["gelu"]), dm_full, d.ffn,
                                 d.hidden, d.rows)
         ready([p + "fc2.w"] + with_bias)
-        res = E.kernel(f"{self.tag}.gelu.bwd", bias_gelu_cost(d.rows, d.ffn, E.e, True),
-                       bias_gelu_back, dg, c["pre_gelu"])
+        cost = [] if epi != NO_EPILOGUE else bias_gelu_cost(d.rows, d.ffn, E.e, True)
+        res = E.kernel(f"{self.tag}.gelu.bwd", cost, bias_gelu_back, dg, c["pre_gelu"])
         dx, G[p + "fc1.b"] = res if res is not None else (None, None)
         G[p + "fc1.w"] = E.gemm(f"{self.tag}.fc1.wgrad", _t(c["h"]), dx, d.hidden, d.ffn,
                                 d.rows)

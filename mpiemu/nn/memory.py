@@ -43,7 +43,7 @@ def layer_stored(cfg: ModelConfig, d: Dims) -> Stored:
     drop = cfg.hidden_dropout > 0
     s = Stored(act=2 * ts * h + 2 * t * h, stats=4 * ts, masks=2 * ts * h if drop else 0)
     s += Stored(act=3 * t * w + t * w)                        # q, k, v and the context
-    if cfg.attention == "dense":
+    if cfg.attention != "flash":                               # baseline, sd, sdf keep y
         pdrop = cfg.attention_dropout > 0
         s += Stored(act=scores * (2 if pdrop else 1), masks=scores if pdrop else 0)
     else:

@@ -1,33 +1,23 @@
 """Primitive ops of the sharded transformer: numpy forward/backward, and what each costs.
 
 Every op has its math (on numpy arrays of the numeric dtype) beside a `*_cost` function that
-states its flops and DRAM bytes in the emulated dtype (`e` bytes per element) for the timing
-model; 2-D activations are [rows, width] (rows = sequence x batch, sequence first).
-Element-wise flop counts per element are ASSUMPTIONs (instruction counts of fused kernels);
-these kernels are memory bound, so their bytes decide their time (thesis 4.2.3).
+states the kernels it launches (flops and DRAM bytes in the emulated dtype, `e` bytes per
+element) for the timing model; `mode` is `train.kernels` ("unfused": one kernel per op as
+plain PyTorch; "fused": Megatron-LM's fused kernels, `hw.kernels`). 2-D activations are
+[rows, width] (rows = sequence x batch, sequence first).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ..hw import kernels as hk
+from ..hw.kernels import GELU_FLOPS, MASK_BYTES, STAT_BYTES
+from ..hw.kernels import Kernel as Cost
 from .special import norm_cdf, norm_pdf
 
-STAT_BYTES = 4          # LayerNorm mean / rstd and softmax statistics are kept in fp32
-MASK_BYTES = 1          # a dropout keep-mask element
-GELU_FLOPS = 20         # ASSUMPTION: erf GeLU (Eq. 4.1) as ~20 vector instructions
-LN_FLOPS_FWD, LN_FLOPS_BWD = 8, 12
-
-
-@dataclass(frozen=True)
-class Cost:
-    """What a kernel does to the device: flops and DRAM bytes read and written."""
-
-    flops: float
-    read_bytes: float
-    write_bytes: float
+__all__ = ["Cost", "GELU_FLOPS", "MASK_BYTES", "STAT_BYTES"]
 
 
 # -- LayerNorm (replicated, or on the sequence shard under SP) ------------------------------
@@ -53,11 +43,8 @@ def layernorm_back(dy: np.ndarray, c: dict[str, np.ndarray], g: np.ndarray
     return dx, dg, db
 
 
-def layernorm_cost(rows: int, width: int, e: int, backward: bool = False) -> Cost:
-    act, stats, params = rows * width * e, 2 * rows * STAT_BYTES, 2 * width * e
-    if backward:   # read dy, x, stats, g; write dx, dg, db
-        return Cost(LN_FLOPS_BWD * rows * width, 2 * act + stats + params, act + params)
-    return Cost(LN_FLOPS_FWD * rows * width, act + params, act + stats)
+def layernorm_cost(rows: int, width: int, e: int, backward: bool = False) -> list[Cost]:
+    return hk.layernorm(rows, width, e, backward)
 
 
 # -- bias + GeLU (Megatron's fused bias_gelu), thesis Eq. 4.1 --------------------------------
@@ -73,11 +60,9 @@ def bias_gelu_back(dy: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return dx, dx.sum(0)
 
 
-def bias_gelu_cost(rows: int, width: int, e: int, backward: bool = False) -> Cost:
-    act = rows * width * e
-    if backward:   # read dy, x; write dx
-        return Cost(2 * GELU_FLOPS * rows * width, 2 * act + width * e, act + width * e)
-    return Cost(GELU_FLOPS * rows * width, act + width * e, 2 * act)   # writes x + b and gelu
+def bias_gelu_cost(rows: int, width: int, e: int, backward: bool = False,
+                   mode: str = "fused") -> list[Cost]:
+    return hk.bias_gelu(rows, width, e, mode, backward)
 
 
 # -- bias + dropout + residual add (Megatron's fused bias_dropout_add) ------------------------
@@ -100,11 +85,8 @@ def dropout(x: np.ndarray, keep: np.ndarray | None, p: float) -> np.ndarray:
 
 
 def dropout_add_cost(rows: int, width: int, e: int, dropout: bool,
-                     backward: bool = False) -> Cost:
-    act, mask = rows * width * e, rows * width * MASK_BYTES if dropout else 0
-    if backward:   # read dy and mask; write d(a + b); reduce the bias gradient
-        return Cost(2 * rows * width, act + mask, act + width * e)
-    return Cost(3 * rows * width, 2 * act + width * e, act + mask)
+                     backward: bool = False, mode: str = "fused") -> list[Cost]:
+    return hk.bias_dropout_add(rows, width, e, dropout, mode, backward)
 
 
 # -- vocab-parallel embedding (Megatron VocabParallelEmbedding) -------------------------------

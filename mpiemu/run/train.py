@@ -75,6 +75,7 @@ def validate(w: Workload, world_size: int) -> None:
     if w.overlap.strategy not in STRATEGY_IMPLS:
         raise ConfigError("overlap.strategy", w.overlap.strategy, sorted(STRATEGY_IMPLS))
     _validate_sunway(w)
+    _validate_kernels(w)
     if resolve_device(w).kind == "gpu":
         check_overlap_devices(w, [w.overlap.strategy], "overlap.strategy")
     _validate_memory(w, world_size)
@@ -95,6 +96,19 @@ def _validate_sunway(w: Workload) -> None:
                           "'sequential'")
 
 
+def _validate_kernels(w: Workload) -> None:
+    """Fused epilogues ride on the plain GEMM; the overlapped all-gather GEMM (SP) has none."""
+    if w.train.fuse_epilogues and w.parallel.sequence_parallel and w.parallel.tp > 1:
+        raise ConfigError("train.fuse_epilogues", True, "needs parallel.sequence_parallel="
+                          "false (the all-gather -> GEMM of SP has no epilogue model)")
+    if resolve_device(w).kind == "sunway" and (w.train.fuse_epilogues or
+                                                w.model.resolve().attention in ("sd", "sdf")):
+        raise ConfigError("model.attention" if not w.train.fuse_epilogues
+                          else "train.fuse_epilogues", w.model.resolve().attention
+                          if not w.train.fuse_epilogues else True,
+                          "GPU kernels; Sunway ranks use [sunway] attention and scheduling")
+
+
 def _validate_memory(w: Workload, world_size: int) -> None:
     cfg, _, dims = resolve(w)
     spec = resolve_device(w)
@@ -103,7 +117,7 @@ def _validate_memory(w: Workload, world_size: int) -> None:
         raise ConfigError("model.preset", w.model.preset,
                           f"does not fit on {spec.name} at tp={w.parallel.tp}: {rep.line()} "
                           "per rank; raise parallel.tp, lower train.global_batch, set "
-                          "parallel.sequence_parallel=true or model.attention='blockwise', or "
+                          "parallel.sequence_parallel=true or model.attention='flash', or "
                           "train.memory_check='warn' to emulate it anyway")
     if w.run.numerics == "on":
         need = host_bytes(cfg, dims, 8 if w.run.numeric_dtype == "fp64" else 4) * world_size
@@ -120,7 +134,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
     w, grid = ctx.w, ctx.grid
     cfg, gb, dims = resolve(w)
     eng = Engine(ctx.tl, ctx.model, ctx.tp, dtype=w.run.emulated_dtype, numerics=ctx.numerics,
-                 overlap=w.overlap.to_overlap(), sp=dims.sp)
+                 overlap=w.overlap.to_overlap(), sp=dims.sp, kernels=w.train.kernel_options())
     if ctx.spec.kind == "sunway":     # layers charged as SwFormer CG schedules
         eng.sunway = SunwayLayerPlan.build(ctx.model, dims, w.run.emulated_dtype,  # type: ignore[arg-type]
                                            w.sunway.scheduler, w.sunway.attention)
@@ -170,7 +184,8 @@ def _sequential_iteration_s(ctx: RankContext, cfg: ModelConfig, gb: int, dims: D
     tp = TimedComm(grid.tp_comm.Dup(), tl, ctx.tp.link, ctx.model, "tp")
     dp = TimedComm(grid.dp_comm.Dup(), tl, ctx.dp.link, ctx.model, "dp")
     eng = Engine(tl, ctx.model, tp, dtype=w.run.emulated_dtype, numerics=False,
-                 overlap=w.overlap.to_overlap(strategy="sequential"), sp=dims.sp)
+                 overlap=w.overlap.to_overlap(strategy="sequential"), sp=dims.sp,
+                 kernels=w.train.kernel_options())
     model = ShardedModel(cfg, eng, dims, tp_rank=grid.tp_rank, dp_rank=grid.dp_rank,
                          seed=w.run.seed, global_batch=gb, dp=dp,
                          bucket_bytes=w.train.dp_bucket_MiB * 2**20, np_dtype=ctx.np_dtype)

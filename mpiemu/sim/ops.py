@@ -4,22 +4,24 @@ from __future__ import annotations
 from typing import Iterable
 
 from ..hw.cost import ComputeModel
+from ..hw.gemm import NO_EPILOGUE, Epilogue
 from .timeline import COMPUTE, SimTime, Span, Timeline
 
 
 def gemm(tl: Timeline, model: ComputeModel, name: str, m: int, n: int, k: int, *,
          dtype: str, after: SimTime | Iterable[SimTime] = 0.0, batch: int = 1,
-         resource: str = COMPUTE) -> Span:
+         resource: str = COMPUTE, epilogue: Epilogue = NO_EPILOGUE) -> Span:
     """Place C[M,N] = A[M,K] B[K,N] (x batch); the event's `stage` holds its stage count."""
-    cost = model.gemm(m, n, k, dtype=dtype, batch=batch)
+    cost = model.gemm(m, n, k, dtype=dtype, batch=batch, epilogue=epilogue)
     return tl.reserve(name, [resource], cost.time_s, after, cat="compute", flops=cost.flops,
                       dram_bytes=cost.dram_bytes, stage=cost.n_stages)
 
 
 def elementwise(tl: Timeline, model: ComputeModel, name: str, read_bytes: float,
                 write_bytes: float, flops: float = 0.0, *,
-                after: SimTime | Iterable[SimTime] = 0.0, resource: str = COMPUTE) -> Span:
+                after: SimTime | Iterable[SimTime] = 0.0, resource: str = COMPUTE,
+                sfu_ops: float = 0.0) -> Span:
     """Place a memory-bound kernel: bytes over streaming bandwidth plus a launch."""
-    t = model.elementwise_s(read_bytes, write_bytes, flops)
+    t = model.elementwise_s(read_bytes, write_bytes, flops, sfu_ops=sfu_ops)
     return tl.reserve(name, [resource], t, after, cat="compute", flops=flops,
                       dram_bytes=read_bytes + write_bytes)

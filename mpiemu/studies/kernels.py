@@ -116,20 +116,18 @@ def summary(rows: list[Row]) -> list[Row]:
     return out
 
 
-def fit(grid: dict[str, list[float]]) -> tuple[float, float, float]:
-    """(wave_fixed_s, l2_bw, geomean |error|) of H100 minimizing the calibration rows' error."""
+def fit(grid: dict[str, list[float]]) -> tuple[float, float]:
+    """(wave_fixed_s, geomean |error|) of H100 minimizing the calibration rows' error."""
     base = load_device("h100-sxm5")
-    best = (math.nan, math.nan, math.inf)
+    best = (math.nan, math.inf)
     for wf in grid["wave_fixed_us"]:
-        for l2 in grid["l2_bw_TBps"]:
-            g = dataclasses.replace(base.gemm, wave_fixed_s=wf * 1e-6,
-                                    l2_bw_bytes_per_s=l2 * 1e12)
-            rows = rows_for({"h100-sxm5": dataclasses.replace(base, gemm=g),
-                             "a100-sxm4-80gb": load_device("a100-sxm4-80gb")})
-            err = geomean(max(abs(r["error"]), 1e-6) for r in rows
-                          if r["gpu"] == "h100-sxm5" and r["set"] == "calibrate")
-            if err < best[2]:
-                best = (wf * 1e-6, l2 * 1e12, err)
+        g = dataclasses.replace(base.gemm, wave_fixed_s=wf * 1e-6)
+        rows = rows_for({"h100-sxm5": dataclasses.replace(base, gemm=g),
+                         "a100-sxm4-80gb": load_device("a100-sxm4-80gb")})
+        err = geomean(max(abs(r["error"]), 1e-6) for r in rows
+                      if r["gpu"] == "h100-sxm5" and r["set"] == "calibrate")
+        if err < best[1]:
+            best = (wf * 1e-6, err)
     return best
 
 
@@ -167,8 +165,7 @@ def _fmt_rows(rows: Iterable[Row]) -> list[list[Any]]:
              f"{r['tile']} s{r['split_k']}", r["source"]] for r in rows]
 
 
-def markdown(rows: list[Row], summ: list[Row], fitted: tuple[float, float, float]
-             ) -> list[str]:
+def markdown(rows: list[Row], summ: list[Row], fitted: tuple[float, float]) -> list[str]:
     from .kernels_report import markdown as md  # noqa: PLC0415
     return md(rows, summ, fitted, _fmt_rows)
 

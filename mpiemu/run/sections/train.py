@@ -4,8 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from ...nn.config import (ATTENTIONS, MASKS, NORMS, OPTIMIZERS, ModelConfig, ModelConfigError,
-                          OptimizerConfig)
+from ...hw.kernels import MODES as KERNEL_MODES
+from ...nn.config import (ATTENTION_ALIASES, ATTENTIONS, MASKS, NORMS, OPTIMIZERS, ModelConfig,
+                          ModelConfigError, OptimizerConfig)
+from ...nn.engine import KernelOptions
 from ...nn.presets import ModelPresetError, list_model_presets, load_model_preset
 from ..errors import ConfigError
 
@@ -28,7 +30,7 @@ class ModelSection:
     seq_len: int = 0
     norm: str = ""                   # "pre" (GPT) or "post" (BERT)
     attention_mask: str = ""         # "causal" or "bidirectional"
-    attention: str = ""              # "dense" or "blockwise" (online softmax)
+    attention: str = ""              # "baseline", "sd", "sdf" or "flash" (docs/kernels.md)
     attention_block: int = 0
     hidden_dropout: float = -1.0
     attention_dropout: float = -1.0
@@ -44,8 +46,9 @@ class ModelSection:
                                   "an integer >= 1 (or 0 for the preset's value)")
         for key, allowed in (("norm", NORMS), ("attention_mask", MASKS),
                              ("attention", ATTENTIONS)):
-            if getattr(self, key) and getattr(self, key) not in allowed:
-                raise ConfigError(f"model.{key}", getattr(self, key), allowed)
+            v = getattr(self, key)
+            if v and v not in allowed and not (key == "attention" and v in ATTENTION_ALIASES):
+                raise ConfigError(f"model.{key}", v, allowed)
         for key in ("hidden_dropout", "attention_dropout"):
             v = getattr(self, key)
             if v != -1.0 and not 0.0 <= v < 1.0:
@@ -82,6 +85,8 @@ class TrainSection:
     memory_check: str = "error"      # a configuration that does not fit: "error" or "warn"
     check_reference: bool = False    # rank 0 re-runs the one-process reference and compares
     reference_rtol: float = 0.0      # 0: 1e-10 for fp64 numerics, 1e-3 for fp32
+    kernels: str = "fused"           # non-GEMM kernels: "unfused" (PyTorch) or "fused" (Megatron)
+    fuse_epilogues: bool = False     # FC-1 bias + GeLU in the GEMM epilogues (cuBLASLt)
 
     def __post_init__(self) -> None:
         if self.global_batch < 0:
@@ -93,6 +98,11 @@ class TrainSection:
             raise ConfigError("train.memory_check", self.memory_check, MEMORY_CHECKS)
         if self.reference_rtol < 0:
             raise ConfigError("train.reference_rtol", self.reference_rtol, "a tolerance >= 0")
+        if self.kernels not in KERNEL_MODES:
+            raise ConfigError("train.kernels", self.kernels, KERNEL_MODES)
+
+    def kernel_options(self) -> KernelOptions:
+        return KernelOptions(self.kernels, self.fuse_epilogues)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,195 @@
+"""Attention on a GPU as kernels: baseline, softmax decomposition (SD), SD + fusion (SDF), and
+FlashAttention-2; per-kernel DRAM traffic and time (seed 004 2.2-2.5; Dao 2023).
+
+For S score elements (batch x heads x queries x keys per query) of e bytes:
+* `baseline`: the QK^T GEMM writes S, the softmax kernel(s) read and write it, the V GEMM
+  reads it: 4 S of score traffic (fused softmax; PyTorch's unfused chain adds scale and mask
+  passes).
+* `sd`: softmax as local softmax (LS: read S, write X' and the per-sub-vector max m' and sum
+  d'), inter-sub-vector reduction (IR: read m', d', write the factors r') and global scaling
+  (GS: read X', r', write Y): 6 S plus 6 S/T of statistics (seed 004 2.3, 2.5).
+* `sdf`: LS in the QK^T GEMM's epilogue with T = its output tile width, GS in the V GEMM's
+  prologue, IR alone: 2 S plus 6 S/T (seed 004 2.4). The epilogue's exp runs on the SFUs
+  and its max / subtract / sum on the CUDA cores of the SM that owns the tile.
+* `flash`: one kernel per pass, no score matrix in DRAM (`flash_cost`).
+Statistics (m', d', r', LSE) are fp32. Scale and mask are fused into the QK^T GEMM in every
+variant but `baseline` with unfused kernels (seed 004 2.2: they are element-wise).
+Backward: sd and sdf keep the baseline's backward (the softmax gradient needs only Y, seed
+004 2.8); flash has its own kernel.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Union
+
+from . import kernels as K
+from .cost import ComputeModel
+from .gemm import NO_EPILOGUE, Epilogue
+from .specs import DeviceSpec
+
+VARIANTS = ("baseline", "sd", "sdf", "flash")
+LS_FLOPS, GS_FLOPS, IR_FLOPS = 4, 1, 6    # ASSUMPTION: max/sub/sum/scale; one multiply; merge
+FLASH_SOFTMAX_FLOPS = 4                   # ASSUMPTION: scale, running max, subtract, row sum
+FLASH_BWD_FLOPS = 4                       # ASSUMPTION: dS = P (dP - D) and its scaling
+
+
+@dataclass(frozen=True)
+class AttnShape:
+    """One rank's attention problem: `heads` independent (batch x head) problems."""
+
+    heads: int
+    seq: int                 # query rows
+    keys: int                # key columns each query row sees (seq when dense)
+    head_dim: int
+    e: int                   # bytes per element of the emulated dtype
+    dropout: bool = False
+    causal: bool = False
+    local_block: int = 0     # > 0: block-sparse local attention in blocks of this size
+    training: bool = False   # forward keeps what backward needs (flash: the row LSE)
+
+    @property
+    def scores(self) -> int:
+        return self.heads * self.seq * self.keys
+
+    @property
+    def groups(self) -> tuple[int, int]:
+        """(batch, rows) of the score GEMMs: per head, or per query block when local."""
+        if self.local_block:
+            return self.heads * math.ceil(self.seq / self.local_block), self.local_block
+        return self.heads, self.seq
+
+
+@dataclass(frozen=True)
+class GemmStep:
+    name: str
+    m: int
+    n: int
+    k: int
+    batch: int
+    epilogue: Epilogue = NO_EPILOGUE
+
+
+@dataclass(frozen=True)
+class KernelStep:
+    name: str
+    kernel: K.Kernel
+
+
+@dataclass(frozen=True)
+class FlashStep:
+    name: str
+    shape: AttnShape
+    backward: bool
+
+
+Step = Union[GemmStep, KernelStep, FlashStep]
+
+
+def check_variant(variant: str) -> str:
+    if variant not in VARIANTS:
+        raise ValueError(f"model.attention={variant!r}; choose one of {list(VARIANTS)}")
+    return variant
+
+
+def sub_vector(model: ComputeModel, a: AttnShape, dtype: str) -> int:
+    """T: the output tile width of the QK^T GEMM (seed 004 2.4: T = that MatMul's tile)."""
+    batch, rows = a.groups
+    tile = getattr(model.gemm(rows, a.keys, a.head_dim, dtype=dtype, batch=batch), "tile_n", 0)
+    return max(1, min(tile or a.keys, a.keys))
+
+
+def _stats(a: AttnShape, t: int) -> float:
+    """Elements of one statistic (m', d' or r'): one per sub-vector of T scores."""
+    return a.heads * a.seq * math.ceil(a.keys / t)
+
+
+def steps(model: ComputeModel, a: AttnShape, variant: str, mode: str, dtype: str,
+          backward: bool = False) -> list[Step]:
+    """The kernels one attention pass launches, in order."""
+    if check_variant(variant) == "flash":
+        return [FlashStep("flash.bwd" if backward else "flash", a, backward)]
+    batch, rows = a.groups
+    if backward:
+        return [GemmStep("dprobs", rows, a.keys, a.head_dim, batch),
+                GemmStep("dv", a.keys, a.head_dim, rows, batch),
+                *[KernelStep(k.tag, k) for k in K.softmax(a.scores, a.e, mode, a.dropout,
+                                                          a.causal, backward=True)],
+                GemmStep("dq", rows, a.head_dim, a.keys, batch),
+                GemmStep("dk", a.keys, a.head_dim, rows, batch)]
+    score = GemmStep("score", rows, a.keys, a.head_dim, batch)
+    context = GemmStep("context", rows, a.head_dim, a.keys, batch)
+    drop = [KernelStep(k.tag, k) for k in K.softmax(a.scores, a.e, mode, a.dropout, a.causal)
+            if k.tag == "dropout"]
+    if variant == "baseline":
+        return [score, *[KernelStep(k.tag, k) for k in K.softmax(
+            a.scores, a.e, mode, a.dropout, a.causal)], context]
+    t = sub_vector(model, a, dtype)
+    st = _stats(a, t) * K.STAT_BYTES
+    ir = KernelStep("ir", K.Kernel(IR_FLOPS * _stats(a, t), 2 * st, st, "ir", _stats(a, t)))
+    s = a.scores * a.e
+    if variant == "sd":
+        ls = K.Kernel(LS_FLOPS * a.scores, s, s + 2 * st, "ls", a.scores)
+        gs = K.Kernel(GS_FLOPS * a.scores, s + st, s, "gs")
+        return [score, KernelStep("ls", ls), ir, KernelStep("gs", gs), *drop, context]
+    ls_epi = Epilogue(out_flops=LS_FLOPS, out_sfu=1.0, extra_write_bytes=2 * st)
+    gs_pro = Epilogue(a_flops=GS_FLOPS, extra_read_bytes=st)
+    return [GemmStep("score+ls", rows, a.keys, a.head_dim, batch, ls_epi), ir, *drop,
+            GemmStep("gs+context", rows, a.head_dim, a.keys, batch, gs_pro)]
+
+
+@dataclass(frozen=True)
+class FlashCost:
+    time_s: float
+    flops: float
+    dram_bytes: float
+
+
+def flash_cost(spec: DeviceSpec, a: AttnShape, dtype: str, backward: bool = False
+               ) -> FlashCost:
+    """FlashAttention-2 forward or backward as one kernel (Dao 2023, Alg. 1 and 2).
+
+    CTAs own a query block (forward) or a key block (backward) and stream the other side
+    through shared memory; K and V (Q and dO) re-reads are served by L2, so DRAM sees each
+    input once and each output once, plus the fp32 LSE (forward, training) and, backward,
+    the row sums D = rowsum(dO * O) and the fp32 dQ accumulator (atomics through L2, read
+    and written once in DRAM). Per CTA, the tensor-core GEMMs (4 L K d forward, 10 L K d
+    backward) run at the preset's matrix efficiency and the softmax work (exp on the SFUs,
+    the rest on the CUDA cores) runs between them, not overlapped (FA2 on one warp group).
+    Causal attention skips the masked half of the key blocks.
+    """
+    kb = spec.kernels
+    frac = 0.5 if a.causal and not a.local_block else 1.0
+    pairs = a.heads * a.seq * a.keys * frac                     # scores computed
+    mma = (10.0 if backward else 4.0) * pairs * a.head_dim
+    ops = (FLASH_SOFTMAX_FLOPS + (FLASH_BWD_FLOPS if backward else 0)) * pairs
+    cus = spec.compute_units
+    sm_math = spec.peak(dtype) * spec.gemm.efficiency / cus
+    sm_vec, sm_sfu = spec.vector_flops_per_s / cus, spec.sfu_ops_per_s / cus
+    block = kb.flash_block_k if backward else kb.flash_block_q
+    ctas = a.heads * math.ceil((a.keys if backward else a.seq) / block)
+    per_cta = (mma / sm_math + pairs / sm_sfu + ops / sm_vec) / ctas
+    compute = math.ceil(ctas / cus) * per_cta
+    io = a.heads * a.seq * a.head_dim * a.e                      # one of Q, K, V, O, dO
+    lse = a.heads * a.seq * K.STAT_BYTES
+    if backward:
+        dq_acc = a.heads * a.seq * a.head_dim * K.STAT_BYTES
+        dram = 5 * io + 2 * lse + 3 * io + 2 * dq_acc
+    else:
+        dram = 4 * io + (lse if a.training else 0)
+    memory = dram / spec.dram_stream_bw
+    return FlashCost(spec.kernel_launch_s + max(compute, memory), mma, dram)
+
+
+def step_cost(model: ComputeModel, step: Step, dtype: str) -> tuple[float, float, float]:
+    """(time, flops, DRAM bytes) of one step on its own."""
+    if isinstance(step, GemmStep):
+        g = model.gemm(step.m, step.n, step.k, dtype=dtype, batch=step.batch,
+                       epilogue=step.epilogue)
+        return g.time_s, g.flops, g.dram_bytes
+    if isinstance(step, KernelStep):
+        k = step.kernel
+        return (model.elementwise_s(k.read_bytes, k.write_bytes, k.flops, sfu_ops=k.sfu_ops),
+                k.flops, k.dram_bytes)
+    f = flash_cost(model.spec, step.shape, dtype, step.backward)
+    return f.time_s, f.flops, f.dram_bytes

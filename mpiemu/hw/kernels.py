@@ -1,0 +1,133 @@
+"""Memory-bound GPU kernels of a transformer layer, as real stacks launch them.
+
+`unfused`: one kernel per op, as plain PyTorch runs a layer (bias add, GeLU, dropout,
+residual add, scale, mask, softmax each their own kernel over DRAM). `fused`: Megatron-LM's
+fused kernels (megatron/model/fused_bias_gelu.py `bias_gelu_impl`,
+megatron/model/transformer.py `bias_dropout_add_fused_train`, megatron/model/fused_softmax.py
+`FusedScaleMaskSoftmax` over the scaled_(upper_triang_)masked_softmax CUDA kernels, apex
+`FusedLayerNorm`): one kernel where PyTorch runs several, the intermediate never written.
+
+A kernel costs its launch plus max(DRAM bytes / achievable streaming bandwidth, vector flops
+/ vector peak, special-function ops / SFU rate). The achievable bandwidth is the preset's
+`memory.dram_efficiency` (a measured copy rate over the peak, sourced per device).
+Element-wise flop counts per element are ASSUMPTIONs (instruction counts); these kernels are
+memory bound, so their bytes decide their time (thesis 4.2.3).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MODES = ("unfused", "fused")
+STAT_BYTES = 4          # LayerNorm mean / rstd and softmax statistics are kept in fp32
+MASK_BYTES = 1          # a dropout keep-mask element
+GELU_FLOPS = 20         # ASSUMPTION: erf GeLU (thesis Eq. 4.1) as ~20 vector instructions
+LN_FLOPS_FWD, LN_FLOPS_BWD = 8, 12
+SOFTMAX_FLOPS = 5       # seed 004 2.2: max, subtract, exp, sum, normalize per element
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One GPU kernel's work: vector flops, special-function ops, DRAM bytes.
+
+    `tag` names it inside its op (the trace event is `<op>.<tag>`, or `<op>` when empty).
+    """
+
+    flops: float
+    read_bytes: float
+    write_bytes: float
+    tag: str = ""
+    sfu_ops: float = 0.0
+
+    @property
+    def dram_bytes(self) -> float:
+        return self.read_bytes + self.write_bytes
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"train.kernels={mode!r}; choose one of {list(MODES)}")
+    return mode
+
+
+def layernorm(rows: int, width: int, e: int, backward: bool = False) -> list[Kernel]:
+    """LayerNorm: one kernel in both modes (PyTorch's native LN and apex's fused LN alike).
+
+    backward: read dy, x, statistics, gamma; write dx and the parameter gradients.
+    """
+    act, stats, params = rows * width * e, 2 * rows * STAT_BYTES, 2 * width * e
+    if backward:
+        return [Kernel(LN_FLOPS_BWD * rows * width, 2 * act + stats + params, act + params)]
+    return [Kernel(LN_FLOPS_FWD * rows * width, act + params, act + stats)]
+
+
+def bias_gelu(rows: int, width: int, e: int, mode: str, backward: bool = False
+              ) -> list[Kernel]:
+    """FC-1's bias + GeLU (the GEMM wrote f = x W without bias).
+
+    fused (Megatron bias_gelu_impl): read f and b, write gelu(f + b); backward recomputes
+    f + b: read dy, f, b, write dx. unfused: `f + b` then `gelu`, each through DRAM (forward
+    keeps the sum for backward); backward is `gelu_backward`. Both modes then reduce dx over
+    rows for the bias gradient.
+    """
+    n, act, b = rows * width, rows * width * e, width * e
+    grad_bias = Kernel(n, act, b, "bias_grad")
+    if backward:
+        return [Kernel(2 * GELU_FLOPS * n, 2 * act + b, act, "", n), grad_bias]
+    if check_mode(mode) == "fused":
+        return [Kernel(GELU_FLOPS * n + n, act + b, act, "", n)]
+    return [Kernel(n, act + b, act, "bias"), Kernel(GELU_FLOPS * n, act, act, "gelu", n)]
+
+
+def bias_dropout_add(rows: int, width: int, e: int, dropout: bool, mode: str,
+                     backward: bool = False) -> list[Kernel]:
+    """x + dropout(a + b) after the row-parallel GEMM (thesis 2.2.2 Add & Norm).
+
+    fused (Megatron bias_dropout_add_fused_train): one kernel reads a, b, x and writes the sum
+    and the keep-mask. unfused: `a + b`, `dropout`, `+ x` as three kernels. backward (both):
+    the residual passes dy through; dropout's backward multiplies by the mask and the bias
+    gradient reduces it over rows, fused into one kernel in both stacks' autograd graphs.
+    """
+    n, act, b = rows * width, rows * width * e, width * e
+    mask = n * MASK_BYTES if dropout else 0
+    if backward:
+        return [Kernel(2 * n, act + mask, act + b)]
+    if check_mode(mode) == "fused":
+        return [Kernel(3 * n, 2 * act + b, act + mask)]
+    out = [Kernel(n, act + b, act, "bias")]
+    if dropout:
+        out.append(Kernel(n, act, act + mask, "dropout"))
+    return out + [Kernel(n, 2 * act, act, "add")]
+
+
+def softmax(scores: int, e: int, mode: str, dropout: bool, masked: bool,
+            backward: bool = False) -> list[Kernel]:
+    """Attention softmax over the materialized scores (seed 004 baseline; thesis 2.2.2).
+
+    fused (Megatron FusedScaleMaskSoftmax): scale, mask and softmax in one kernel, then
+    dropout. unfused (plain PyTorch): scale, `masked_fill`, softmax, dropout, each a kernel.
+    backward: dropout's mask multiply, then the softmax gradient from the output alone
+    (seed 004 Eq. 3), with scale (and mask) folded in when fused.
+    """
+    s, m = scores * e, scores * MASK_BYTES
+    out: list[Kernel]
+    if backward:
+        out = [Kernel(scores, s + m, s, "dropout.bwd")] if dropout else []
+        out.append(Kernel(3 * scores, 2 * s, s, "softmax.bwd"))
+        if check_mode(mode) == "unfused":
+            out += [Kernel(scores, s, s, "mask.bwd")] if masked else []
+            out.append(Kernel(scores, s, s, "scale.bwd"))
+        return out
+    if check_mode(mode) == "fused":
+        out = [Kernel(SOFTMAX_FLOPS * scores, s, s, "softmax", scores)]
+    else:
+        out = [Kernel(scores, s, s, "scale")]
+        out += [Kernel(scores, s + m, s, "mask")] if masked else []
+        out.append(Kernel(SOFTMAX_FLOPS * scores, s, s, "softmax", scores))
+    if dropout:
+        out.append(Kernel(scores, s, s + m, "dropout"))
+    return out
+
+
+def bias_grad(rows: int, width: int, e: int) -> list[Kernel]:
+    """Column sums of a gradient (a bias gradient not fused into another kernel)."""
+    return [Kernel(rows * width, rows * width * e, width * e)]
