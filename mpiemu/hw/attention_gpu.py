@@ -122,8 +122,9 @@ def steps(model: ComputeModel, a: AttnShape, variant: str, mode: str, dtype: str
     drop = [KernelStep(k.tag, k) for k in K.softmax(a.scores, a.e, mode, a.dropout, a.causal)
             if k.tag == "dropout"]
     if variant == "baseline":
+        fill = a.keys / a.seq if a.local_block else 1.0
         return [score, *[KernelStep(k.tag, k) for k in K.softmax(
-            a.scores, a.e, mode, a.dropout, a.causal)], context]
+            a.scores, a.e, mode, a.dropout, a.causal, row_fill=fill)], context]
     t = sub_vector(model, a, dtype)
     st = _stats(a, t) * K.STAT_BYTES
     ir = KernelStep("ir", K.Kernel(IR_FLOPS * _stats(a, t), 2 * st, st, "ir", _stats(a, t)))
@@ -189,7 +190,7 @@ def step_cost(model: ComputeModel, step: Step, dtype: str) -> tuple[float, float
         return g.time_s, g.flops, g.dram_bytes
     if isinstance(step, KernelStep):
         k = step.kernel
-        return (model.elementwise_s(k.read_bytes, k.write_bytes, k.flops, sfu_ops=k.sfu_ops),
-                k.flops, k.dram_bytes)
+        return (model.elementwise_s(k.read_bytes, k.write_bytes, k.flops, sfu_ops=k.sfu_ops,
+                                    bw_util=k.bw_util), k.flops, k.dram_bytes)
     f = flash_cost(model.spec, step.shape, dtype, step.backward)
     return f.time_s, f.flops, f.dram_bytes

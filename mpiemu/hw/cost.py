@@ -21,7 +21,8 @@ class ComputeModel(Protocol):
              epilogue: Epilogue = NO_EPILOGUE) -> GemmCost: ...
 
     def elementwise_s(self, read_bytes: float, write_bytes: float, flops: float = 0.0,
-                      *, launch: bool = True, sfu_ops: float = 0.0) -> float: ...
+                      *, launch: bool = True, sfu_ops: float = 0.0,
+                      bw_util: float = 1.0) -> float: ...
 
     def reduction_s(self, n_elems: int, elem_bytes: int) -> float: ...
 
@@ -52,9 +53,11 @@ class GpuModel:
         return cost
 
     def elementwise_s(self, read_bytes: float, write_bytes: float, flops: float = 0.0,
-                      *, launch: bool = True, sfu_ops: float = 0.0) -> float:
-        """max(bytes / streaming bandwidth, flops / vector peak, exp / SFU rate) + a launch."""
-        body = max((read_bytes + write_bytes) / self.spec.dram_stream_bw,
+                      *, launch: bool = True, sfu_ops: float = 0.0,
+                      bw_util: float = 1.0) -> float:
+        """max(bytes / the bandwidth it reaches, flops / vector peak, exp / SFU rate) plus a
+        launch; `bw_util` is its share of the achievable streaming bandwidth."""
+        body = max((read_bytes + write_bytes) / (self.spec.dram_stream_bw * bw_util),
                    flops / self.spec.vector_flops_per_s, sfu_ops / self.spec.sfu_ops_per_s)
         return body + (self.spec.kernel_launch_s if launch else 0.0)
 

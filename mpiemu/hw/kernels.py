@@ -37,6 +37,11 @@ class Kernel:
     write_bytes: float
     tag: str = ""
     sfu_ops: float = 0.0
+    bw_util: float = 1.0     # share of the achievable streaming bandwidth it reaches
+
+    def __post_init__(self) -> None:
+        if not 0 < self.bw_util <= 1:
+            raise ValueError(f"kernel {self.tag!r}: bw_util={self.bw_util} must be in (0, 1]")
 
     @property
     def dram_bytes(self) -> float:
@@ -100,13 +105,17 @@ def bias_dropout_add(rows: int, width: int, e: int, dropout: bool, mode: str,
 
 
 def softmax(scores: int, e: int, mode: str, dropout: bool, masked: bool,
-            backward: bool = False) -> list[Kernel]:
+            backward: bool = False, row_fill: float = 1.0) -> list[Kernel]:
     """Attention softmax over the materialized scores (seed 004 baseline; thesis 2.2.2).
 
     fused (Megatron FusedScaleMaskSoftmax): scale, mask and softmax in one kernel, then
     dropout. unfused (plain PyTorch): scale, `masked_fill`, softmax, dropout, each a kernel.
     backward: dropout's mask multiply, then the softmax gradient from the output alone
     (seed 004 Eq. 3), with scale (and mask) folded in when fused.
+    `row_fill` < 1: a block-sparse layout where a row holds that share of nonzeros. The
+    softmax kernel still gives each thread block a full row's threads, and only the share
+    on nonzero blocks issues loads (seed 004 2.4), so it reaches that share of the
+    bandwidth: its time is a dense row's, its traffic the nonzeros'.
     """
     s, m = scores * e, scores * MASK_BYTES
     out: list[Kernel]
@@ -117,12 +126,13 @@ def softmax(scores: int, e: int, mode: str, dropout: bool, masked: bool,
             out += [Kernel(scores, s, s, "mask.bwd")] if masked else []
             out.append(Kernel(scores, s, s, "scale.bwd"))
         return out
+    sm = Kernel(SOFTMAX_FLOPS * scores, s, s, "softmax", scores, min(1.0, row_fill))
     if check_mode(mode) == "fused":
-        out = [Kernel(SOFTMAX_FLOPS * scores, s, s, "softmax", scores)]
+        out = [sm]
     else:
         out = [Kernel(scores, s, s, "scale")]
         out += [Kernel(scores, s + m, s, "mask")] if masked else []
-        out.append(Kernel(SOFTMAX_FLOPS * scores, s, s, "softmax", scores))
+        out.append(sm)
     if dropout:
         out.append(Kernel(scores, s, s + m, "dropout"))
     return out

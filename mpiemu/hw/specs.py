@@ -6,7 +6,7 @@ Presets (TOML data files beside this module) are turned into these specs by
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
 DTYPE_BYTES: dict[str, int] = {"fp16": 2, "bf16": 2, "tf32": 4, "fp32": 4, "fp64": 8}
@@ -165,6 +165,18 @@ class DeviceSpec:
         except KeyError:
             raise ValueError(f"device {self.name} has no peak for dtype={dtype!r}; it has "
                              f"{sorted(self.peak_flops_per_s)}") from None
+
+    def at_core_clock(self, hz: float) -> "DeviceSpec":
+        """This device with its SM clock set to `hz` (memory clock unchanged): matrix,
+        vector, SFU and L2 rates scale with the clock, as when a profiler locks it."""
+        if hz <= 0:
+            raise ValueError(f"device {self.name}: clock {hz} Hz must be > 0")
+        f = hz / self.clock_hz
+        gemm = replace(self.gemm, l2_bw_bytes_per_s=self.gemm.l2_bw_bytes_per_s * f,
+                       wave_fixed_s=self.gemm.wave_fixed_s / f)
+        return replace(self, clock_hz=hz, vector_flops_per_s=self.vector_flops_per_s * f,
+                       peak_flops_per_s={k: v * f for k, v in self.peak_flops_per_s.items()},
+                       gemm=gemm)
 
     @property
     def sfu_ops_per_s(self) -> float:

@@ -90,7 +90,7 @@ def charge(tl: Timeline, model: ComputeModel, name: str, shape: ag.AttnShape, va
         elif isinstance(step, ag.KernelStep):
             k = step.kernel
             t = sim_ops.elementwise(tl, model, label, k.read_bytes, k.write_bytes, k.flops,
-                                    after=t, sfu_ops=k.sfu_ops).t_end
+                                    after=t, sfu_ops=k.sfu_ops, bw_util=k.bw_util).t_end
         else:
             f = ag.flash_cost(model.spec, step.shape, dtype, step.backward)
             t = tl.reserve(label, ["compute"], f.time_s, t, cat="compute", flops=f.flops,

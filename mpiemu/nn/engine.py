@@ -112,7 +112,7 @@ class Engine:
             label = f"{name}.{k.tag}" if k.tag and len(kernels) > 1 else name
             self.t = sim_ops.elementwise(self.tl, self.model, label, k.read_bytes,
                                          k.write_bytes, k.flops, after=self.t,
-                                         sfu_ops=k.sfu_ops).t_end
+                                         sfu_ops=k.sfu_ops, bw_util=k.bw_util).t_end
         return out
 
     def gemm(self, name: str, a: Array, b: Array, m: int, n: int, k: int,

@@ -20,8 +20,8 @@ def gemm(tl: Timeline, model: ComputeModel, name: str, m: int, n: int, k: int, *
 def elementwise(tl: Timeline, model: ComputeModel, name: str, read_bytes: float,
                 write_bytes: float, flops: float = 0.0, *,
                 after: SimTime | Iterable[SimTime] = 0.0, resource: str = COMPUTE,
-                sfu_ops: float = 0.0) -> Span:
+                sfu_ops: float = 0.0, bw_util: float = 1.0) -> Span:
     """Place a memory-bound kernel: bytes over streaming bandwidth plus a launch."""
-    t = model.elementwise_s(read_bytes, write_bytes, flops, sfu_ops=sfu_ops)
+    t = model.elementwise_s(read_bytes, write_bytes, flops, sfu_ops=sfu_ops, bw_util=bw_util)
     return tl.reserve(name, [resource], t, after, cat="compute", flops=flops,
                       dram_bytes=read_bytes + write_bytes)

@@ -32,6 +32,8 @@ STUDIES: dict[str, StudyInfo] = {s.name: s for s in (
               "SWattention vs standard attention, SwFormer OPT2 / KA scheduling"),
     StudyInfo("kernels", "mpiemu.studies.kernels", "issue 10 (published GEMM measurements)",
               "GEMM throughput of transformer-layer shapes on A100 and H100"),
+    StudyInfo("softmax", "mpiemu.studies.softmax", "004 (softmax recomposition)",
+              "baseline / SD / SDF / flash attention on A100, RTX 3090, T4"),
 )}
 
 

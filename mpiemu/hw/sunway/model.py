@@ -103,9 +103,11 @@ class SunwayModel:
         return best_gemm(self.sw, m, n, k, dtype, batch, fusion=self.tile_fusion, cgs=cgs)
 
     def elementwise_s(self, read_bytes: float, write_bytes: float, flops: float = 0.0,
-                      *, launch: bool = True, sfu_ops: float = 0.0) -> float:
+                      *, launch: bool = True, sfu_ops: float = 0.0,
+                      bw_util: float = 1.0) -> float:
         """DMA in and out through every CG's engine vs SIMD work on every CPE, overlapped
-        (`sfu_ops`, a GPU notion, is ignored: CPE exp costs are in the Sunway kernels)."""
+        (`sfu_ops` and `bw_util`, GPU notions, are ignored: CPE costs are in the Sunway
+        kernels)."""
         sw, cgs = self.sw, self.sw.core_groups
         dma = (sw.dma_s(read_bytes / cgs, read_bytes / cgs / REQUEST_BYTES)
                + sw.dma_s(write_bytes / cgs, write_bytes / cgs / REQUEST_BYTES, store=True))
