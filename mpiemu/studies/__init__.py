@@ -34,6 +34,8 @@ STUDIES: dict[str, StudyInfo] = {s.name: s for s in (
               "GEMM throughput of transformer-layer shapes on A100 and H100"),
     StudyInfo("softmax", "mpiemu.studies.softmax", "004 (softmax recomposition)",
               "baseline / SD / SDF / flash attention on A100, RTX 3090, T4"),
+    StudyInfo("fusion", "mpiemu.studies.fusion", "002 (StarPU / NNTile report)",
+              "fused GEMM epilogues and StarPU task granularity on 1-8 GPUs"),
 )}
 
 
