@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..hw.cost import GpuModel
-from ..hw.gemm import Epilogue
+from ..hw.gemm import NO_EPILOGUE, Epilogue
 from ..hw.presets import load_device
 from ..hw.tasks import Runtime, Task, run
 from .common import Golden, Row, load_figures, write_csv
@@ -40,7 +40,7 @@ class Builder:
 
     def gemm(self, name: str, m: int, n: int, k: int, reads: tuple[str, ...], out: str,
              epilogue: Epilogue | None = None) -> None:
-        g = self.m.gemm(m, n, k, dtype="fp16", **({"epilogue": epilogue} if epilogue else {}))
+        g = self.m.gemm(m, n, k, dtype="fp16", epilogue=epilogue or NO_EPILOGUE)
         kind = "fused" if epilogue else "gemm"
         self.tasks.append(Task(name, kind, g.time_s - g.launch_s, reads, out))
 

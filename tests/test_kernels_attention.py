@@ -1,0 +1,137 @@
+"""Softmax recomposition, flash attention and the kernel options: numerics, costs, config."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mpiemu.analysis import load
+from mpiemu.analysis.compare import compare_lines
+from mpiemu.hw import attention_gpu as ag
+from mpiemu.hw import kernels as hk
+from mpiemu.hw.cost import model_for
+from mpiemu.hw.presets import load_device
+from mpiemu.nn import attention as attn
+from mpiemu.nn.softmax_recompose import attention_sdf, softmax_sd
+from mpiemu.run.config import load_workload
+from mpiemu.run.errors import ConfigError
+from tests.conftest import run_mpi
+
+RNG = np.random.default_rng(10)
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("t", [1, 4, 5, 16, 40])        # 40 divides L=40; 5 too; 16 does not
+def test_ls_ir_gs_equal_softmax_for_t_dividing_and_not(t: int) -> None:
+    x = RNG.standard_normal((3, 7, 40)) * 5
+    np.testing.assert_allclose(softmax_sd(x, t), _softmax(x), rtol=1e-13, atol=1e-15)
+
+
+def test_ls_ir_gs_skip_fully_masked_sub_vectors() -> None:
+    x = RNG.standard_normal((6, 12))
+    x[:, 5:] = -np.inf                                   # causal-like: whole sub-vectors masked
+    y = softmax_sd(x, 4)
+    assert np.isfinite(y).all() and np.allclose(y[:, 5:], 0.0)
+    np.testing.assert_allclose(y[:, :5], _softmax(x[:, :5]), rtol=1e-13)
+
+
+@pytest.mark.parametrize("variant", ["sd", "sdf"])
+@pytest.mark.parametrize("t", [3, 4, 11])                # L = 12: divides, divides, does not
+@pytest.mark.parametrize("causal", [True, False])
+def test_recomposed_attention_equals_the_baseline_forward_and_backward(
+        variant: str, t: int, causal: bool) -> None:
+    q, k, v, do = (RNG.standard_normal((2, 3, 12, 4)) for _ in range(4))
+    keep = RNG.random((2, 3, 12, 12)) >= 0.25
+    o1, c1 = attn.dense(q, k, v, causal, keep, 0.25)
+    o2, c2 = attn.dense(q, k, v, causal, keep, 0.25, variant, t)
+    np.testing.assert_allclose(o2, o1, rtol=1e-12, atol=1e-14)
+    for g1, g2 in zip(attn.dense_back(do, c1, 0.25), attn.dense_back(do, c2, 0.25)):
+        np.testing.assert_allclose(g2, g1, rtol=1e-11, atol=1e-13)
+
+
+def test_sdf_fuses_ls_per_output_tile() -> None:
+    q, k, v = (RNG.standard_normal((2, 9, 8)) for _ in range(3))
+    o, y = attention_sdf(q, k, v, 0.5, 4, None)
+    ref = _softmax((q @ k.swapaxes(-1, -2)) * 0.5)
+    np.testing.assert_allclose(y, ref, rtol=1e-13)
+    np.testing.assert_allclose(o, ref @ v, rtol=1e-12)
+
+
+@pytest.mark.parametrize("block", [5, 16])               # 5 does not divide S = 23
+@pytest.mark.parametrize("causal", [True, False])
+def test_flash_equals_dense_attention_within_1e10_in_float64(block: int, causal: bool) -> None:
+    q, k, v, do = (RNG.standard_normal((2, 2, 23, 8)) for _ in range(4))
+    keep = RNG.random((2, 2, 23, 23)) >= 0.1
+    o1, c1 = attn.dense(q, k, v, causal, keep, 0.1)
+    o2, c2 = attn.flash_forward(q, k, v, causal, lambda: keep, 0.1, block)
+    assert np.abs(o2 - o1).max() < 1e-10
+    for g1, g2 in zip(attn.dense_back(do, c1, 0.1),
+                      attn.flash_backward(do, o2, c2, causal, lambda: keep, 0.1, block)):
+        assert np.abs(g2 - g1).max() < 1e-10
+
+
+def _traffic(variant: str, backward: bool = False) -> dict[str, float]:
+    m = model_for(load_device("a100-pcie-40gb"))
+    a = ag.AttnShape(16, 4096, 4096, 64, 2)
+    return {s.name: ag.step_cost(m, s, "fp16")[2]
+            for s in ag.steps(m, a, variant, "fused", "fp16", backward)}
+
+
+def test_score_matrix_traffic_is_4s_6s_2s_and_none() -> None:
+    """Seed 004 2.5: baseline 4 S around the softmax, SD 6 S, SDF 2 S (+ 6 S/T), flash 0."""
+    s = 16 * 4096 * 4096 * 2
+    base, sd, sdf, flash = (sum(_traffic(v).values()) for v in ("baseline", "sd", "sdf",
+                                                                 "flash"))
+    assert base == pytest.approx(4 * s, rel=0.02)
+    assert sd == pytest.approx(6 * s, rel=0.08)
+    assert sdf == pytest.approx(2 * s, rel=0.12) and sdf > 2 * s
+    assert flash < 0.1 * s                      # q, k, v, o only
+
+
+def test_sdf_pays_its_epilogue_on_the_score_gemm() -> None:
+    m = model_for(load_device("a100-pcie-40gb"))
+    a = ag.AttnShape(16, 4096, 4096, 64, 2)
+    t = {v: {s.name: ag.step_cost(m, s, "fp16")[0] for s in ag.steps(m, a, v, "fused", "fp16")}
+         for v in ("baseline", "sdf")}
+    assert t["sdf"]["score+ls"] > 1.1 * t["baseline"]["score"]
+    assert t["sdf"]["ir"] < 0.05 * t["baseline"]["softmax"]
+
+
+def test_unfused_softmax_launches_scale_mask_softmax_dropout() -> None:
+    tags = [k.tag for k in hk.softmax(1000, 2, "unfused", dropout=True, masked=True)]
+    assert tags == ["scale", "mask", "softmax", "dropout"]
+    assert [k.tag for k in hk.softmax(1000, 2, "fused", True, True)] == ["softmax", "dropout"]
+
+
+def _check(*sets: str) -> None:
+    load_workload("workloads/quickstart.toml", list(sets))
+
+
+@pytest.mark.parametrize("key, value, needle", [
+    ("model.attention", "'fast'", "model.attention"),
+    ("train.kernels", "'partly'", "train.kernels"),
+])
+def test_bad_kernel_options_are_one_config_error(key: str, value: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle) as err:
+        _check(f"{key}={value}")
+    assert "\n" not in str(err.value)
+
+
+def test_compare_shows_the_per_op_differences_of_two_attention_variants(tmp_path: Path
+                                                                          ) -> None:
+    runs = {}
+    for variant in ("baseline", "sdf"):
+        out = tmp_path / variant
+        res = run_mpi(1, ["run", "workloads/quickstart.toml", "--set", "parallel.dp=1",
+                          "--set", "parallel.tp=1", "--set", f"model.attention='{variant}'",
+                          "--set", "train.kernels='unfused'", "--set", "run.iterations=1",
+                          "--out", str(out)])
+        assert res.returncode == 0, res.stderr
+        runs[variant] = load(out)
+    text = "\n".join(compare_lines(runs["baseline"], runs["sdf"], top=40))
+    assert "attn.score+ls" in text and "attn.softmax" in text and "attn.scale" in text
