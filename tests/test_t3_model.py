@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import math
+from importlib import resources
+from pathlib import Path
 
 import pytest
 
 from mpiemu.hw import load_device, model_for
 from mpiemu.hw.contention import (NO_CONTENTION, StageDemand, T3Params, comm_dram_bw, mca,
                                   round_robin, solve_stage, stage_s)
-from mpiemu.hw.presets import all_quantities, read_preset
+from mpiemu.hw.presets import PresetError, all_quantities, read_preset
 from mpiemu.overlap.model import gemm_plan, rs_costs
 from mpiemu.overlap.strategy import Overlap
 
@@ -17,7 +19,9 @@ BW = 900e9
 
 @pytest.fixture
 def params() -> T3Params:
-    return T3Params.from_extra(load_device("t3-gpu").extra)
+    p = load_device("t3-gpu").t3
+    assert p is not None
+    return p
 
 
 def stage(read_mb: float, write_mb: float = 5.0, time_us: float = 80.0,
@@ -27,9 +31,11 @@ def stage(read_mb: float, write_mb: float = 5.0, time_us: float = 80.0,
 
 
 def test_every_overlap_parameter_of_the_preset_has_a_source() -> None:
-    extra = all_quantities(read_preset("t3-gpu"))["extra"]
+    extra = all_quantities(read_preset("t3-gpu"))["t3"]
     assert {"nmc_update_cost", "dram_queue_entries", "mca_threshold_high", "comm_cu_bw"} <= \
         set(extra)
+    assert all(f"t3.{k}" in load_device("t3-gpu").sources for k in
+               ("nmc_update_cost", "mca_starvation_limit_cycles", "comm_cu_bw_bytes_per_s"))
     assert all(q.source.strip() for q in extra.values())
 
 
@@ -38,9 +44,12 @@ def test_preset_carries_the_thesis_numbers(params: T3Params) -> None:
     assert params.mca_thresholds == (5, 10, 30)        # 8.5.1.3
 
 
-def test_missing_parameters_are_named() -> None:
-    with pytest.raises(ValueError, match="comm_cu_bw"):
-        T3Params.from_extra({"nmc_update_cost": 2.0}, "h100")
+def test_missing_parameters_are_named(tmp_path: Path) -> None:
+    text = (Path(str(resources.files("mpiemu.hw") / "presets")) / "t3-gpu.toml").read_text()
+    bad = tmp_path / "no-comm-cu.toml"
+    bad.write_text("\n".join(x for x in text.splitlines() if not x.startswith("comm_cu_bw")))
+    with pytest.raises(PresetError, match="t3.comm_cu_bw"):
+        load_device(str(bad))
 
 
 def test_no_contention_keeps_the_isolated_time() -> None:

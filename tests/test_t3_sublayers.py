@@ -46,7 +46,7 @@ def test_bad_input_is_one_config_error(override: str, needle: str) -> None:
 def test_a_gpu_preset_without_overlap_parameters_is_refused(tmp_path: Path) -> None:
     text = (Path(__file__).parents[1] / "mpiemu/hw/presets/h100-sxm5.toml").read_text()
     bare = tmp_path / "bare-gpu.toml"
-    bare.write_text(text.split("[extra]")[0])
+    bare.write_text(text.split("[t3]")[0])
     with pytest.raises(ConfigError, match="overlap-model parameters"):
         check(f"device.preset='{bare}'")
 

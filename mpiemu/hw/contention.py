@@ -20,25 +20,22 @@ Nothing here knows of MPI: callers pass bytes and times.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable
 
 POLICIES = ("none", "round-robin", "compute-first")
 
-# [extra] keys of a device preset that the overlap models read (units stripped by the loader)
-PARAM_KEYS = ("nmc_update_cost", "dram_queue_entries", "mca_threshold_high",
-              "mca_threshold_mid", "mca_threshold_low", "mca_intensity_high",
-              "mca_intensity_mid", "mca_intensity_low", "mca_starvation_limit",
-              "dram_burst", "comm_cu_bw")
-
-
 @dataclass(frozen=True)
 class T3Params:
-    """Memory-system and communication-kernel parameters of the overlap models (preset [extra])."""
+    """Memory-system and communication-kernel parameters of the overlap models (preset [t3])."""
 
     nmc_update_cost: float              # DRAM time of an op-and-store byte / a plain write byte
     dram_queue_entries: int             # memory-controller scheduling queue depth
-    mca_thresholds: tuple[int, int, int]        # queue entries comm may hold: high/mid/low intensity
-    mca_intensity_cutoffs: tuple[float, float, float]   # first-stage read occupancy per threshold
+    mca_threshold_high: int             # queue entries comm may hold: high/mid/low intensity
+    mca_threshold_mid: int
+    mca_threshold_low: int
+    mca_intensity_high: float           # first-stage read occupancy that selects each threshold
+    mca_intensity_mid: float
+    mca_intensity_low: float
     mca_starvation_limit_cycles: float  # comm gets one burst after this many cycles without
     dram_burst_cycles: float            # DRAM cycles one access burst occupies a channel
     comm_cu_bw_bytes_per_s: float       # loads + stores one CU of a communication kernel sustains
@@ -60,23 +57,13 @@ class T3Params:
         if self.comm_cu_bw_bytes_per_s <= 0:
             raise ValueError(f"comm_cu_bw={self.comm_cu_bw_bytes_per_s} must be > 0")
 
-    @classmethod
-    def from_extra(cls, extra: Mapping[str, float], where: str = "device") -> "T3Params":
-        """Read the parameters from a preset's [extra] section; names what is missing."""
-        missing = [k for k in PARAM_KEYS if k not in extra]
-        if missing:
-            raise ValueError(f"{where} has no overlap-model parameters {missing} in its [extra] "
-                             "section (see mpiemu/hw/presets/t3-gpu.toml)")
-        e = extra
-        return cls(nmc_update_cost=e["nmc_update_cost"],
-                   dram_queue_entries=int(e["dram_queue_entries"]),
-                   mca_thresholds=(int(e["mca_threshold_high"]), int(e["mca_threshold_mid"]),
-                                   int(e["mca_threshold_low"])),
-                   mca_intensity_cutoffs=(e["mca_intensity_high"], e["mca_intensity_mid"],
-                                          e["mca_intensity_low"]),
-                   mca_starvation_limit_cycles=e["mca_starvation_limit"],
-                   dram_burst_cycles=e["dram_burst"],
-                   comm_cu_bw_bytes_per_s=e["comm_cu_bw"])
+    @property
+    def mca_thresholds(self) -> tuple[int, int, int]:
+        return self.mca_threshold_high, self.mca_threshold_mid, self.mca_threshold_low
+
+    @property
+    def mca_intensity_cutoffs(self) -> tuple[float, float, float]:
+        return self.mca_intensity_high, self.mca_intensity_mid, self.mca_intensity_low
 
     def mca_threshold(self, read_intensity: float) -> int:
         """Queue entries communication may occupy, smaller for memory-intensive GEMMs (8.3.5).

@@ -7,34 +7,20 @@ paper states (the reasoning follows in the same string).
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
-from .specs import DeviceSpec, GemmTiling, KernelSpec, LinkSpec
+from .caps import UNITS, CapError, Quantity, load_spec
+from .specs import DeviceSpec, LinkSpec
 
-UNIT_SCALE: dict[str, float] = {
-    "GHz": 1e9, "TFLOPS": 1e12, "GFLOPS": 1e9, "GBps": 1e9, "GiB": 2.0**30, "GB": 1e9,
-    "MiB": 2.0**20, "KiB": 2.0**10, "us": 1e-6, "ns": 1e-9, "s": 1.0, "frac": 1.0, "count": 1.0,
-}
-DTYPES = ("fp16", "bf16", "tf32", "fp32", "fp64")
+UNIT_SCALE: dict[str, float] = {unit: factor for unit, (factor, _) in UNITS.items()}
+TOP_LEVEL = ("name", "kind", "description")
 
 
 class PresetError(ValueError):
     """A preset file is malformed (missing source, unknown unit, missing key)."""
-
-
-@dataclass(frozen=True)
-class Quantity:
-    """A preset number in SI units with its source."""
-
-    value: float
-    source: str
-
-    @property
-    def is_assumption(self) -> bool:
-        return self.source.upper().startswith("ASSUMPTION")
 
 
 def _split_unit(key: str) -> tuple[str, float]:
@@ -99,40 +85,38 @@ def link_from(q: Mapping[str, Quantity], topology: str, where: str) -> LinkSpec:
                     sources={k: v.source for k, v in q.items()})
 
 
-def _gemm_tiling(q: Mapping[str, Quantity], where: str) -> GemmTiling:
-    try:
-        return GemmTiling.from_quantities({k: v.value for k, v in q.items()}, where)
-    except ValueError as exc:
-        raise PresetError(str(exc)) from None
+def _unused(raw: Mapping[str, Any], secs: Mapping[str, Mapping[str, Quantity]],
+            used: set[tuple[str, str]], name: str) -> str | None:
+    """The first preset entry no field reads (a typo, or a section no model knows)."""
+    for sec, qs in secs.items():
+        for key in qs:
+            if (sec, key) not in used:
+                entry = [k for k in raw[sec] if _split_unit(k)[0] == key][0]
+                return f"{name}.{sec}.{entry}"
+    return None
 
 
 def load_device(name_or_path: str) -> DeviceSpec:
-    """Build a DeviceSpec from a preset; raises PresetError naming what is wrong."""
+    """Build a DeviceSpec from a preset (every section a field of the spec tree, `caps`);
+    raises PresetError naming what is wrong, including an entry no field reads."""
     raw = read_preset(name_or_path)
     name = str(raw.get("name", name_or_path))
     secs = all_quantities(raw)
-    comp, mem = secs.get("compute", {}), secs.get("memory", {})
-    gemm, link = secs.get("gemm", {}), secs.get("link", {})
-    peaks = {d: comp[f"peak_{d}"].value for d in DTYPES if f"peak_{d}" in comp}
-    if not peaks:
-        raise PresetError(f"{name}.compute: needs at least one peak_<dtype>_TFLOPS")
-    sources = {f"{sec}.{k}": v.source for sec, qs in secs.items() for k, v in qs.items()}
-    topology = str(raw.get("link", {}).get("topology", "ring"))
-    return DeviceSpec(
-        name=name, kind=str(raw.get("kind", "gpu")), peak_flops_per_s=peaks,
-        vector_flops_per_s=_need(comp, "vector_fp32", f"{name}.compute"),
-        dram_bw_bytes_per_s=_need(mem, "dram_bw", f"{name}.memory"),
-        dram_capacity_bytes=_need(mem, "dram_capacity", f"{name}.memory"),
-        llc_bytes=_need(mem, "llc", f"{name}.memory"),
-        compute_units=int(_need(comp, "compute_units", f"{name}.compute")),
-        clock_hz=_need(comp, "clock", f"{name}.compute"),
-        kernel_launch_s=_need(comp, "kernel_launch", f"{name}.compute"),
-        dram_efficiency=_need(mem, "dram_efficiency", f"{name}.memory"),
-        gemm=_gemm_tiling(gemm, f"{name}.gemm"),
-        kernels=KernelSpec.from_quantities({k: v.value for k, v in
-                                            secs.get("kernels", {}).items()}),
-        link=link_from(link, topology, f"{name}.link"),
-        description=str(raw.get("description", "")),
-        sources=sources,
-        extra={k: v.value for k, v in secs.get("extra", {}).items()},
-    )
+    # the link leaves the device spec with the network presets (issue 8)
+    given: dict[str, Any] = {k: str(raw.get(k, d)) for k, d in
+                             zip(TOP_LEVEL, (name_or_path, "gpu", ""))}
+    given["link"] = link_from(secs.get("link", {}), str(raw.get("link", {}).get(
+        "topology", "ring")), f"{name}.link")
+    used = {("link", k) for k in secs.get("link", {})}
+    sources = {f"link.{f}": given["link"].sources.get(k, f"{name}.link.{k}") for f, k in
+               (("latency_s", "latency"), ("bw_bytes_per_s", "bw_per_direction"),
+                ("topology", "topology"))}
+    try:
+        spec = load_spec(DeviceSpec, secs, "", name, used, sources, given=given)
+    except (CapError, ValueError) as exc:
+        raise PresetError(str(exc)) from None
+    bad = _unused(raw, secs, used, name)
+    if bad is not None:
+        raise PresetError(f"{bad}: no field of the device spec reads it (mpiemu devices "
+                          f"{name} lists them)")
+    return replace(spec, sources=sources)

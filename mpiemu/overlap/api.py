@@ -43,21 +43,16 @@ def _matmul(x: np.ndarray | None, w: np.ndarray | None) -> np.ndarray | None:
 
 
 def overlap_params(spec: DeviceSpec, ov: Overlap) -> T3Params | None:
-    """The preset's overlap-model parameters, required by every strategy past `ideal`."""
+    """The preset's overlap-model parameters ([t3]), required by every strategy past `ideal`."""
     if ov.strategy in ("sequential", "ideal"):
-        return T3Params.from_extra(spec.extra, spec.name) if _has_params(spec) else None
+        return spec.t3
     if spec.kind != "gpu":
         raise ValueError(f"overlap.strategy={ov.strategy!r} models a GPU memory system; device "
                          f"{spec.name} is a {spec.kind}: use 'sequential' or 'ideal'")
-    return T3Params.from_extra(spec.extra, spec.name)
-
-
-def _has_params(spec: DeviceSpec) -> bool:
-    try:
-        T3Params.from_extra(spec.extra)
-    except ValueError:
-        return False
-    return True
+    if spec.t3 is None:
+        raise ValueError(f"device {spec.name} has no [t3] section with the overlap-model "
+                         "parameters (see mpiemu/hw/presets/t3-gpu.toml)")
+    return spec.t3
 
 
 def _dram(stats: OverlapStats, op: str, before: dict[str, float]) -> float:

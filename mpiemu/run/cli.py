@@ -25,7 +25,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_devices(args: argparse.Namespace) -> int:
     """List device presets with their numbers, sources and assumptions."""
     from .devices import format_devices  # noqa: PLC0415
-    sys.stdout.write("\n".join(format_devices(args.name, brief=args.brief)) + "\n")
+    if args.set and not args.name:
+        raise ValueError("devices --set needs a preset NAME")
+    lines = format_devices(args.name, brief=args.brief, overrides=args.set or [])
+    sys.stdout.write("\n".join(lines) + "\n")
     return 0
 
 
@@ -113,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("devices", help="list device presets with sources")
     d.add_argument("name", nargs="?", help="one preset only")
     d.add_argument("--brief", action="store_true", help="the summary table only")
+    d.add_argument("--set", action="append", metavar="device.PATH=VALUE",
+                   help="show the preset with a capability overridden (repeatable)")
     a = sub.add_parser("analyze", help="tables of a run directory")
     a.add_argument("run_dir")
     a.add_argument("--top", type=int, default=25, help="rows of the per-op table")

@@ -8,10 +8,11 @@ from __future__ import annotations
 import hashlib
 import json
 import tomllib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
+from ..hw.caps import CapError, apply_overrides, check_path
 from ..hw.presets import PresetError, list_presets, load_device
 from ..hw.specs import DTYPE_BYTES, TOPOLOGIES, DeviceSpec, LinkSpec
 from .errors import ConfigError
@@ -50,19 +51,51 @@ class RunSection:
 
 @dataclass(frozen=True)
 class DeviceSection:
-    """Which hardware every rank plays (`rank_presets`: one preset per rank instead)."""
+    """Which hardware every rank plays (`rank_presets`: one preset per rank instead), and
+    `overrides` of its capabilities: every other key under [device] (`--set
+    device.gemm.efficiency=0.9`, `device.scale.compute=2`), a dotted field path of the device
+    spec (`mpiemu devices NAME` lists them) in its SI unit, or with a preset unit
+    (`device.dram_bw_GBps=2000`)."""
 
     preset: str = "t3-gpu"
     rank_presets: tuple[str, ...] = ()
+    overrides: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for i, name in enumerate((self.preset, *self.rank_presets)):
             field = "device.preset" if i == 0 else f"device.rank_presets[{i - 1}]"
             if not Path(name).suffix and name not in list_presets():
                 raise ConfigError(field, name, list_presets())
+        for path, value in self.overrides.items():
+            try:
+                check_path(DeviceSpec, path, value)
+            except CapError as exc:
+                raise ConfigError(exc.field, exc.value, exc.allowed) from None
 
     def preset_of(self, rank: int) -> str:
         return self.rank_presets[rank] if self.rank_presets else self.preset
+
+
+def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'gemm': {'efficiency': 0.9}} -> {'gemm.efficiency': 0.9}."""
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        if isinstance(v, Mapping):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def _gather_device_overrides(table: dict[str, Any]) -> None:
+    """Move every [device] key that is not a DeviceSection field into `overrides`."""
+    dev = table.get("device")
+    if not isinstance(dev, dict):
+        return
+    own = {f.name for f in fields(DeviceSection)}
+    caps = {k: dev.pop(k) for k in [k for k in dev if k not in own]}
+    if caps:
+        dev["overrides"] = {**_flatten(dev.get("overrides", {})), **_flatten(caps)}
 
 
 @dataclass(frozen=True)
@@ -192,16 +225,20 @@ def load_workload(path: str | Path | None, overrides: Sequence[str] = ()) -> Wor
     for item in overrides:
         keys, value = parse_override(item)
         apply_override(table, keys, value)
+    _gather_device_overrides(table)
     return from_table(Workload, table, "")
 
 
 def resolve_device(w: Workload, rank: int = 0) -> DeviceSpec:
-    """The DeviceSpec a rank plays, with the workload's network overrides applied."""
+    """The DeviceSpec a rank plays: its preset, the [device] overrides and scale knobs, and
+    the workload's network overrides of the link."""
     name = w.device.preset_of(rank)
     try:
-        spec = load_device(name)
+        spec = apply_overrides(load_device(name), w.device.overrides)
     except PresetError as exc:
         raise ConfigError("device.preset", name, str(exc)) from None
+    except CapError as exc:
+        raise ConfigError(exc.field, exc.value, exc.allowed) from None
     net, link = w.network, spec.link
     link = replace(link, bw_bytes_per_s=net.bw_GBps * 1e9 if net.bw_GBps else link.bw_bytes_per_s,
                    latency_s=net.latency_ns * 1e-9 if net.latency_ns >= 0 else link.latency_s,

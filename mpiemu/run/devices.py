@@ -1,40 +1,70 @@
-"""`mpiemu devices`: the presets' numbers beside their sources, assumptions marked."""
+"""`mpiemu devices`: every capability a model reads, its effective value and its source.
+
+`mpiemu devices NAME --set device.<path>=VALUE` shows the spec a workload with those
+overrides would play: overridden and scaled values are marked, defaults too.
+"""
 from __future__ import annotations
 
-from ..hw.presets import all_quantities, list_presets, load_device, read_preset
+from typing import Any, Sequence
+
+from ..hw.caps import apply_overrides, walk
+from ..hw.presets import list_presets, load_device
+from ..hw.specs import DeviceSpec
+from .config import load_workload
 
 
-def _summary_row(name: str) -> str:
-    d = load_device(name)
+def _summary_row(d: DeviceSpec) -> str:
     fp16 = d.peak_flops_per_s.get("fp16", 0.0) / 1e12
     fp32 = d.peak_flops_per_s.get("fp32", 0.0) / 1e12
+    sections = "+".join(s for s in ("t3", "nmc", "sunway") if getattr(d, s) is not None)
     return (f"{d.name:<18}{d.kind:<8}{d.compute_units:>5}{d.clock_hz / 1e9:>7.2f}"
             f"{fp16:>9.1f}{fp32:>9.1f}{d.dram_bw_bytes_per_s / 1e9:>11.0f}"
             f"{d.dram_capacity_bytes / 2**30:>6.0f}{d.llc_bytes / 2**20:>9.0f}"
-            f"{d.link.bw_bytes_per_s / 1e9:>11.1f}{d.link.latency_s * 1e9:>8.0f}  {d.link.topology}")
+            f"{d.link.bw_bytes_per_s / 1e9:>11.1f}{d.link.latency_s * 1e9:>8.0f}  "
+            f"{d.link.topology:<16}{sections or '-'}")
 
 
-def _source_lines(name: str) -> list[str]:
-    raw = read_preset(name)
-    lines = [f"{name}: {raw.get('description', '')}"]
-    for sec, qs in all_quantities(raw).items():
-        for key, q in qs.items():
-            flag = "ASSUMPTION" if q.is_assumption else "sourced"
-            src = q.source.removeprefix("ASSUMPTION:").strip()
-            lines.append(f"  {sec}.{key:<24} {q.value:<14.6g} [{flag}] {src}")
+def _flag(source: str) -> tuple[str, str]:
+    for tag in ("OVERRIDE", "SCALED", "ASSUMPTION"):
+        if source.upper().startswith(tag):
+            return tag, source.removeprefix(tag).lstrip(": ")
+    return ("default", "the spec's default (no preset entry)") if not source \
+        else ("sourced", source)
+
+
+def _value(v: Any) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def capability_lines(d: DeviceSpec) -> list[str]:
+    """One line per capability: dotted path (its `--set device.<path>`), value, flag, source."""
+    lines = [f"{d.name}: {d.description}"]
+    for path, v in walk(d):
+        flag, src = _flag(d.sources.get(path, ""))
+        lines.append(f"  {path:<36} {_value(v):<14} [{flag}] {src}")
     return lines
 
 
-def format_devices(name: str | None = None, brief: bool = False) -> list[str]:
-    """Summary table of presets, then every number with its source (SI units)."""
-    names = [name] if name else list_presets()
+def resolve(name: str, overrides: Sequence[str] = ()) -> DeviceSpec:
+    """The preset with `--set device.<path>=value` overrides applied, as a run would."""
+    if not overrides:
+        return load_device(name)
+    w = load_workload(None, [f"device.preset={name!r}", *overrides])
+    return apply_overrides(load_device(name), w.device.overrides)  # type: ignore[no-any-return]
+
+
+def format_devices(name: str | None = None, brief: bool = False,
+                   overrides: Sequence[str] = ()) -> list[str]:
+    """Summary table of presets, then every capability with its source (SI units)."""
+    specs = [resolve(name, overrides)] if name else [load_device(n) for n in list_presets()]
     lines = [f"{'preset':<18}{'kind':<8}{'CUs':>5}{'GHz':>7}{'fp16 TF':>9}{'fp32 TF':>9}"
-             f"{'DRAM GB/s':>11}{'GiB':>6}{'LLC MiB':>9}{'link GB/s':>11}{'lat ns':>8}  topology"]
-    lines += [_summary_row(n) for n in names]
+             f"{'DRAM GB/s':>11}{'GiB':>6}{'LLC MiB':>9}{'link GB/s':>11}{'lat ns':>8}  "
+             f"{'topology':<16}sections"]
+    lines += [_summary_row(d) for d in specs]
     if not brief:
-        lines.append("")
-        lines.append("values in SI units (flop/s, bytes, bytes/s, s, Hz); "
-                     "[ASSUMPTION] = not stated by any source, reasoning given")
-        for n in names:
-            lines += _source_lines(n)
+        lines += ["", "values in SI units (the unit is in the field name); override any with "
+                  "--set device.<path>=VALUE (or a preset unit: device.dram_bw_GBps=2000); "
+                  "[ASSUMPTION] = not stated by any source, reasoning given"]
+        for d in specs:
+            lines += capability_lines(d)
     return lines

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..hw.contention import T3Params
 from .config import Workload, resolve_device
 from .errors import ConfigError
 
@@ -18,11 +17,9 @@ def check_overlap_devices(w: Workload, strategies: Sequence[str], field: str) ->
         if needs_params and spec.kind != "gpu":
             raise ConfigError(field, list(needs_params),
                               f"model a GPU memory system; device {spec.name} is a {spec.kind}")
-        if needs_params:
-            try:
-                T3Params.from_extra(spec.extra, spec.name)
-            except ValueError as exc:
-                raise ConfigError("device.preset", spec.name, str(exc)) from None
+        if needs_params and spec.t3 is None:
+            raise ConfigError("device.preset", spec.name, "has no [t3] section with the "
+                              "overlap-model parameters (see mpiemu/hw/presets/t3-gpu.toml)")
     if len(set(presets)) > 1 and w.overlap.pieces == 0:
         raise ConfigError("overlap.pieces", 0, "must be > 0 when ranks play different devices "
                           "(the per-stage default would cut chunks differently per rank)")

@@ -170,7 +170,7 @@ def parameter_table() -> list[str]:
     from ..hw.presets import all_quantities, read_preset  # noqa: PLC0415
     secs = all_quantities(read_preset("t3-gpu"))
     lines = ["| parameter | value (SI) | source |", "|---|---:|---|"]
-    for sec in ("compute", "memory", "gemm", "link", "extra"):
+    for sec in ("compute", "memory", "gemm", "link", "t3"):
         for key, q in secs.get(sec, {}).items():
             lines.append(f"| {sec}.{key} | {q.value:.6g} | {q.source} |")
     return lines
@@ -187,7 +187,7 @@ def _setup() -> dict[str, Any]:
     return {"cus": spec.compute_units, "llc_MB": spec.llc_bytes / 2**20,
             "hbm_TBps": spec.dram_bw_bytes_per_s / 1e12,
             "ring_GBps": 2 * spec.link.bw_bytes_per_s / 1e9,
-            "starve": spec.extra.get("mca_starvation_limit", math.nan),
+            "starve": spec.t3.mca_starvation_limit_cycles if spec.t3 else math.nan,
             "cu_slowdown_64": part.time_s / full.time_s - 1}
 
 
