@@ -212,7 +212,8 @@ def load_spec(cls: type, secs: Sections, section: str, where: str, used: set[tup
             sources[path + f.name] = q[key].source
             used.add((sec, key))
         elif f.default is dataclasses.MISSING:
-            raise CapError(f"{where}.{sec}.{key}", None, "missing: every preset needs it")
+            raise ValueError(f"{where}.{sec}: missing {key!r} (with its unit suffix, e.g. "
+                             f"{key}_count or {key}_GBps; see mpiemu devices t3-gpu)")
     try:
         return cls(**kw)
     except CapError:
