@@ -108,6 +108,7 @@ def _round_up(n: int, m: int) -> int:
 
 
 OPTIMIZERS = ("adam", "lamb")
+UPDATE_UNITS = ("gpu", "nmc")     # where the update runs (thesis ch. 6: near-memory compute)
 
 
 @dataclass(frozen=True)
@@ -125,10 +126,13 @@ class OptimizerConfig:
     eps: float = 1e-8
     weight_decay: float = 0.01
     clip_grad_norm: float = 1.0
+    on: str = "gpu"                  # "nmc": the update on the DRAM banks' ALUs (hw/nmc.py)
 
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZERS:
             raise ModelConfigError("optimizer.name", self.name, f"choose one of {_fmt(OPTIMIZERS)}")
+        if self.on not in UPDATE_UNITS:
+            raise ModelConfigError("optimizer.on", self.on, f"choose one of {_fmt(UPDATE_UNITS)}")
         for key in ("lr", "eps"):
             if getattr(self, key) <= 0:
                 raise ModelConfigError(f"optimizer.{key}", getattr(self, key), "must be > 0")

@@ -6,6 +6,10 @@ gradient norm (clipping, and LAMB, thesis 4.2.3: it must finish before any updat
 LAMB's per-tensor ||w|| and ||update|| (trust ratio, You et al. 2020). Replicated tensors
 count once (on TP rank 0) in the global norm. Charged per layer as fused multi-tensor
 kernels; bytes follow thesis 4.3 / Fig. 6.2 (LAMB touches 13 values per parameter).
+With `optimizer.on = "nmc"` the same math is charged as near-bank compute (`hw/nmc.py`,
+thesis ch. 6): the global gradient norm stays on the GPU, every other phase runs on the
+DRAM banks' ALUs (`optim.nmc.<phase>`), LAMB's per-tensor norms end with one GPU reduction
+of the banks' partial sums (`optim.nmc.norms.reduce`).
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from typing import Iterator
 
 import numpy as np
 
+from ..hw import nmc
 from .config import CLIP_EPS, OptimizerConfig
 from .engine import Engine
 from .layers import Params
@@ -46,6 +51,25 @@ class ShardedOptimizer:
         self.by_layer: dict[int, list[LocalParam]] = defaultdict(list)
         for lp in specs:
             self.by_layer[lp.layer].append(lp)
+        self.on_nmc = opt.on == "nmc"
+        e = eng.e
+        self.accesses = nmc.update_accesses(opt.name, e, e if e < MASTER_BYTES else 0)
+
+    def _charge(self, phase: str, lps: list[LocalParam], cost: Cost) -> None:
+        """One phase of one layer: a GPU kernel, or NMC work on the banks (thesis ch. 6)."""
+        E = self.E
+        if not self.on_nmc:
+            E.kernel(f"optim.{self.opt.name}" + ("" if phase == "adam" else f".{phase}"), cost)
+            return
+        t = nmc.phase_s(E.model.spec, self.accesses, phase, [lp.size for lp in lps])
+        E.t = E.tl.reserve(f"optim.nmc.{phase}", ["compute"], t, E.t, flops=cost.flops).t_end
+
+    def _reduce_partial_sums(self) -> None:
+        """NMC: the GPU reduces the banks' partial sums of LAMB's per-tensor norms (6.3)."""
+        if self.on_nmc:
+            t, nbytes = nmc.partial_sums(self.E.model.spec, 2 * len(self.specs))
+            self.E.t = self.E.tl.reserve("optim.nmc.norms.reduce", ["compute"], t, self.E.t,
+                                         dram_bytes=nbytes).t_end
 
     def _layers(self) -> Iterator[tuple[int, list[LocalParam], int]]:
         for layer in sorted(self.by_layer):
@@ -105,8 +129,8 @@ class ShardedOptimizer:
                 for lp in lps:
                     w = P[lp.name]
                     w -= self.opt.lr * self._moments(lp.name, w, G[lp.name], lp.decay)
-            E.kernel("optim.adam", Cost(ADAM_FLOPS * n, n * (e + 3 * MASTER_BYTES),
-                                        n * (3 * MASTER_BYTES + copy)))
+            self._charge("adam", lps, Cost(ADAM_FLOPS * n, n * (e + 3 * MASTER_BYTES),
+                                           n * (3 * MASTER_BYTES + copy)))
 
     def _parts(self, lp: LocalParam, a: np.ndarray) -> list[np.ndarray]:
         """The pieces of a local tensor that belong to distinct full tensors (Wq|Wk|Wv)."""
@@ -120,12 +144,13 @@ class ShardedOptimizer:
             if E.on:
                 for lp in lps:
                     steps[lp.name] = self._moments(lp.name, P[lp.name], G[lp.name], lp.decay)
-            E.kernel("optim.lamb.stage1", Cost(LAMB1_FLOPS * n, n * (e + 3 * MASTER_BYTES),
-                                               3 * n * MASTER_BYTES))
+            self._charge("stage1", lps, Cost(LAMB1_FLOPS * n, n * (e + 3 * MASTER_BYTES),
+                                             3 * n * MASTER_BYTES))
         split = [(lp, j) for lp in self.specs if lp.tp_split
                  for j in range(3 if lp.kind == "qkv" else 1)]
         for _, lps, n in self._layers():                            # per-tensor norms
-            E.kernel("optim.lamb.norms", Cost(4 * n, 2 * n * MASTER_BYTES, 0))
+            self._charge("norms", lps, Cost(4 * n, 2 * n * MASTER_BYTES, 0))
+        self._reduce_partial_sums()
         sq = None
         if E.on:
             sq = np.array([float((x * x).sum()) for lp, j in split
@@ -138,8 +163,8 @@ class ShardedOptimizer:
             if E.on:
                 for lp in lps:
                     self._lamb_apply(lp, P[lp.name], steps[lp.name], full_sq)
-            E.kernel("optim.lamb.stage2", Cost(2 * n, 2 * n * MASTER_BYTES,
-                                               n * (MASTER_BYTES + copy)))
+            self._charge("stage2", lps, Cost(2 * n, 2 * n * MASTER_BYTES,
+                                             n * (MASTER_BYTES + copy)))
 
     def _lamb_apply(self, lp: LocalParam, w: np.ndarray, step: np.ndarray,
                     full_sq: dict[tuple[str, int], tuple[float, float]]) -> None:

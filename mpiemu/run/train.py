@@ -18,6 +18,7 @@ from mpi4py import MPI
 from ..analysis.breakdown import IterationBreakdown, iteration_breakdown
 from ..analysis.load import read_rank
 from ..comm.p2p import TimedComm
+from ..hw.presets import list_presets, load_device
 from ..hw.specs import dtype_bytes
 from ..nn.check import check_against_reference
 from ..nn.config import ModelConfig, divisors
@@ -76,6 +77,7 @@ def validate(w: Workload, world_size: int) -> None:
         raise ConfigError("overlap.strategy", w.overlap.strategy, sorted(STRATEGY_IMPLS))
     _validate_sunway(w)
     _validate_kernels(w)
+    _validate_update_unit(w)
     if resolve_device(w).kind == "gpu":
         check_overlap_devices(w, [w.overlap.strategy], "overlap.strategy")
     _validate_memory(w, world_size)
@@ -107,6 +109,19 @@ def _validate_kernels(w: Workload) -> None:
                           else "train.fuse_epilogues", w.model.resolve().attention
                           if not w.train.fuse_epilogues else True,
                           "GPU kernels; Sunway ranks use [sunway] attention and scheduling")
+
+
+def _validate_update_unit(w: Workload) -> None:
+    """optimizer.on = "nmc" needs near-bank compute ([nmc]) on every rank's device."""
+    if w.optimizer.on != "nmc":
+        return
+    for r in range(len(w.device.rank_presets) or 1):
+        spec = resolve_device(w, r)
+        if spec.nmc is None:
+            have = [n for n in list_presets() if load_device(n).nmc is not None]
+            raise ConfigError("optimizer.on", "nmc", f"needs near-bank compute: device "
+                              f"{spec.name} has no [nmc] section (presets with one: "
+                              f"{', '.join(have)})")
 
 
 def _validate_memory(w: Workload, world_size: int) -> None:
