@@ -9,14 +9,13 @@ Golden test: the tp=8 runs (half the study, about 6 s) against the committed row
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from . import runs as launch
 from .common import ROOT, Golden, Row, geomean, load_figures, write_csv
 
 ORDER = ("ideal", "ideal+nmc", "sw-overlap(16)", "sw-overlap(8)", "t3", "t3-mca")
@@ -42,34 +41,14 @@ def _args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _mpiexec() -> str:
-    local = Path(sys.executable).parent / "mpiexec"
-    return str(local) if local.exists() else (shutil.which("mpiexec") or "mpiexec")
-
-
-def _child_env(timeout: int) -> dict[str, str]:
-    """This environment minus any launcher's variables (we may run under mpiexec ourselves)."""
-    drop = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCAL", "MPICH_", "OMPI_", "PRTE_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MPIEXEC_TIMEOUT=str(timeout))
-    return env
-
-
 def run_sweep(tp: int, args: argparse.Namespace, runs: Path) -> list[Row]:
     """One timing-only run of the sub-layer workload on tp ranks; its CSV rows."""
     from .common import read_csv  # noqa: PLC0415
     out = runs / f"tp{tp}"
-    cmd = [_mpiexec(), "-n", str(tp), sys.executable, "-m", "mpiemu", "run", args.workload,
-           "--set", f"parallel.tp={tp}", "--set", "run.numerics='off'", "--out", str(out)]
-    for item in args.set:
-        cmd += ["--set", item]
-    sys.stdout.write(f"running: {' '.join(cmd[:4])} ... tp={tp}\n")
+    sys.stdout.write(f"running: mpiexec -n {tp} mpiemu run {args.workload} ... tp={tp}\n")
     sys.stdout.flush()
-    res = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(args.timeout),
-                         timeout=args.timeout + 60, cwd=ROOT)
-    if res.returncode != 0:
-        raise RuntimeError(f"tp={tp} run failed ({res.returncode}): "
-                           f"{(res.stderr or res.stdout).strip()[-2000:]}")
+    launch.run(tp, args.workload, [f"parallel.tp={tp}", "run.numerics='off'", *args.set], out,
+               args.timeout)
     return [_typed(r) for r in read_csv(out / "sublayers.csv")]
 
 

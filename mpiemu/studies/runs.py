@@ -1,0 +1,46 @@
+"""Launching emulated runs for a study: `mpiexec -n N mpiemu run W.toml --set ...`.
+
+A study's figures are runs of the emulator itself (not formulas): this starts them the way a
+user would, in a clean environment (no launcher variables leak in when a study runs under
+mpiexec itself), one BLAS thread per rank.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from .common import ROOT
+
+
+def mpiexec() -> str:
+    """The mpiexec beside this Python (the venv's MPICH), else the one on PATH."""
+    local = Path(sys.executable).parent / "mpiexec"
+    return str(local) if local.exists() else (shutil.which("mpiexec") or "mpiexec")
+
+
+def child_env(timeout: int) -> dict[str, str]:
+    """This environment minus any launcher's variables (we may run under mpiexec ourselves)."""
+    drop = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCAL", "MPICH_", "OMPI_", "PRTE_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MPIEXEC_TIMEOUT=str(timeout))
+    return env
+
+
+def run(ranks: int, workload: Path | str, sets: Sequence[str], out: Path,
+        timeout: int = 1200) -> str:
+    """`mpiexec -n ranks mpiemu run workload --set ... --out out`; its stdout. Raises with the
+    run's last lines when it fails."""
+    cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpiemu", "run", str(workload),
+           "--out", str(out)]
+    for item in sets:
+        cmd += ["--set", item]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=child_env(timeout),
+                         timeout=timeout + 60, cwd=ROOT)
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[4:])} failed ({res.returncode}): "
+                           f"{(res.stderr or res.stdout).strip()[-2000:]}")
+    return res.stdout
