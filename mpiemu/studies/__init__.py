@@ -36,6 +36,9 @@ STUDIES: dict[str, StudyInfo] = {s.name: s for s in (
               "baseline / SD / SDF / flash attention on A100, RTX 3090, T4"),
     StudyInfo("fusion", "mpiemu.studies.fusion", "002 (StarPU / NNTile report)",
               "fused GEMM epilogues and StarPU task granularity on 1-8 GPUs"),
+    StudyInfo("bert_characterization", "mpiemu.studies.bert_characterization",
+              "003 (thesis ch. 4)", "BERT-Large per-op breakdown on MI100, TP / DP "
+              "communication shares"),
     StudyInfo("nmc_optimizer", "mpiemu.studies.nmc_optimizer", "003 (thesis ch. 6)",
               "LAMB / Adam updates on near-bank compute vs the GPU, BERT end to end"),
 )}
