@@ -18,10 +18,11 @@ from ..hw.specs import DTYPE_BYTES, TOPOLOGIES, DeviceSpec, LinkSpec
 from .errors import ConfigError
 from .sections.overlap import OverlapSection, SublayersSection
 from .sections.sunway import SunwaySection
+from .sections.sweep import LayerSweepSection
 from .sections.train import ModelSection, OptimizerSection, TrainSection
 from .schema import apply_override, as_table, from_table, parse_override, parse_size
 
-KINDS = ("collectives", "train", "sublayers")
+KINDS = ("collectives", "train", "sublayers", "layer_sweep")
 COLLECTIVE_OPS = ("reduce_scatter", "all_gather", "all_reduce")
 
 
@@ -182,6 +183,7 @@ class Workload:
     overlap: OverlapSection = field(default_factory=OverlapSection)
     sublayers: SublayersSection = field(default_factory=SublayersSection)
     sunway: SunwaySection = field(default_factory=SunwaySection)
+    layer_sweep: LayerSweepSection = field(default_factory=LayerSweepSection)
     debug: DebugSection = field(default_factory=DebugSection)
 
     def check_world(self, world_size: int) -> None:

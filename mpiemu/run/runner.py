@@ -17,6 +17,7 @@ KIND_MODULES: dict[str, str] = {
     "collectives": "mpiemu.run.collectives",
     "train": "mpiemu.run.train",
     "sublayers": "mpiemu.run.sublayers",
+    "layer_sweep": "mpiemu.run.layer_sweep",
 }
 
 

@@ -36,6 +36,9 @@ STUDIES: dict[str, StudyInfo] = {s.name: s for s in (
               "baseline / SD / SDF / flash attention on A100, RTX 3090, T4"),
     StudyInfo("fusion", "mpiemu.studies.fusion", "002 (StarPU / NNTile report)",
               "fused GEMM epilogues and StarPU task granularity on 1-8 GPUs"),
+    StudyInfo("comp_vs_comm", "mpiemu.studies.comp_vs_comm", "003 (thesis ch. 5)",
+              "serialized TP and overlapped DP communication vs compute, H / SL / B / TP and "
+              "compute 1-4x"),
     StudyInfo("bert_characterization", "mpiemu.studies.bert_characterization",
               "003 (thesis ch. 4)", "BERT-Large per-op breakdown on MI100, TP / DP "
               "communication shares"),

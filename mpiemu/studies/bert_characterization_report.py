@@ -59,7 +59,7 @@ def sweep_lines(rows: list[Row]) -> list[str]:
     return md_table(["figure", "thesis", "ours", "difference"], [
         ["LAMB at low token count (Ph1-B4-FP32)", _fmt(f["lamb_low_tokens"].value),
          pct(lamb4), _diff(lamb4, f["lamb_low_tokens"].value)],
-        ["attention ops at n = 512 (Ph2-B4-FP32; Ph1-B32-FP32 in brackets)",
+        ["attention ops at phase 2 (Ph2-B4-FP32; Ph1-B32-FP32 in brackets)",
          _fmt(f["attention_ph2"].value), f"{pct(att2)} ({pct(att1)})",
          _diff(att2, f["attention_ph2"].value)]])
 
@@ -89,6 +89,8 @@ def _implied(rows: list[Row], run: str, thesis_gemm: float) -> float:
 
 def _explain(rows: list[Row], mu: list[Row]) -> list[str]:
     f = load_figures("bert_characterization")
+    dps = sorted({r["dp"] for r in mu if r["dp"] > 1})
+    thesis_gpus = int(f["thesis_gpus"])
     spec = load_device(str(f["device"].value))
     g32, gmp = _share(rows, "Ph1-B32-FP32", "all_gemm"), _share(rows, "Ph1-B32-MP", "all_gemm")
     x32 = _implied(rows, "Ph1-B32-FP32", float(f["breakdown_fp32"].value["all_gemm"]))
@@ -113,9 +115,11 @@ def _explain(rows: list[Row], mu: list[Row]) -> list[str]:
         "linear GEMMs) and the communication shares below, which depend on GEMM and link "
         "times, are closer.", "",
         "The communication shares come from the same kernels plus the preset's PCIe 4.0 "
-        "links (ring all-reduce, the link model of `mpiemu/comm/`); D1 and D2 run 8 DP "
-        "ranks where the thesis's analysis assumes 128 GPUs (ring traffic 2(N-1)/N of the "
-        "gradients)." + d2]
+        "links (ring all-reduce, the link model of `mpiemu/comm/`); the DP setups run "
+        f"{', '.join(map(str, dps))} DP ranks where the thesis's analysis assumes "
+        f"{thesis_gpus} GPUs (ring traffic 2(N-1)/N of the gradients: "
+        + ", ".join(f"{2 * (n - 1) / n:.2f}" for n in dps) + f" against "
+        f"{2 * (thesis_gpus - 1) / thesis_gpus:.2f})." + d2]
 
 
 def markdown(rows: list[Row], mu: list[Row]) -> list[str]:

@@ -77,10 +77,11 @@ def markdown(rows: list[Row], summ: list[Row], fitted: tuple[float, float],
         "## Where we differ, and why", "",
         "- **tf32 on H100** is over-predicted at mid sizes: the preset uses the bf16 "
         "efficiency for every tensor-core precision; the measured tf32 rate falls further "
-        "from its peak on shapes below 4096^3 than bf16 does.",
-        "- **The A100 attention-score BMM** (batch 64, K = 256) is measured at half of our "
-        "rate; its 512 MiB fp16 output alone does not explain it (write time is below the "
-        "math time in our model). The GPU and software of that sample are not stated.",
+        "from its peak on the mid-size shapes than bf16 does (see the tf32 rows above).",
+        "- **The A100 attention-score BMM** of the cookbook sample (its row above) is "
+        "measured well below our rate; its fp16 output alone does not explain it (write "
+        "time is below the math time in our model). The GPU and software of that sample "
+        "are not stated.",
         "- **Split-K and stream-K.** Skinny GEMMs (few output tiles, long K: weight "
         "gradients of small layers) run split-K in our model with an in-L2 reduction; Hopper "
         "libraries also use stream-K, which balances waves more finely.", "",

@@ -21,6 +21,7 @@ def _vs(ours: float, theirs: float) -> str:
 
 def _headline(rows: list[Row]) -> list[str]:
     f = load_figures("nmc_optimizer")
+    ts, low = int(f["thesis_ts_factor"]), min(f["gpu_utils"].value)
     lines = md_table(["figure", "model, optimizer", "ours", "thesis", "difference"], [])
     for m in f["models"].value:
         if m["optimizer"] != "lamb":
@@ -30,11 +31,11 @@ def _headline(rows: list[Row]) -> list[str]:
             f"| speedup over the ideal GPU, preset TS | {mo} | "
             + _vs(_pick(rows, m["model"], "lamb", 1, 1.0)["speedup"], float(f["speedup_ideal"]))
             + " |",
-            f"| speedup over the ideal GPU, 4x TS | {mo} | "
-            + _vs(_pick(rows, m["model"], "lamb", 4, 1.0)["speedup"],
+            f"| speedup over the ideal GPU, {ts}x TS | {mo} | "
+            + _vs(_pick(rows, m["model"], "lamb", ts, 1.0)["speedup"],
                   float(f["speedup_ts4"].value[0])) + " |",
-            f"| speedup over a GPU at 80% bandwidth, 4x TS | {mo} | "
-            + _vs(_pick(rows, m["model"], "lamb", 4, 0.8)["speedup"],
+            f"| speedup over a GPU at {pct(low, 0)} bandwidth, {ts}x TS | {mo} | "
+            + _vs(_pick(rows, m["model"], "lamb", ts, low)["speedup"],
                   float(f["speedup_gpu80"].value[0])) + " |",
             f"| DRAM <-> GPU traffic reduction | {mo} | "
             + _vs(_pick(rows, m["model"], "lamb", 1, 1.0)["traffic_reduction"],
@@ -47,18 +48,19 @@ def _explain(rows: list[Row]) -> list[str]:
     spec = load_device(str(f["device"].value))
     nmc = spec.nmc
     assert nmc is not None
-    r1, r4 = (_pick(rows, "bert-large", "lamb", s, 1.0) for s in (1, 4))
+    ts = int(f["thesis_ts_factor"])
+    r1, r4 = (_pick(rows, "bert-large", "lamb", s, 1.0) for s in (1, ts))
     cols = int(nmc.ts_bytes / nmc.column_bytes)
     return [
-        "Why the preset-TS speedup is below the thesis's and the 4x-TS one near it: per bank "
+        f"Why the preset-TS speedup is below the thesis's and the {ts}x-TS one near it: per bank "
         f"and chunk of {int(nmc.ts_bytes)} bytes an access costs {cols} column accesses "
         f"({cols * nmc.t_ccd_s * 1e9:.0f} ns) inside a row cycle of activate "
         f"({nmc.t_rcd_s * 1e9:.0f} ns), read-to-precharge or write recovery and precharge "
         f"({nmc.t_rp_s * 1e9:.0f} ns): column accesses are {pct(r1['column_share'])} of the "
-        f"banks' time at the preset's TS and {pct(r4['column_share'])} at 4x. The thesis "
+        f"banks' time at the preset's TS and {pct(r4['column_share'])} at {ts}x. The thesis "
         "does not state its TS size (6.4); the 256-byte register file of the preset "
         "(HBM-PIM's) makes row cycles dominate more than the thesis's model had them, while "
-        "at 4x both are column-bound and agree. The GPU part of the NMC update (the global "
+        f"at {ts}x both are column-bound and agree. The GPU part of the NMC update (the global "
         f"gradient norm, which 6.3 leaves on the GPU, and the partial sums) is "
         f"{r1['nmc_gpu_part_ms']:.2f} ms of {r1['nmc_ms']:.2f} ms; it is what bounds the "
         f"traffic reduction: {r1['gpu_bytes_per_param']:.0f} bytes per parameter on the GPU "
@@ -120,7 +122,7 @@ def markdown(rows: list[Row], e2e: list[Row]) -> list[str]:
         "global gradient norm (g), stage 1 (g, m, v, w in; m, v, u out), per-tensor norms "
         "(w, u), stage 2 (u, w in; w out); Adam reads g, m, v, w and writes m, v, w. The GPU "
         "moves all of them across the DRAM interface at a share of peak bandwidth (thesis "
-        "6.4's ideal GPU at 100%, and 90%, 80%). With NMC the gradient norm stays on the GPU "
+        f"6.4's ideal GPU at {', '.join(pct(u, 0) for u in f['gpu_utils'].value)}). With NMC the gradient norm stays on the GPU "
         "(6.3) and every other access runs on the ALU of each of the "
         f"{nmc.banks} banks at once, a temporary-storage chunk of {int(nmc.ts_bytes)} bytes per "
         f"row cycle (tCCD {nmc.t_ccd_s * 1e9:.0f} ns per {int(nmc.column_bytes)}-byte column, "

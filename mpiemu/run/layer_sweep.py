@@ -1,0 +1,136 @@
+"""Workload kind "layer_sweep": one transformer layer per (H, SL, B, compute scale) point,
+timing only, on real MPI ranks (thesis ch. 5's computation-vs-communication sweep).
+
+Each point builds the layer's TP shard (Megatron slicing, `nn/layers.py`), starts every
+rank at the same emulated time, runs forward and backward (TP all-reduces `sequential`,
+rings bidirectional under `overlap.bidirectional`) on the device model scaled by the
+point's `compute_scale` (`device.scale.compute`: matrix, vector, SFU peaks, clock, L2
+feed; DRAM and links unchanged, thesis 5.3.3.6), then all-reduces the layer's gradients
+over DP in one bucket. Events carry the point's index as their iteration. At the end rank 0
+reads its trace back and writes `layer_sweep.csv`: per point the serialized TP
+communication (`analysis.breakdown`: TP collectives not under compute) over the layer's
+time, and the DP all-reduce's time over the backward GEMMs that would hide it (thesis
+5.2.4: the linear layers' weight-gradient and error GEMMs; measured apart, as 5.3.3.3 does).
+"""
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import replace
+from typing import Any
+
+from mpi4py import MPI
+
+from ..hw.caps import scaled
+from ..hw.cost import ComputeModel, model_for
+from ..nn.buckets import GradBuckets
+from ..nn.config import ModelConfig
+from ..nn.engine import Dims, Engine
+from ..nn.layers import Layer
+from ..nn.masks import Masks
+from ..nn.presets import load_model_preset
+from ..nn.shard import local_params
+from .config import Workload
+from .context import RankContext
+from .errors import ConfigError
+
+GEMM = re.compile(r"(\.gemm|\.wgrad|attn\.(score|context)|attn\.bwd\.(dq|dk|dv|dprobs))$")
+# the backward GEMMs that hide a layer's DP all-reduce: its linear layers' weight-gradient
+# and error GEMMs (thesis 5.2.4, Eq. 5.7); attention's BGEMMs have no weights
+LINEAR_BWD = re.compile(r"^l\d+\.(qkv|proj|fc1|fc2)\.(bwd\.gemm|wgrad)$")
+FIELDS = ("point", "hidden", "seq_len", "batch", "tp", "dp", "compute_scale", "time_s",
+          "compute_s", "gemm_s", "tp_comm_s", "tp_share", "bwd_gemm_s", "dp_comm_s",
+          "dp_over_bwd")
+
+
+def validate(w: Workload, world_size: int) -> None:
+    if w.run.numerics != "off":
+        raise ConfigError("run.numerics", w.run.numerics, "layer_sweep is timing only: 'off'")
+    if w.parallel.sequence_parallel:
+        raise ConfigError("parallel.sequence_parallel", True, "layer_sweep runs Megatron "
+                          "TP with all-reduces (thesis ch. 5); set it to false")
+    w.layer_sweep.check_tp(w.parallel.tp)
+
+
+def points(w: Workload) -> list[tuple[int, int, int, float]]:
+    s = w.layer_sweep
+    return [(h, sl, b, c) for c in s.compute_scale for h in s.hidden for sl in s.seq_len
+            for b in s.batch]
+
+
+def _config(w: Workload, h: int, sl: int) -> ModelConfig:
+    s = w.layer_sweep
+    base = load_model_preset("tiny").config
+    return replace(base, hidden=h, heads=h // s.head_dim, ffn_hidden=s.ffn_factor * h,
+                   layers=1, seq_len=sl, vocab=w.parallel.tp).for_tp(w.parallel.tp)
+
+
+def _point(ctx: RankContext, index: int, h: int, sl: int, b: int, model: ComputeModel) -> None:
+    """One layer forward + backward + its DP gradient all-reduce, all ranks from one time."""
+    w, grid = ctx.w, ctx.grid
+    cfg = _config(w, h, sl)
+    tp = grid.tp
+    dims = Dims(seq=sl, batch=b, hidden=h, heads=cfg.heads // tp, head_dim=cfg.head_dim,
+                ffn=cfg.ffn_hidden // tp, vocab=cfg.padded_vocab // tp, tp=tp, sp=False)
+    eng = Engine(ctx.tl, model, ctx.tp, dtype=w.run.emulated_dtype, numerics=False,
+                 overlap=w.overlap.to_overlap(strategy="sequential"), sp=False,
+                 kernels=w.train.kernel_options())
+    specs = [lp for lp in local_params(cfg, tp) if lp.layer == 0]
+    P: dict[str, Any] = {lp.name: None for lp in specs}
+    G: dict[str, Any] = dict(P)
+    buckets = GradBuckets(ctx.dp, eng.e, float("inf"), {lp.name: lp.size for lp in specs},
+                          eng.overlap.bidirectional)
+    layer, masks = Layer(eng, cfg, dims, 0), Masks(cfg, w.run.seed, index, dims, grid.dp_rank,
+                                                   grid.tp_rank, False)
+    eng.t = ctx.world.allreduce(ctx.tl.now(), op=MPI.MAX)
+    with ctx.tl.labelled(iteration=index, layer=0):
+        with ctx.tl.labelled(phase="fwd"):
+            x, cache = layer.forward(None, P, masks)
+        with ctx.tl.labelled(phase="bwd"):
+            layer.backward(None, cache, P, G, masks, lambda n: buckets.ready(n, G, eng.t))
+            eng.t = buckets.finish(G, eng.t)
+
+
+def run(ctx: RankContext) -> dict[str, Any]:
+    pts = points(ctx.w)
+    models = {c: model_for(scaled(ctx.spec, compute=c)[0]) for c in {p[3] for p in pts}}
+    for i, (h, sl, b, c) in enumerate(pts):
+        ctx.maybe_fail(i)
+        _point(ctx, i, h, sl, b, models[c])     # one model per scale: GEMM costs cached
+    ctx.writer.flush()
+    ctx.world.Barrier()
+    rows = _rows(ctx, pts) if ctx.rank == 0 else []
+    rows = ctx.world.bcast(rows, root=0)
+    ctx.say(f"layer_sweep: {len(rows)} points on tp={ctx.grid.tp} x dp={ctx.grid.dp} "
+            f"({ctx.spec.name}); wrote {ctx.out / 'layer_sweep.csv'}")
+    return {"points": len(rows)}
+
+
+def _rows(ctx: RankContext, pts: list[tuple[int, int, int, float]]) -> list[dict[str, Any]]:
+    """Rank 0: each point's shares, read back from its own trace."""
+    from ..analysis.breakdown import iteration_breakdown  # noqa: PLC0415
+    from ..analysis.load import read_rank  # noqa: PLC0415
+    from ..sim.trace import rank_file  # noqa: PLC0415
+    rt = read_rank(rank_file(ctx.out, 0))
+    ev = rt.events
+    dur = ev["t_end"] - ev["t_start"]
+    gemm = (rt.cats == "compute") & [bool(GEMM.search(str(n))) for n in rt.names]
+    linear_bwd = (rt.cats == "compute") & [bool(LINEAR_BWD.match(str(n))) for n in rt.names]
+    rows = []
+    for i, (h, sl, b, c) in enumerate(pts):
+        br = iteration_breakdown(rt, i)
+        mine = ev["iteration"] == i
+        bwd_gemm = float(dur[mine & linear_bwd].sum())
+        serial = br.compute_s + br.tp_exposed_s
+        rows.append({"point": i, "hidden": h, "seq_len": sl, "batch": b, "tp": ctx.grid.tp,
+                     "dp": ctx.grid.dp, "compute_scale": c, "time_s": br.iteration_s,
+                     "compute_s": br.compute_s, "gemm_s": float(dur[mine & gemm].sum()),
+                     "tp_comm_s": br.tp_exposed_s, "tp_share": br.tp_exposed_s / serial,
+                     "bwd_gemm_s": bwd_gemm, "dp_comm_s": br.dp_total_s,
+                     "dp_over_bwd": br.dp_total_s / bwd_gemm if ctx.grid.dp > 1 else 0.0})
+    with (ctx.out / "layer_sweep.csv").open("w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=FIELDS)
+        wr.writeheader()
+        for r in rows:
+            wr.writerow({k: repr(v) if isinstance(v, float) else v for k, v in r.items()})
+    return rows

@@ -1,0 +1,58 @@
+"""The layer_sweep kind (thesis ch. 5): one emulated layer per point, serialized TP share,
+DP all-reduce over the backward GEMMs, compute scale as device.scale.compute."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+from mpi4py import MPI
+
+from mpiemu.run.config import load_workload
+from mpiemu.run.errors import ConfigError
+from mpiemu.run.layer_sweep import validate
+from mpiemu.run.runner import run_workload
+
+BASE = ["run.kind='layer_sweep'", "run.numerics='off'", "device.preset='mi210'",
+        "layer_sweep.hidden=[512, 1024]", "layer_sweep.seq_len=[256]", "layer_sweep.batch=[1]",
+        "layer_sweep.head_dim=64"]
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("run.numerics='on'", "run.numerics='on': layer_sweep is timing only"),
+    ("parallel.tp=3", "layer_sweep.hidden[0]=512: needs a multiple of head_dim=64 whose head "
+                      "count divides by parallel.tp=3"),
+    ("layer_sweep.compute_scale=[0]", "layer_sweep.compute_scale[0]=0"),
+])
+def test_bad_sweeps_are_one_config_error(override: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        w = load_workload(None, [*BASE, override])
+        validate(w, w.parallel.tp)
+    assert needle in str(exc.value)
+
+
+def _rows(out: Path, *extra: str) -> list[dict[str, str]]:
+    run_workload(None, [*BASE, *extra], str(out), [], world=MPI.COMM_WORLD)
+    MPI.COMM_WORLD.Barrier()
+    with (out / "layer_sweep.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_tp_share_grows_with_compute_speed_and_falls_with_width(mpi_tmp_path: Path) -> None:
+    n = MPI.COMM_WORLD.Get_size()
+    if n not in (2, 4):
+        pytest.skip("tp = 2 (x dp = 2 on 4 ranks)")
+    rows = _rows(mpi_tmp_path, "parallel.tp=2", f"parallel.dp={n // 2}",
+                 "layer_sweep.compute_scale=[1, 2]")
+    assert len(rows) == 4
+    share = {(int(r["hidden"]), float(r["compute_scale"])): float(r["tp_share"]) for r in rows}
+    assert all(0 < s < 1 for s in share.values())
+    assert share[(512, 2.0)] > share[(512, 1.0)] and share[(1024, 2.0)] > share[(1024, 1.0)]
+    assert share[(1024, 1.0)] < share[(512, 1.0)]              # thesis 5.2.3: (H + SL) / TP
+    for r in rows:                  # compute 2x faster: the layer's compute time halves-ish
+        assert float(r["compute_s"]) > 0 and float(r["tp_comm_s"]) > 0
+        assert (float(r["dp_over_bwd"]) > 0) == (n == 4)
+    again = _rows(mpi_tmp_path / "again", "parallel.tp=2", f"parallel.dp={n // 2}",
+                  "layer_sweep.compute_scale=[1, 2]")
+    assert again == rows                                       # deterministic
