@@ -14,13 +14,13 @@ from mpiemu.run.layer_sweep import validate
 from mpiemu.run.runner import run_workload
 
 BASE = ["run.kind='layer_sweep'", "run.numerics='off'", "device.preset='mi210'",
-        "layer_sweep.hidden=[512, 1024]", "layer_sweep.seq_len=[256]", "layer_sweep.batch=[1]",
-        "layer_sweep.head_dim=64"]
+        "layer_sweep.hidden=[2048, 8192]", "layer_sweep.seq_len=[1024]", "layer_sweep.batch=[1]",
+        "layer_sweep.head_dim=128"]
 
 
 @pytest.mark.parametrize("override, needle", [
     ("run.numerics='on'", "run.numerics='on': layer_sweep is timing only"),
-    ("parallel.tp=3", "layer_sweep.hidden[0]=512: needs a multiple of head_dim=64 whose head "
+    ("parallel.tp=3", "layer_sweep.hidden[0]=2048: needs a multiple of head_dim=128 whose head "
                       "count divides by parallel.tp=3"),
     ("layer_sweep.compute_scale=[0]", "layer_sweep.compute_scale[0]=0"),
 ])
@@ -48,8 +48,8 @@ def test_tp_share_grows_with_compute_speed_and_falls_with_width(mpi_tmp_path: Pa
     assert len(rows) == 4
     share = {(int(r["hidden"]), float(r["compute_scale"])): float(r["tp_share"]) for r in rows}
     assert all(0 < s < 1 for s in share.values())
-    assert share[(512, 2.0)] > share[(512, 1.0)] and share[(1024, 2.0)] > share[(1024, 1.0)]
-    assert share[(1024, 1.0)] < share[(512, 1.0)]              # thesis 5.2.3: (H + SL) / TP
+    assert share[(2048, 2.0)] > share[(2048, 1.0)] and share[(8192, 2.0)] > share[(8192, 1.0)]
+    assert share[(8192, 1.0)] < share[(2048, 1.0)]              # thesis 5.2.3: (H + SL) / TP
     for r in rows:                  # compute 2x faster: the layer's compute time halves-ish
         assert float(r["compute_s"]) > 0 and float(r["tp_comm_s"]) > 0
         assert (float(r["dp_over_bwd"]) > 0) == (n == 4)
