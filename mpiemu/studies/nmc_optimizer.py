@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ..hw.caps import set_path
-from ..hw.nmc import Access, gpu_update_s, nmc_update, update_accesses, update_bytes
+from ..hw.nmc import (Access, NmcUpdate, gpu_update_s, nmc_update, update_accesses,
+                      update_bytes)
 from ..hw.presets import load_device
 from ..hw.specs import DeviceSpec, dtype_bytes
 from ..nn.presets import load_model_preset
@@ -36,11 +37,11 @@ def tensors(model: str, tp: int) -> list[int]:
     return [lp.size for lp in local_params(cfg, tp)]
 
 
-def _column_share(spec: DeviceSpec, acc: list[Access], sizes: list[int]) -> float:
+def _column_share(spec: DeviceSpec, acc: list[Access], sizes: list[int],
+                  upd: NmcUpdate) -> float:
     """Share of the banks' NMC time spent on column accesses (the rest: row cycles)."""
     nmc = spec.nmc
     assert nmc is not None
-    upd = nmc_update(spec, acc, sizes)
     cols = sum(math.ceil(math.ceil(t / nmc.banks) * a.bytes / nmc.column_bytes)
                for a in acc if a.phase != "grad_norm" for t in sizes) * nmc.t_ccd_s
     return cols / sum(upd.phase_s.values())
@@ -70,7 +71,7 @@ def update_rows() -> list[Row]:
                     "gpu_bytes_per_param": float(update_bytes(acc, 1)),
                     "nmc_interface_bytes_per_param": upd.interface_bytes / n,
                     "traffic_reduction": update_bytes(acc, n) / upd.interface_bytes,
-                    "column_share": _column_share(spec, acc, sizes)})
+                    "column_share": _column_share(spec, acc, sizes, upd)})
     return rows
 
 
