@@ -48,7 +48,7 @@ def test_missing_parameters_are_named(tmp_path: Path) -> None:
     text = (Path(str(resources.files("mpiemu.hw") / "presets")) / "t3-gpu.toml").read_text()
     bad = tmp_path / "no-comm-cu.toml"
     bad.write_text("\n".join(x for x in text.splitlines() if not x.startswith("comm_cu_bw")))
-    with pytest.raises(PresetError, match="t3.comm_cu_bw"):
+    with pytest.raises(PresetError, match=r"t3-gpu.t3: missing 'comm_cu_bw'"):
         load_device(str(bad))
 
 
