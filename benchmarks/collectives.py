@@ -16,8 +16,9 @@ from mpi4py import MPI
 
 from _emit import emit  # benchmarks/ is the script's directory
 
+from mpiemu.net import Network, load_network
 from mpiemu.comm.p2p import TimedComm
-from mpiemu.comm.ring import all_gather, all_reduce, chunk_bounds, reduce_scatter
+from mpiemu.comm.collectives import all_gather, all_reduce, chunk_bounds, reduce_scatter
 from mpiemu.hw import load_device, model_for
 from mpiemu.run.schema import parse_size
 from mpiemu.sim.timeline import Timeline
@@ -62,7 +63,8 @@ def main() -> None:
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
     spec = load_device("t3-gpu")
-    tc = TimedComm(comm, Timeline(), spec.link, model_for(spec), "bench")
+    tc = TimedComm(comm, Timeline(), Network(load_network(spec.network), comm.size),
+                         model_for(spec), "bench")
     lines = [f"ring collectives vs {MPI.Get_library_version().split(chr(10))[0].strip()}, "
              f"{comm.size} ranks, float32, wall time (best of reps)", "",
              "| op | bytes | ours (ms) | native (ms) | bandwidth ratio ours/native |",

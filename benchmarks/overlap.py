@@ -16,6 +16,7 @@ from mpi4py import MPI
 
 from _emit import emit  # benchmarks/ is the script's directory
 
+from mpiemu.net import Network, load_network
 from mpiemu.comm.p2p import TimedComm
 from mpiemu.hw import load_device, model_for
 from mpiemu.overlap.api import GemmShape, gather_then_gemm, gemm_then_reduce
@@ -57,7 +58,8 @@ def cases(comm: MPI.Comm, m: int, h: int, bidirectional: bool
     wc = rng.standard_normal((h, k)).astype(np.float32)
 
     def tc() -> TimedComm:
-        return TimedComm(comm, Timeline(), spec.link, model_for(spec), "bench")
+        return TimedComm(comm, Timeline(), Network(load_network(spec.network), comm.size),
+                         model_for(spec), "bench")
 
     def ov(s: str) -> Overlap:
         return Overlap(s, bidirectional)

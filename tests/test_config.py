@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from mpiemu.run.config import load_workload, resolve_device
+from mpiemu.run.config import load_workload, resolve_device, resolve_network
 from mpiemu.run.errors import ConfigError
 
 
@@ -29,11 +29,17 @@ def test_overrides_are_parsed_as_toml_values(root) -> None:
     ("parallel.tp=0", "parallel.tp"),
     ("parallel.tp=two", "parallel.tp"),
     ("run.numerics=maybe", "run.numerics"),
-    ("network.latency_ns=-3", "network.latency_ns"),
+    ("network.intra.latency_s.simple=-3", "network.intra"),
+    ("network.intra.bw_GBps=0", "network.intra"),
+    ("network.topology=torus", "network.topology"),
+    ("network.preset=nope", "network.preset"),
+    ("network.nope=1", "network.nope"),
+    ("collectives.algorithm=tree", "collectives.algorithm"),
+    ("collectives.protocol=ll64", "collectives.protocol"),
 ])
 def test_bad_values_name_the_field_and_value(override: str, field: str) -> None:
     with pytest.raises(ConfigError) as info:
-        load_workload(None, [override])
+        load_workload(None, [override]).check_world(1)
     msg = str(info.value)
     assert msg.startswith(field)
     assert "\n" not in msg
@@ -45,10 +51,26 @@ def test_world_size_mismatch_says_what_is_allowed() -> None:
         w.check_world(4)
 
 
-def test_network_overrides_replace_the_preset_link() -> None:
-    w = load_workload(None, ["network.bw_GBps=10", "network.latency_ns=0"])
-    spec = resolve_device(w)
-    assert spec.link.bw_bytes_per_s == 10e9 and spec.link.latency_s == 0.0
+def test_network_overrides_replace_the_preset_fields() -> None:
+    w = load_workload(None, ["network.intra.bw_GBps=10", "network.intra.latency_s.simple=0"])
+    net = resolve_network(w, resolve_device(w))
+    assert net.name == "t3-ring"
+    assert net.intra.bw_bytes_per_s == 10e9 and net.intra.latency("simple") == 0.0
+    scaled = resolve_network(load_workload(None, ["network.scale.bw=2"]), resolve_device(w))
+    assert scaled.intra.bw_bytes_per_s == 150e9
+
+
+@pytest.mark.parametrize("overrides, world, field", [
+    (["device.preset=a100-sxm4-80gb", "network.devices_per_node=3"], 8,
+     "network.devices_per_node"),
+    (["network.preset=pcie-gen4", "network.devices_per_node=2"], 4, "network.topology"),
+])
+def test_network_that_cannot_hold_the_job_is_one_line(overrides: list[str], world: int,
+                                                     field: str) -> None:
+    w = load_workload(None, [*overrides, f"parallel.tp={world}"])
+    with pytest.raises(ConfigError) as info:
+        w.check_world(world)
+    assert str(info.value).startswith(field) and "\n" not in str(info.value)
 
 
 def test_config_hash_changes_with_content() -> None:

@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from mpiemu.net import load_network
 from mpiemu.hw import list_presets, load_device, model_for, read_preset
 from mpiemu.hw.presets import all_quantities
 
@@ -28,9 +29,10 @@ def test_t3_gpu_matches_thesis_table_8_1() -> None:
     assert d.clock_hz == pytest.approx(1.4e9)
     assert d.llc_bytes == 16 * 2**20
     assert d.dram_bw_bytes_per_s == pytest.approx(1e12)
-    assert d.link.bw_bytes_per_s * 2 == pytest.approx(150e9)   # bidirectional
-    assert d.link.latency_s == pytest.approx(500e-9)
-    assert d.link.topology == "ring"
+    net = load_network(d.network)
+    assert net.intra.bw_bytes_per_s * 2 == pytest.approx(150e9)   # bidirectional
+    assert net.intra.latency("simple") == pytest.approx(500e-9)
+    assert net.topology == "ring" and net.base("simple") == 0.0
 
 
 def test_unknown_preset_names_the_choices() -> None:

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpiemu.comm.p2p import TimedComm
-from mpiemu.hw import load_device, model_for
+from tests.timed import timed_comm
+from mpiemu.hw import load_device
 from mpiemu.nn.config import ModelConfig
 from mpiemu.nn.engine import Engine
 from mpiemu.nn.memory import edge_stored, layer_stored, memory_report
@@ -16,17 +16,15 @@ from mpiemu.nn.model import ShardedModel, make_dims
 from mpiemu.nn.ops import stored_elements
 from mpiemu.nn.presets import load_model_preset
 from mpiemu.overlap.strategy import Overlap
-from mpiemu.sim.timeline import Timeline
 
 TINY = load_model_preset("tiny").config
 
 
 def one_step(cfg: ModelConfig, comm: MPI.Comm, sp: bool) -> ShardedModel:
     """A numerics step of the tiny model, TP over `comm`, keeping its caches."""
-    spec = load_device("t3-gpu")
-    tl, model = Timeline(), model_for(spec)
-    tp = TimedComm(comm, tl, spec.link, model, "tp")
-    dp = TimedComm(MPI.COMM_SELF, tl, spec.link, model, "dp")
+    tp = timed_comm(comm)
+    tl, model = tp.tl, tp.model
+    dp = tp.sibling(MPI.COMM_SELF, "dp")
     cfg = cfg.for_tp(comm.size)
     dims = make_dims(cfg, comm.size, 1, 8, sp)
     eng = Engine(tl, model, tp, dtype="fp16", numerics=True, overlap=Overlap(), sp=dims.sp)

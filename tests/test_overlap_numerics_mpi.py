@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+from mpiemu.net import Network, load_network
 from mpiemu.comm.p2p import TimedComm
-from mpiemu.comm.ring import chunk_bounds
+from mpiemu.comm.schedule import chunk_bounds
 from mpiemu.hw import load_device, model_for
 from mpiemu.overlap.api import GemmShape, gather_then_gemm, gemm_then_reduce
 from mpiemu.overlap.reference import ag_gemm_reference, gemm_rs_reference
@@ -31,7 +32,8 @@ def small_tiles_comm(comm: MPI.Comm) -> TimedComm:
     spec = load_device("t3-gpu")
     spec = dataclasses.replace(spec, compute_units=4, gemm=dataclasses.replace(
         spec.gemm, tile_m=8, tile_n=8, tile_min=8, wgs_per_cu=1))
-    return TimedComm(comm, Timeline(), spec.link, model_for(spec), "tp")
+    return TimedComm(comm, Timeline(), Network(load_network(spec.network), MPI.COMM_WORLD.size),
+                     model_for(spec), "tp")
 
 
 def groups() -> Iterator[MPI.Comm]:

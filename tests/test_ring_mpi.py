@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpiemu.comm.ring import all_gather, all_reduce, chunk_bounds, reduce_scatter
+from mpiemu.comm.collectives import all_gather, all_reduce, chunk_bounds, reduce_scatter
 from tests.timed import timed_comm
 
 DTYPES = [np.int32, np.int64, np.float32, np.float64]

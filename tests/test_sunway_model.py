@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from mpiemu.net.presets import preset_dir
 from mpiemu.hw import load_device, model_for, read_preset
 from mpiemu.hw.presets import all_quantities
 from mpiemu.hw.sunway import (AttnShape, SunwayModel, SunwayOutOfMemory, SunwaySpec, ldm_bytes,
@@ -32,7 +33,8 @@ def test_every_sunway_number_has_a_source(name: str) -> None:
         for key, q in qs.items():
             assert q.source.strip(), f"{name}.{sec}.{key}"
     assert secs["compute"]["clock"].is_assumption
-    assert secs["link"]["bw_per_direction"].is_assumption
+    net = all_quantities(read_preset("sunway", preset_dir(), "network.preset"))
+    assert net["intra"]["bw"].is_assumption
 
 
 def test_all_shared_preset_states_the_seed_numbers() -> None:

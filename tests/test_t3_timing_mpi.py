@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 from mpi4py import MPI
 
-from mpiemu.comm.p2p import TimedComm
+from tests.timed import timed_comm
 from mpiemu.hw import load_device, model_for
 from mpiemu.overlap.api import GemmShape, gather_then_gemm, gemm_then_reduce
 from mpiemu.overlap.model import OverlapStats
@@ -41,8 +41,8 @@ def fc2(comm: MPI.Comm) -> GemmShape:
 def run(strategy: str, *, rec: Recorder | None = None, comm_cus: int = 16
         ) -> tuple[float, OverlapStats]:
     comm = MPI.COMM_WORLD
-    spec = load_device("t3-gpu")
-    tc = TimedComm(comm, Timeline(rec), spec.link, model_for(spec), "tp")  # type: ignore[arg-type]
+    tc = timed_comm(comm)
+    tc.tl = Timeline(rec)  # type: ignore[arg-type]
     stats = OverlapStats()
     _, span = gemm_then_reduce(tc, None, None, shape=fc2(comm), mode="all_reduce",
                                dtype="fp16", after=0.0, name="fc2", stats=stats,
@@ -117,8 +117,7 @@ def test_events_name_the_gemm_and_the_all_reduce(strategy: str) -> None:
 def run_ag(strategy: str) -> tuple[float, OverlapStats]:
     """T-NLG FC-1 forward under sequence parallelism: all-gather rows, then the GEMM."""
     comm = MPI.COMM_WORLD
-    spec = load_device("t3-gpu")
-    tc = TimedComm(comm, Timeline(), spec.link, model_for(spec), "tp")
+    tc = timed_comm(comm)
     stats = OverlapStats()
     shape = GemmShape(8192, 4 * 4256 // comm.size, 4256)
     _, span = gather_then_gemm(tc, None, None, shape=shape, dtype="fp16", after=0.0,

@@ -1,62 +1,134 @@
-"""Emulated time follows the alpha-beta closed form and never breaks causality."""
+"""Emulated time follows the documented closed forms (comm.cost) and never breaks causality."""
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpiemu.comm.ring import all_gather, all_reduce, reduce_scatter
-from mpiemu.hw import LinkSpec
-from tests.timed import timed_comm
+from mpiemu.comm.collectives import all_gather, all_reduce, reduce_scatter
+from mpiemu.comm.cost import Choice, estimate_s, ring_steps_s
+from mpiemu.comm.p2p import TimedComm
+from tests.timed import network, timed_comm
 
 
-def _alpha_beta(tc, nbytes: int, itemsize: int) -> tuple[float, float]:
-    n = tc.size
-    chunk = nbytes / n
-    step = tc.link.latency_s + chunk / tc.link.bw_bytes_per_s
-    return step, tc.reduce_s(int(chunk // itemsize), itemsize)
+def _ring_form(tc: TimedComm, op: str, nbytes: int, itemsize: int) -> float:
+    """base + the one-lane ring (comm.cost docstring), from the hop to the next rank."""
+    if tc.size == 1:
+        return 0.0
+    c = math.ceil(nbytes / itemsize / tc.size) * itemsize
+    red = tc.reduce_s(c // itemsize, itemsize)
+    return tc.net.spec.base(tc.proto) + ring_steps_s(tc.size, c, tc.rate(tc.next),
+                                                     tc.latency(tc.next), red, op)
+
+
+def _check_all_three(tc: TimedComm, count: int, itemsize: int) -> None:
+    tc.protocol = tc.protocol or "simple"          # one protocol for the three calls
+    _, rs = reduce_scatter(tc, None, count=count, wire_itemsize=itemsize)
+    _, ag = all_gather(tc, None, total=count, after=rs.t_end, count=count // tc.size,
+                       wire_itemsize=itemsize)
+    _, ar = all_reduce(tc, None, count=count, wire_itemsize=itemsize, after=ag.t_end)
+    for op, span in (("reduce_scatter", rs), ("all_gather", ag), ("all_reduce", ar)):
+        want = _ring_form(tc, op, count * itemsize, itemsize)
+        assert span.duration == pytest.approx(want, rel=1e-9, abs=0.0), op
+        if tc.size > 1:
+            est = estimate_s(tc, op, count * itemsize, itemsize, Choice("ring", tc.proto))
+            assert est == pytest.approx(want, rel=1e-9, abs=0.0), op
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("nbytes", [4096, 1 << 20, 48 << 20])
-def test_all_reduce_time_is_closed_form(nbytes: int) -> None:
-    comm = MPI.COMM_WORLD
-    tc = timed_comm(comm)
-    n, itemsize = comm.size, 2
-    count = nbytes // itemsize
-    count -= count % n                      # S a multiple of N
-    _, span = all_reduce(tc, None, count=count, wire_itemsize=itemsize)
-    step, red = _alpha_beta(tc, count * itemsize, itemsize)
-    assert red < step - tc.link.latency_s          # link-bound: reductions hide but the last
-    expected = 2 * (n - 1) * step + (red if n > 1 else 0.0)
-    assert span.duration == pytest.approx(expected, rel=1e-9, abs=0.0)
+def test_ring_topology_time_is_closed_form(nbytes: int) -> None:
+    """The T3 study's ring: 2(N-1)(a + S/(N B)) + t_red for an all-reduce, no base."""
+    tc = timed_comm()
+    n, itemsize = tc.size, 2
+    count = nbytes // itemsize // n * n
+    _check_all_three(tc, count, itemsize)
 
 
 @pytest.mark.mpi
-def test_rs_and_ag_times_are_closed_form() -> None:
+@pytest.mark.parametrize("preset", ["dgx-a100", "dgx1-v100", "pcie-gen4"])
+@pytest.mark.parametrize("proto", ["ll", "ll128", "simple"])
+def test_switch_and_mesh_times_are_closed_form_per_protocol(preset: str, proto: str) -> None:
+    """One node of a switch (NVSwitch, PCIe) or a mesh: base(p) + steps at rate x eff(p)."""
+    tc = timed_comm(preset="a100-sxm4-80gb", net=network(preset))
+    if proto not in tc.net.spec.protocols:
+        pytest.skip(f"{preset} has no {proto}")
+    tc.protocol = proto
+    _check_all_three(tc, 3000 * tc.size, 2)
+    assert tc.proto == proto or tc.size == 1
+
+
+@pytest.mark.mpi
+def test_one_device_per_node_rides_the_nics() -> None:
+    """Hierarchical network, one rank per node: every hop is a NIC hop (inter rate, latency)."""
+    tc = timed_comm(preset="a100-sxm4-80gb", net=network("dgx-a100", devices_per_node=1))
+    if tc.size == 1:
+        pytest.skip("needs two nodes")
+    assert tc.net.hop(0, 1).inter_node
+    assert tc.rate(tc.next) == 25e9                 # HDR NIC, Simple
+    _check_all_three(tc, 4096 * tc.size, 2)
+
+
+@pytest.mark.mpi
+def test_hierarchical_all_reduce_is_its_three_rings() -> None:
+    """2 devices per node: intra RS (S) + rail AR (S/2) + intra AG (S), one base latency."""
     comm = MPI.COMM_WORLD
-    tc = timed_comm(comm)
-    n, count = comm.size, 3000 * comm.size
-    step, red = _alpha_beta(tc, count * 4, 4)
-    _, rs = reduce_scatter(tc, None, count=count, wire_itemsize=4)
-    _, ag = all_gather(tc, None, total=count, after=rs.t_end, count=count // n, wire_itemsize=4)
-    assert rs.duration == pytest.approx((n - 1) * step + (red if n > 1 else 0.0), rel=1e-9,
-                                        abs=0.0)
-    assert ag.duration == pytest.approx((n - 1) * step, rel=1e-9, abs=0.0)
+    if comm.size != 4:
+        pytest.skip("2 nodes x 2 devices")
+    tc = timed_comm(preset="a100-sxm4-80gb", net=network("dgx-a100", devices_per_node=2))
+    tc.algorithm, tc.protocol = "hierarchical", "simple"
+    count, itemsize = 1 << 20, 2
+    _, span = all_reduce(tc, None, count=count, wire_itemsize=itemsize)
+    intra, rail = tc.split("node", tc.rank // 2), tc.split("rail", tc.rank % 2)
+    s = count * itemsize
+    c = s // 2
+    red = tc.reduce_s(c // itemsize, itemsize)
+    red_rail = tc.reduce_s(c // 2 // itemsize, itemsize)
+    nv = intra.rate(intra.next), intra.latency(intra.next)
+    ib = rail.rate(rail.next), rail.latency(rail.next)
+    want = (tc.net.spec.base("simple") + ring_steps_s(2, c, *nv, red, "reduce_scatter")
+            + ring_steps_s(2, c // 2, *ib, red_rail, "all_reduce")
+            + ring_steps_s(2, c, *nv, 0.0, "all_gather"))
+    assert span.duration == pytest.approx(want, rel=1e-9, abs=0.0)
+    est = estimate_s(tc, "all_reduce", s, itemsize, Choice("hierarchical", "simple"))
+    assert est == pytest.approx(want, rel=1e-9, abs=0.0)
 
 
 @pytest.mark.mpi
 def test_a_slow_reduction_stretches_every_steady_step() -> None:
-    """Reduction-bound (fast link): steady steps last alpha + t_red, as the sum streams out."""
+    """Reduction-bound (fast link): steady steps last a + t_red, as the sum streams out."""
     comm = MPI.COMM_WORLD
     if comm.size < 3:
         pytest.skip("needs steady steps (N >= 3)")
-    tc = timed_comm(comm, link=LinkSpec(latency_s=1e-6, bw_bytes_per_s=1e15))
+    tc = timed_comm(net=network(bw=1e15, latency=1e-6))
     n, count = comm.size, 4096 * comm.size
-    step, red = _alpha_beta(tc, count * 4, 4)
     _, rs = reduce_scatter(tc, None, count=count, wire_itemsize=4)
-    expected = step + (n - 2) * (tc.link.latency_s + red) + red
-    assert rs.duration == pytest.approx(expected, rel=1e-9, abs=0.0)
+    red = tc.reduce_s(count // n, 4)
+    step = 1e-6 + count // n * 4 / 1e15
+    assert rs.duration == pytest.approx(step + (n - 2) * (1e-6 + red) + red, rel=1e-9, abs=0.0)
+
+
+@pytest.mark.mpi
+def test_bidirectional_ring_on_a_switch_cannot_exceed_the_port() -> None:
+    """Both lanes leave through one NVSwitch port: bus bandwidth <= the port's rate; on a
+    mesh each direction has its own link and the bidirectional ring goes faster."""
+    comm = MPI.COMM_WORLD
+    if comm.size < 3:
+        pytest.skip("a bidirectional ring needs distinct neighbours")
+    count, itemsize = 1 << 22, 2
+    for preset, faster in (("dgx-a100", False), ("dgx1-v100", True)):
+        times = []
+        for bidir in (False, True):
+            tc = timed_comm(net=network(preset, base_latency_s={}))
+            tc.protocol = "simple"
+            _, span = all_reduce(tc, None, count=count, wire_itemsize=itemsize,
+                                 bidirectional=bidir)
+            times.append(span.duration)
+            bus = 2 * (comm.size - 1) / comm.size * count * itemsize / span.duration
+            assert bus <= tc.rate(tc.next) * (1 + 1e-9) * (2 if faster else 1)
+        assert (times[1] < 0.6 * times[0]) == faster
 
 
 @pytest.mark.mpi
@@ -65,8 +137,7 @@ def test_receive_never_completes_before_send_plus_latency() -> None:
     comm = MPI.COMM_WORLD
     if comm.size == 1:
         pytest.skip("needs a peer")
-    link = LinkSpec(latency_s=2e-6, bw_bytes_per_s=10e9)
-    tc = timed_comm(comm, link=link)
+    tc = timed_comm(net=network(bw=10e9, latency=2e-6))
     start = 1e-3 * ((comm.rank * 7) % comm.size)       # staggered clocks
     payload = np.full(1000, comm.rank, np.float64)
     got = np.empty_like(payload)
@@ -75,10 +146,8 @@ def test_receive_never_completes_before_send_plus_latency() -> None:
     t_done = rh.wait()
     sh.wait()
     t_send = float(rh.header[0])
-    sender_start = 1e-3 * ((tc.prev * 7) % comm.size)
-    assert t_send == sender_start
-    assert t_done >= t_send + link.latency_s
-    assert t_done == pytest.approx(t_send + link.transfer_s(payload.nbytes), rel=1e-12)
+    assert t_send == 1e-3 * ((tc.prev * 7) % comm.size)
+    assert t_done == pytest.approx(t_send + 2e-6 + payload.nbytes / 10e9, rel=1e-12)
     assert np.all(got == tc.prev)
 
 
@@ -87,7 +156,7 @@ def test_receive_completes_at_post_time_when_message_is_early() -> None:
     comm = MPI.COMM_WORLD
     if comm.size == 1:
         pytest.skip("needs a peer")
-    tc = timed_comm(comm)
+    tc = timed_comm()
     rh = tc.irecv(None, tc.prev, tag=8, posted=5.0)
     tc.isend(None, tc.next, tag=8, nbytes=64, after=0.0).wait()
     assert rh.wait() == 5.0
@@ -97,10 +166,10 @@ def test_receive_completes_at_post_time_when_message_is_early() -> None:
 def test_staggered_all_reduce_is_causal_on_every_step() -> None:
     """With staggered starts, each step's arrival is >= the sender's start plus latency."""
     comm = MPI.COMM_WORLD
-    tc = timed_comm(comm)
+    tc = timed_comm()
     start = 1e-4 * comm.rank
     _, span = all_reduce(tc, None, count=4096 * comm.size, wire_itemsize=2, after=start)
     assert span.t_start == start
     latest_start = comm.allreduce(start, op=MPI.MAX)
     if comm.size > 1:     # every result holds the last starter's data: one hop at least
-        assert span.t_end >= latest_start + tc.link.latency_s
+        assert span.t_end >= latest_start + tc.latency(tc.next)

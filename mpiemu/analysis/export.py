@@ -1,9 +1,12 @@
 """Chrome trace-event JSON for Perfetto (and Holistic Trace Analysis), from a run directory.
 
-One process per rank (pid = rank), one thread per resource stream (compute, comm.tp,
-link.tp.next, ...), so overlapping compute and communication never nest badly (Perfetto's
-nesting rule). Times are emulated, in microseconds. Collective summaries sit on their own
-`coll.<group>` thread. Per iteration a `ProfilerStep#<n>` span is added, and communication
+One process per rank (pid = rank), one thread per resource stream (compute, comm.tp, a
+message route `port.0.out>port.1.in`, ...), so overlapping compute and communication never
+nest badly (Perfetto's nesting rule); events of one resource that overlap without nesting
+(flows sharing a port) go to numbered sub-threads (`port.0.out>port.1.in #1`). Each network
+port gets a counter track of its utilisation (busy share per time bin, from the messages
+leaving through it). Times are emulated, in microseconds. Collective summaries sit on
+their own `coll.<group>` thread. Per iteration a `ProfilerStep#<n>` span is added, and communication
 kernels get an `nccl`-style name prefix, as HTA expects (reference/conventions.md B.4).
 """
 from __future__ import annotations
@@ -21,10 +24,61 @@ US = 1e6
 HTA_COMM_PREFIX = {"comm": "ncclKernel_", "collective": "ncclKernel_"}
 
 
-def _threads(rt: RankTrace) -> dict[str, int]:
-    """Stable thread ids per resource: compute first, then the rest sorted."""
-    names = sorted(set(rt.resources) - {"-"}, key=lambda r: (r != "compute", r))
-    return {r: i + 1 for i, r in enumerate(names)}
+def _threads(rt: RankTrace) -> tuple[dict[str, int], list[int]]:
+    """Thread ids per (sub-)track, compute first, and each event's thread: events of one
+    resource that overlap go to the first sub-track free at their start (greedy packing)."""
+    ev = rt.events
+    order = np.lexsort((-ev["t_end"], ev["t_start"]))
+    lanes: dict[str, list[float]] = {}
+    slot = [0] * len(ev)
+    for i in order:
+        res = rt.resources[i]
+        ends = lanes.setdefault(res, [])
+        t0, t1 = float(ev["t_start"][i]), float(ev["t_end"][i])
+        k = next((j for j, e in enumerate(ends) if e <= t0 + 1e-15), len(ends))
+        if k == len(ends):
+            ends.append(t1)
+        else:
+            ends[k] = t1
+        slot[i] = k
+    names = sorted((f"{r} #{k}" if k else r for r, ends in lanes.items() if r != "-"
+                    for k in range(len(ends))), key=lambda r: (r != "compute", r))
+    tids = {r: i + 1 for i, r in enumerate(names)}
+    per_event = [tids.get(f"{r} #{k}" if k else r, 0) for r, k in zip(rt.resources, slot)]
+    return tids, per_event
+
+
+def _ports(rt: RankTrace, bins: int = 200) -> Iterator[dict[str, Any]]:
+    """Counter tracks: each egress port's busy share per time bin (messages leaving it)."""
+    ev = rt.events
+    busy: dict[str, list[tuple[float, float]]] = {}
+    for i, res in enumerate(rt.resources):
+        if rt.cats[i] == "comm" and res.split(".")[0] in ("port", "nic", "link"):
+            port = res.split(">")[0]
+            busy.setdefault(port, []).append((float(ev["t_start"][i]), float(ev["t_end"][i])))
+    if not busy:
+        return
+    t_end = max(b for iv in busy.values() for _, b in iv)
+    width = t_end / bins if t_end > 0 else 1.0
+    for port, iv in sorted(busy.items()):
+        share = np.zeros(bins)
+        for a, b in _union(iv):
+            for k in range(int(a // width), min(bins, int(b // width) + 1)):
+                lo, hi = k * width, (k + 1) * width
+                share[k] += max(0.0, min(b, hi) - max(a, lo)) / width
+        for k in range(bins):
+            yield {"ph": "C", "pid": rt.rank, "name": f"{port} utilisation",
+                   "ts": k * width * US, "args": {"busy": round(float(share[k]), 6)}}
+
+
+def _union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(iv):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
 
 
 def _meta(rank: int, tids: dict[str, int]) -> Iterator[dict[str, Any]]:
@@ -38,7 +92,7 @@ def _meta(rank: int, tids: dict[str, int]) -> Iterator[dict[str, Any]]:
                "args": {"sort_index": tid}}
 
 
-def _slices(rt: RankTrace, tids: dict[str, int], hta: bool) -> Iterator[dict[str, Any]]:
+def _slices(rt: RankTrace, per_event: list[int], hta: bool) -> Iterator[dict[str, Any]]:
     ev = rt.events
     for i in range(len(ev)):
         res = rt.resources[i]
@@ -48,7 +102,7 @@ def _slices(rt: RankTrace, tids: dict[str, int], hta: bool) -> Iterator[dict[str
         name = str(rt.names[i])
         if hta and cat in HTA_COMM_PREFIX:
             name = HTA_COMM_PREFIX[cat] + name
-        args: dict[str, Any] = {"stream": tids[res], "correlation": i}
+        args: dict[str, Any] = {"stream": per_event[i], "correlation": i}
         for field in ("flops", "bytes", "dram_bytes"):
             v = ev[field][i]
             if v:
@@ -59,7 +113,7 @@ def _slices(rt: RankTrace, tids: dict[str, int], hta: bool) -> Iterator[dict[str
                 args[field] = v
         if rt.phases[i] != "none":
             args["phase"] = rt.phases[i]
-        yield {"ph": "X", "pid": rt.rank, "tid": tids[res], "name": name,
+        yield {"ph": "X", "pid": rt.rank, "tid": per_event[i], "name": name,
                "cat": "kernel" if hta else cat, "ts": float(ev["t_start"][i]) * US,
                "dur": float(ev["t_end"][i] - ev["t_start"][i]) * US, "args": args}
 
@@ -78,8 +132,9 @@ def _steps(rt: RankTrace) -> Iterator[dict[str, Any]]:
 
 def rank_events(rt: RankTrace, hta: bool = False) -> list[dict[str, Any]]:
     """All trace events of one rank."""
-    tids = _threads(rt)
-    return [*_meta(rt.rank, tids), *_steps(rt), *_slices(rt, tids, hta)]
+    tids, per_event = _threads(rt)
+    return [*_meta(rt.rank, tids), *_steps(rt), *_slices(rt, per_event, hta),
+            *([] if hta else _ports(rt))]
 
 
 def chrome_trace(run: Run, hta: bool = False) -> dict[str, Any]:

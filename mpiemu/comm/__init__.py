@@ -1,7 +1,6 @@
-"""Genuine communication: process grid, timestamped point-to-point, ring collectives."""
-from .grid import GridShape, ProcessGrid
-from .p2p import RecvHandle, SendHandle, TimedComm
-from .ring import all_gather, all_reduce, chunk_bounds, reduce_scatter
+"""Timed MPI communication: point-to-point (`p2p`), the ring engine (`ring`, `schedule`),
+collectives and their closed forms (`collectives`, `cost`), the TP x DP grid (`grid`)."""
+from .collectives import all_gather, all_reduce, chunk_bounds, reduce_scatter
+from .p2p import TimedComm
 
-__all__ = ["GridShape", "ProcessGrid", "RecvHandle", "SendHandle", "TimedComm", "all_gather",
-           "all_reduce", "chunk_bounds", "reduce_scatter"]
+__all__ = ["TimedComm", "all_gather", "all_reduce", "chunk_bounds", "reduce_scatter"]

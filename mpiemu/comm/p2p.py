@@ -1,77 +1,128 @@
 """Timestamped point-to-point messages: the payload moves for real, its time is modelled.
 
-Every message is a small header (send start, arrival time, modelled bytes) followed, when
-numerics are on, by the payload with buffer-based Isend/Irecv (no pickling). The header and
-payload share (source, tag, communicator), so MPI's non-overtaking rule pairs them.
-Causality (DESIGN.md): a send occupies the sender's link for alpha + bytes/beta from
-max(data ready, link free); a receive completes at max(time posted, that arrival).
+Every message is a small header (`net.message`: send start, egress end, wire time, hop
+latency, bytes) followed, when numerics are on, by the payload with buffer-based
+Isend/Irecv (no pickling). The header and payload share (source, tag, communicator), so
+MPI's non-overtaking rule pairs them. Timing is the network layer's (`net.message`): the
+sender reserves its egress port, the receiver its ingress port, the message arrives one hop
+latency after both; a receive completes at max(time posted, arrival) (DESIGN.md causality).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 from mpi4py import MPI
 
 from ..hw.cost import ComputeModel
-from ..hw.specs import LinkSpec
-from ..sim.timeline import SimTime, Span, Timeline
+from ..net import HEADER_LEN, Network, arrival, send
+from ..net.message import Feed
+from ..sim.timeline import SimTime, Timeline
 
-HEADER_LEN = 3   # t_send_start, t_arrive, modelled bytes
+
+def world_devices(comm: MPI.Comm) -> list[int]:
+    """The device (world rank) each rank of `comm` plays."""
+    if comm == MPI.COMM_WORLD:
+        return list(range(comm.Get_size()))
+    grp, world = comm.Get_group(), MPI.COMM_WORLD.Get_group()
+    try:
+        return [int(d) for d in MPI.Group.Translate_ranks(grp, list(range(comm.Get_size())),
+                                                          world)]
+    finally:
+        grp.Free()
+        world.Free()
 
 
 @dataclass
 class RecvHandle:
-    """A posted receive; `wait` returns its emulated completion time."""
+    """A posted receive; `wait` returns its emulated completion time (ingress reserved once)."""
 
+    tc: "TimedComm"
     reqs: list[MPI.Request]
     header: np.ndarray
     t_posted: SimTime
     source: int
+    _arrive: SimTime | None = field(default=None, repr=False)
 
     def wait(self) -> SimTime:
         MPI.Request.Waitall(self.reqs)
-        return max(self.t_posted, float(self.header[1]))
+        return max(self.t_posted, self.t_arrive)
 
     @property
     def t_arrive(self) -> SimTime:
-        return float(self.header[1])
+        """When the message is in this rank's memory (call after the requests completed)."""
+        if self._arrive is None:
+            self._arrive = self.tc.arrival(self.source, self.header)
+        return self._arrive
 
 
 @dataclass
 class SendHandle:
-    """A posted send; its link occupancy is already placed in emulated time."""
+    """A posted send; its egress occupancy is already placed in emulated time."""
 
     reqs: list[MPI.Request]
-    span: Span
     header: np.ndarray = field(repr=False)
+
+    @property
+    def t_start(self) -> SimTime:
+        return float(self.header[0])
+
+    @property
+    def t_sent(self) -> SimTime:
+        """When the sender's port is free again (the buffer may be reused)."""
+        return float(self.header[1])
 
     def wait(self) -> SimTime:
         MPI.Request.Waitall(self.reqs)
-        return self.span.t_end
+        return self.t_sent
 
 
 class TimedComm:
-    """An MPI communicator bound to a rank's timeline, link model and device model.
+    """An MPI communicator bound to a rank's timeline, the job's network and device model.
 
-    Resources it uses on the timeline: `link.<name>.next`, `link.<name>.prev` (one per link
-    direction; on a fully connected topology one per peer) and `comm.<name>`, the stream that
-    runs the collective's reductions.
+    `devices[i]` is the emulated device rank i of `comm` plays (its world rank unless
+    given); every message asks the network for its route between devices (`net.message`).
+    `stream` (`comm.<name>`) runs the collective's reductions; `proto` is the protocol of
+    the collective being run (set by `comm.collectives`); `algorithm` / `protocol` are the
+    user's choice (`[collectives]`; "" lets `comm.cost.choose` pick).
     """
 
-    def __init__(self, comm: MPI.Comm, timeline: Timeline, link: LinkSpec,
-                 model: ComputeModel, name: str = "world") -> None:
+    def __init__(self, comm: MPI.Comm, timeline: Timeline, net: Network,
+                 model: ComputeModel, name: str = "world",
+                 devices: Sequence[int] | None = None) -> None:
         self.comm = comm
         self.tl = timeline
-        self.link = link
+        self.net = net
         self.model = model
         self.name = name
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
+        self.devices = list(devices) if devices is not None else world_devices(comm)
+        self.device = self.devices[self.rank]
         self.next = (self.rank + 1) % self.size
         self.prev = (self.rank - 1) % self.size
         self.stream = f"comm.{name}"
+        self.proto = "simple"
+        self.algorithm = ""            # [collectives] algorithm / protocol: "" = choose
+        self.protocol = ""
         self._pool: dict[tuple[str, str], np.ndarray] = {}
+        self._subs: dict[str, TimedComm] = {}
+
+    def sibling(self, comm: MPI.Comm, name: str, timeline: Timeline | None = None
+                ) -> "TimedComm":
+        """Another communicator on the same network and device model."""
+        tc = TimedComm(comm, timeline or self.tl, self.net, self.model, name)
+        tc.algorithm, tc.protocol = self.algorithm, self.protocol
+        return tc
+
+    def split(self, key: str, color: int) -> "TimedComm":
+        """A sub-communicator (cached): ranks of equal `color`, in rank order."""
+        sub = self._subs.get(key)
+        if sub is None:
+            sub = self._subs[key] = self.sibling(self.comm.Split(color, self.rank),
+                                                 f"{self.name}.{key}")
+        return sub
 
     def scratch(self, key: str, n: int, dtype: np.dtype) -> np.ndarray:
         """A reusable work buffer of n elements (kept between calls: no page faults)."""
@@ -81,37 +132,47 @@ class TimedComm:
             buf = self._pool[(key, dt.str)] = np.empty(max(n, 1), dt)
         return buf[:n]
 
-    def link_resource(self, dest: int, direction: str | None = None) -> str:
-        """The link a message to `dest` leaves on ('next'/'prev' pick a ring direction)."""
-        if direction is None:
-            if dest == self.next:
-                direction = "next"
-            elif dest == self.prev:
-                direction = "prev"
-            elif self.link.topology == "fully-connected":
-                direction = f"to{dest}"
-            else:
-                raise ValueError(f"rank {self.rank} has no ring link to {dest} on {self.name}")
-        return f"link.{self.name}.{direction}"
+    # ---- time ----------------------------------------------------------------------------
+    def rate(self, dest: int) -> float:
+        """Bytes/s a message to rank `dest` moves (the hop's rate for this protocol)."""
+        return self.net.rate(self.net.hop(self.device, self.devices[dest]), self.proto)
 
-    def isend(self, buf: np.ndarray | None, dest: int, tag: int, nbytes: int,
-              after: SimTime, *, direction: str | None = None, label: str = "send",
-              stage: int = -1, duration: SimTime | None = None, dram_bytes: float = 0.0
-              ) -> SendHandle:
-        """Send `buf` (None: header only) that is ready at `after`; charge the link.
+    def latency(self, dest: int) -> float:
+        return self.net.latency(self.net.hop(self.device, self.devices[dest]), self.proto)
 
-        The link is busy for alpha + bytes/beta, or for `duration` when something slower
-        than the link feeds it (a reduction streamed into the send).
-        """
-        res = self.link_resource(dest, direction)
-        busy = self.link.transfer_s(nbytes) if duration is None else duration
-        span = self.tl.reserve(label, [res], busy, after, cat="comm", nbytes=nbytes,
-                               peer=dest, stage=stage, dram_bytes=dram_bytes)
-        header = np.array([span.t_start, span.t_end, float(nbytes)])
+    def place(self, dest: int, nbytes: float, after: SimTime, *, label: str = "send",
+              stage: int = -1, feed: Feed | None = None, dram_bytes: float = 0.0
+              ) -> np.ndarray:
+        """Time a message to rank `dest` (no MPI): returns its header (`net.message`)."""
+        return send(self.tl, self.net, self.device, self.devices[dest], nbytes, after,
+                    self.proto, label=label, peer=dest, stage=stage, dram_bytes=dram_bytes,
+                    feed=feed)
+
+    def arrival(self, source: int, header: np.ndarray) -> SimTime:
+        """When a message from rank `source` with this header is here (ingress reserved)."""
+        return arrival(self.tl, self.net, self.devices[source], self.device, header,
+                       peer=source)
+
+    # ---- messages ------------------------------------------------------------------------
+    def post(self, header: np.ndarray, buf: np.ndarray | None, dest: int, tag: int
+             ) -> list[MPI.Request]:
+        """Send a timed message's header and (when numerics are on) its payload."""
         reqs = [self.comm.Isend(header, dest, tag)]
         if buf is not None:
             reqs.append(self.comm.Isend(buf, dest, tag))
-        return SendHandle(reqs, span, header)
+        return reqs
+
+    def isend(self, buf: np.ndarray | None, dest: int, tag: int, nbytes: float,
+              after: SimTime, *, label: str = "send", stage: int = -1,
+              feed: Feed | None = None, dram_bytes: float = 0.0) -> SendHandle:
+        """Send `buf` (None: header only) that is ready at `after`.
+
+        `feed(start)`: the least time the sender needs to produce the bytes (a reduction
+        streamed into the send); the port is busy for the longer of that and the wire time.
+        """
+        header = self.place(dest, nbytes, after, label=label, stage=stage, feed=feed,
+                            dram_bytes=dram_bytes)
+        return SendHandle(self.post(header, buf, dest, tag), header)
 
     def irecv(self, buf: np.ndarray | None, source: int, tag: int, posted: SimTime
               ) -> RecvHandle:
@@ -120,7 +181,7 @@ class TimedComm:
         reqs = [self.comm.Irecv(header, source, tag)]
         if buf is not None:
             reqs.append(self.comm.Irecv(buf, source, tag))
-        return RecvHandle(reqs, header, posted, source)
+        return RecvHandle(self, reqs, header, posted, source)
 
     def reduce_s(self, n_elems: int, elem_bytes: int) -> SimTime:
         """Modelled time of one ring step's reduction of n elements."""

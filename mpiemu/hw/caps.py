@@ -14,7 +14,10 @@ field added to any spec class is covered without more code. Conventions:
 * `cap(key=...)`: the preset key when it is not the field name without its unit; a Mapping
   field reads every key matching its `key` pattern (`peak_{}` -> `peak_fp16`, ...);
 * `cap(scale="compute")` marks a rate of the compute side that `device.scale.compute`
-  multiplies (`inverse=True`: a time it divides); likewise `scale="memory_bw"`.
+  multiplies (`inverse=True`: a time it divides); likewise `scale="memory_bw"`, and
+  `scale="bw"` for the network's rates (`network.scale.bw`, `net.spec.NetworkSpec`).
+The same walk serves the device (`--set device.<path>`) and the network (`--set
+network.<path>`): `root` names which in messages.
 """
 from __future__ import annotations
 
@@ -32,8 +35,9 @@ UNITS: dict[str, tuple[float, str]] = {
     "MiB": (2.0**20, "bytes"), "KiB": (2.0**10, "bytes"), "us": (1e-6, "s"), "ns": (1e-9, "s"),
     "s": (1.0, "s"), "frac": (1.0, ""), "count": (1.0, ""), "cycles": (1.0, "cycles"),
 }
-SCALES = ("compute", "memory_bw")
-NOT_CAPABILITIES = ("name", "kind", "description", "sources")   # identity and provenance
+SCALES = ("compute", "memory_bw", "bw")
+NOT_CAPABILITIES = ("name", "kind", "description", "sources", "network", "topology",
+                    "node_topology")                 # identity, provenance, wiring
 
 
 class CapError(ValueError):
@@ -65,7 +69,7 @@ class Scale:
     memory_bw: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in SCALES:
+        for name in ("compute", "memory_bw"):
             if not getattr(self, name) > 0:
                 raise CapError(f"scale.{name}", getattr(self, name), "a factor > 0")
 
@@ -223,9 +227,9 @@ def load_spec(cls: type, secs: Sections, section: str, where: str, used: set[tup
 
 
 # --- overrides ------------------------------------------------------------------------------
-def check_path(cls: type, path: str, value: Any) -> None:
+def check_path(cls: type, path: str, value: Any, root: str = "device") -> None:
     """Raise CapError unless `path` names a capability of spec class `cls` (type level)."""
-    _walk_path(cls, path.split("."), value, "device", None)
+    _walk_path(cls, path.split("."), value, root, None)
 
 
 def _walk_path(cls: type, segs: list[str], value: Any, prefix: str, obj: Any) -> Any:
@@ -242,7 +246,8 @@ def _walk_path(cls: type, segs: list[str], value: Any, prefix: str, obj: Any) ->
                            + ", ".join(x.name for x in cap_fields(sub)))
         if obj is not None and cur is None:
             raise CapError(f"{where}.{'.'.join(segs[1:])}", value,
-                           f"this device has no [{_meta(f, 'section') or name}] section")
+                           f"this {prefix.split('.')[0]} has no "
+                           f"[{_meta(f, 'section') or name}] section")
         new = _walk_path(sub, segs[1:], value, where, cur)
         return replace(obj, **{name: new}) if obj is not None else None
     if _is_mapping(tp):
@@ -259,14 +264,14 @@ def _walk_path(cls: type, segs: list[str], value: Any, prefix: str, obj: Any) ->
     return replace(obj, **{name: v}) if obj is not None else None
 
 
-def set_path(spec: Any, path: str, value: Any) -> Any:
+def set_path(spec: Any, path: str, value: Any, root: str = "device") -> Any:
     """`spec` with the capability at dotted `path` set to `value` (validated by the spec)."""
     try:
-        return _walk_path(type(spec), path.split("."), value, "device", spec)
+        return _walk_path(type(spec), path.split("."), value, root, spec)
     except CapError:
         raise
     except (ValueError, TypeError) as exc:
-        raise CapError(f"device.{path}", value, str(exc)) from None
+        raise CapError(f"{root}.{path}", value, str(exc)) from None
 
 
 # --- scale knobs ----------------------------------------------------------------------------
@@ -286,42 +291,42 @@ def _scale_tree(obj: Any, knob: str, factor: float, path: str, touched: list[str
     return replace(obj, **changes) if changes else obj
 
 
-def scaled(spec: Any, **factors: float) -> tuple[Any, list[str]]:
+def scaled(spec: Any, root: str = "device", **factors: float) -> tuple[Any, list[str]]:
     """`spec` with every field tagged `scale=knob` multiplied (or divided) by its factor;
     returns the spec and the paths it changed."""
     touched: list[str] = []
     for knob, factor in factors.items():
         if knob not in SCALES:
-            raise CapError(f"device.scale.{knob}", factor, "choose one of " + ", ".join(SCALES))
+            raise CapError(f"{root}.scale.{knob}", factor, "choose one of " + ", ".join(SCALES))
         if factor != 1.0:
             spec = _scale_tree(spec, knob, factor, "", touched)
     return spec, touched
 
 
-def apply_overrides(spec: Any, overrides: Mapping[str, Any]) -> Any:
-    """`spec` with `device.<path>` overrides set, then the `scale.*` knobs applied; every
+def apply_overrides(spec: Any, overrides: Mapping[str, Any], root: str = "device") -> Any:
+    """`spec` with `<root>.<path>` overrides set, then the `scale.*` knobs applied; every
     changed field's source says so (`mpiemu devices NAME --set ...` shows them)."""
     sources = dict(spec.sources)
     knobs: dict[str, float] = {}
     for path, value in overrides.items():
         if path.split(".")[0] == "scale":
-            check_path(type(spec), path, value)
+            check_path(type(spec), path, value, root)
             knobs[path.split(".")[1]] = float(value)
             continue
-        spec = set_path(spec, path, value)
+        spec = set_path(spec, path, value, root)
         name = ".".join(p for p, _ in _resolved(type(spec), path.split(".")))
-        sources[name] = f"OVERRIDE device.{path}={value!r} (preset: {sources.get(name, '-')})"
+        sources[name] = f"OVERRIDE {root}.{path}={value!r} (preset: {sources.get(name, '-')})"
     if knobs:
         record = replace(spec.scale, **knobs)
-        spec, touched = scaled(spec, **knobs)
+        spec, touched = scaled(spec, root, **knobs)
         for p in touched:
             knob = next(k for k in knobs if _field_at(type(spec), p).metadata.get("scale") == k)
             value = getattr(spec, p) if "." not in p else None
             for q in ([f"{p}.{e}" for e in value] if isinstance(value, Mapping) else [p]):
-                sources[q] = (f"SCALED x{knobs[knob]:g} by device.scale.{knob} "
+                sources[q] = (f"SCALED x{knobs[knob]:g} by {root}.scale.{knob} "
                               f"({sources.get(q, '-')})")
         for knob, factor in knobs.items():
-            sources[f"scale.{knob}"] = f"OVERRIDE device.scale.{knob}={factor:g}"
+            sources[f"scale.{knob}"] = f"OVERRIDE {root}.scale.{knob}={factor:g}"
         spec = replace(spec, scale=record)
     return replace(spec, sources=sources)
 

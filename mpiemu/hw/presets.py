@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .caps import UNITS, CapError, Quantity, load_spec
-from .specs import DeviceSpec, LinkSpec
+from .specs import DeviceSpec
 
 UNIT_SCALE: dict[str, float] = {unit: factor for unit, (factor, _) in UNITS.items()}
-TOP_LEVEL = ("name", "kind", "description")
+TOP_LEVEL = ("name", "kind", "description", "network")   # strings, not quantities
 
 
 class PresetError(ValueError):
@@ -43,12 +43,6 @@ def _quantities(section: Mapping[str, Any], where: str) -> dict[str, Quantity]:
     return out
 
 
-def _need(q: Mapping[str, Quantity], key: str, where: str) -> float:
-    if key not in q:
-        raise PresetError(f"{where}: missing {key!r}")
-    return q[key].value
-
-
 def _preset_dir() -> Path:
     return Path(str(resources.files("mpiemu.hw") / "presets"))
 
@@ -58,16 +52,22 @@ def list_presets() -> list[str]:
     return sorted(p.stem for p in _preset_dir().glob("*.toml"))
 
 
-def read_preset(name_or_path: str) -> dict[str, Any]:
-    """Raw TOML of a bundled preset name or a path to a preset file."""
+def read_preset(name_or_path: str, directory: Path | None = None,
+                what: str = "device") -> dict[str, Any]:
+    """Raw TOML of a bundled preset name (in `directory`) or a path to a preset file."""
+    directory = directory or _preset_dir()
     path = Path(name_or_path)
     if not path.suffix:
-        path = _preset_dir() / f"{name_or_path}.toml"
-    if not path.exists():
-        raise PresetError(f"device={name_or_path!r} is not a preset; choose one of "
-                          f"{list_presets()} or give a path to a preset .toml")
-    with path.open("rb") as f:
-        return tomllib.load(f)
+        path = directory / f"{name_or_path}.toml"
+    names = sorted(p.stem for p in directory.glob("*.toml"))
+    if not path.is_file():
+        raise PresetError(f"{what}={name_or_path!r} is not a preset; choose one of "
+                          f"{names} or give a path to a preset .toml")
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise PresetError(f"{what} preset {path}: not valid TOML ({exc})") from None
 
 
 def all_quantities(raw: Mapping[str, Any]) -> dict[str, dict[str, Quantity]]:
@@ -77,15 +77,7 @@ def all_quantities(raw: Mapping[str, Any]) -> dict[str, dict[str, Quantity]]:
             if isinstance(raw[sec], dict)}
 
 
-def link_from(q: Mapping[str, Quantity], topology: str, where: str) -> LinkSpec:
-    """A LinkSpec from the quantities of a `[link]` section."""
-    return LinkSpec(latency_s=_need(q, "latency", where),
-                    bw_bytes_per_s=_need(q, "bw_per_direction", where),
-                    topology=topology,
-                    sources={k: v.source for k, v in q.items()})
-
-
-def _unused(raw: Mapping[str, Any], secs: Mapping[str, Mapping[str, Quantity]],
+def unused_entry(raw: Mapping[str, Any], secs: Mapping[str, Mapping[str, Quantity]],
             used: set[tuple[str, str]], name: str) -> str | None:
     """The first preset entry no field reads (a typo, or a section no model knows)."""
     for sec, qs in secs.items():
@@ -102,20 +94,15 @@ def load_device(name_or_path: str) -> DeviceSpec:
     raw = read_preset(name_or_path)
     name = str(raw.get("name", name_or_path))
     secs = all_quantities(raw)
-    # the link leaves the device spec with the network presets (issue 8)
     given: dict[str, Any] = {k: str(raw.get(k, d)) for k, d in
-                             zip(TOP_LEVEL, (name_or_path, "gpu", ""))}
-    given["link"] = link_from(secs.get("link", {}), str(raw.get("link", {}).get(
-        "topology", "ring")), f"{name}.link")
-    used = {("link", k) for k in secs.get("link", {})}
-    sources = {f"link.{f}": given["link"].sources.get(k, f"{name}.link.{k}") for f, k in
-               (("latency_s", "latency"), ("bw_bytes_per_s", "bw_per_direction"),
-                ("topology", "topology"))}
+                             zip(TOP_LEVEL, (name_or_path, "gpu", "", ""))}
+    used: set[tuple[str, str]] = set()
+    sources: dict[str, str] = {}
     try:
         spec = load_spec(DeviceSpec, secs, "", name, used, sources, given=given)
     except (CapError, ValueError) as exc:
         raise PresetError(str(exc)) from None
-    bad = _unused(raw, secs, used, name)
+    bad = unused_entry(raw, secs, used, name)
     if bad is not None:
         raise PresetError(f"{bad}: no field of the device spec reads it (mpiemu devices "
                           f"{name} lists them)")

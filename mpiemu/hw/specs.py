@@ -16,7 +16,6 @@ from .contention import T3Params
 
 DTYPE_BYTES: dict[str, int] = {"fp16": 2, "bf16": 2, "tf32": 4, "fp32": 4, "fp64": 8}
 MATRIX_DTYPES = ("fp16", "bf16", "tf32")     # run on tensor cores / matrix cores
-TOPOLOGIES = ("ring", "fully-connected")
 DEVICE_KINDS = ("gpu", "sunway")
 
 
@@ -27,28 +26,6 @@ def dtype_bytes(dtype: str) -> int:
     except KeyError:
         raise ValueError(f"dtype={dtype!r} is not an emulated dtype; choose one of "
                          f"{sorted(DTYPE_BYTES)}") from None
-
-
-@dataclass(frozen=True)
-class LinkSpec:
-    """One inter-device link direction model (alpha-beta) and the topology it forms."""
-
-    latency_s: float
-    bw_bytes_per_s: float          # per direction
-    topology: str = "ring"
-    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
-
-    def __post_init__(self) -> None:
-        if self.latency_s < 0:
-            raise ValueError(f"link.latency_s={self.latency_s} must be >= 0")
-        if self.bw_bytes_per_s <= 0:
-            raise ValueError(f"link.bw_bytes_per_s={self.bw_bytes_per_s} must be > 0")
-        if self.topology not in TOPOLOGIES:
-            raise ValueError(f"link.topology={self.topology!r}; choose one of {list(TOPOLOGIES)}")
-
-    def transfer_s(self, nbytes: float) -> float:
-        """alpha + bytes / beta: how long one message occupies the sender's link."""
-        return self.latency_s + nbytes / self.bw_bytes_per_s
 
 
 @dataclass(frozen=True)
@@ -193,7 +170,9 @@ class DeviceSpec:
     """One accelerator as a rank plays it: compute, memory hierarchy, launch cost, and the
     optional sections of the models that need them (T3 overlap, near-memory compute, Sunway).
     `scale` records the what-if factors already applied (`caps.scaled`); `sources` maps each
-    field path to its source (preset, default, override)."""
+    field path to its source (preset, default, override). `network` names the network
+    preset (`mpiemu/net/presets/`) a job of these devices uses unless its workload names
+    another."""
 
     name: str
     kind: str
@@ -209,7 +188,6 @@ class DeviceSpec:
     kernel_launch_s: float = field(metadata=cap("compute"))
     dram_efficiency: float = field(metadata=cap("memory"))   # streaming kernels' share of peak
     gemm: GemmTiling = field(metadata=cap())
-    link: LinkSpec = field(metadata=cap())
     kernels: KernelSpec = KernelSpec()
     t3: T3Params | None = None      # [t3]: memory-system parameters of the overlap models
     nmc: NmcSpec | None = None      # [nmc]: near-bank compute (optimizer.on = "nmc")
@@ -217,6 +195,7 @@ class DeviceSpec:
     base_clock_hz: float = field(default=0.0, metadata=cap("compute"))   # 0: none published
     scale: Scale = field(default=Scale(), metadata=cap(preset=False))
     description: str = ""
+    network: str = ""               # the network preset a job of these devices defaults to
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..comm.p2p import TimedComm
-from ..comm.ring import all_reduce
+from ..comm.collectives import all_reduce
 from ..sim.timeline import Span
 from .engine import Array
 

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from ..comm.p2p import TimedComm
-from ..comm.ring import all_gather, all_reduce, reduce_scatter
+from ..comm.collectives import all_gather, all_reduce, reduce_scatter
 from ..hw.cost import ComputeModel
 from ..hw.gemm import NO_EPILOGUE, Epilogue
 from ..hw.kernels import check_mode
@@ -94,7 +94,7 @@ class Engine:
         """
         if self._payload_tp is None:
             tp = self.tp
-            self._payload_tp = TimedComm(tp.comm.Dup(), Timeline(), tp.link, tp.model, tp.name)
+            self._payload_tp = tp.sibling(tp.comm.Dup(), tp.name, Timeline())
         saved = (self.tp, self.t, self.charging)
         self.tp, self.charging = self._payload_tp, False
         try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..comm.ring import all_reduce
+from ..comm.collectives import all_reduce
 from ..hw.sunway.layer import LayerShape, layer_ops
 from ..hw.sunway.model import SunwayModel
 from ..hw.sunway.schedule import Op, Placement, Schedule

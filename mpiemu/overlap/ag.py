@@ -14,21 +14,18 @@ import math
 import numpy as np
 from mpi4py import MPI
 
+from ..comm import schedule as sch
 from ..comm.p2p import TimedComm
-from ..comm.ring import chunk_bounds
+from ..comm.ring import ring_orders
+from ..comm.schedule import chunk_bounds
 from ..hw.contention import NO_CONTENTION, T3Params
 from ..sim.timeline import COMPUTE
-from . import schedule as sch
 from .clock import Clock
 from .model import OverlapStats, ag_costs, arbitration, comm_cus, gemm_plan
-from .rs import pieces_per_chunk
+from .rs import lane_rate, pieces_per_chunk
 from .strategy import Overlap
 
 TAG_AG, TAG_AGG = 410, 420
-
-
-def _header(t0: float, t1: float, nbytes: float) -> np.ndarray:
-    return np.array([t0, t1, nbytes])
 
 
 def ring_all_gather(tc: TimedComm, mine: np.ndarray | None, *, m: int, n: int, itemsize: int,
@@ -37,32 +34,30 @@ def ring_all_gather(tc: TimedComm, mine: np.ndarray | None, *, m: int, n: int, i
     """Rows of every rank in rank order (into `out` if given); returns (full [m, n] or None,
     first send, end)."""
     size, r = tc.size, tc.rank
-    ls = sch.lanes(m, size, ov.bidirectional)
+    ls = sch.lanes(m, ring_orders(tc, ov.bidirectional))
     costs = ag_costs(ov)
     clock = Clock(tc.tl, name, tc.model.spec.dram_stream_bw, NO_CONTENTION, costs,
-                  tc.link.bw_bytes_per_s, tc.link.latency_s, len(ls), stats=stats)
+                  lane_rate(tc, ls), len(ls), stats=stats)
     full = None
     if mine is not None:
         full = np.empty((m, n), mine.dtype) if out is None else out
         lo, hi = chunk_bounds(m, size)[r]
         full[lo:hi] = mine
     have = [start] * len(ls)
-    first, headers, reqs = math.inf, [], []
+    first, reqs = math.inf, []
     for s in range(size - 1):
         posted = []
         for lane in ls:
-            dst, src = lane.peers(r, size)
-            slo, shi = lane.bounds[sch.ag_owner(r, lane.d, s, size)]
-            rlo, rhi = lane.bounds[sch.ag_owner(r, lane.d, s + 1, size)]
+            dst, src = lane.peers(r)
+            slo, shi = lane.bounds[lane.ag_owner(r, s)]
+            rlo, rhi = lane.bounds[lane.ag_owner(r, s + 1)]
             nbytes = (shi - slo) * n * itemsize
             h = tc.irecv(None if full is None else full[rlo:rhi], src, TAG_AG + lane.index, 0.0)
-            t0, t1 = clock.send(tc.link_resource(dst, lane.direction), have[lane.index], nbytes,
-                                costs.steady, peer=dst, step=s, label="ag.send", stat="ag")
-            first = min(first, t0)
-            headers.append(_header(t0, t1, nbytes))
-            reqs.append(tc.comm.Isend(headers[-1], dst, TAG_AG + lane.index))
-            if full is not None:
-                reqs.append(tc.comm.Isend(full[slo:shi], dst, TAG_AG + lane.index))
+            header = clock.send(tc, dst, have[lane.index], nbytes, costs.steady, step=s,
+                                label="ag.send", stat="ag")
+            first = min(first, float(header[0]))
+            reqs += tc.post(header, None if full is None else full[slo:shi], dst,
+                            TAG_AG + lane.index)
             posted.append((lane, h, (rhi - rlo) * n * itemsize))
         for lane, h, nbytes in posted:
             MPI.Request.Waitall(h.reqs)
@@ -86,17 +81,17 @@ class AgGemm:
         cus = comm_cus(ov, spec.compute_units)
         self.plan = gemm_plan(tc.model, m, n, k, dtype,
                               compute_units=None if cus is None else spec.compute_units - cus)
-        self.lanes = sch.lanes(m, tc.size, ov.bidirectional)
+        self.lanes = sch.lanes(m, ring_orders(tc, ov.bidirectional))
         parts = pieces_per_chunk(ov, self.plan.n_stages, tc.size, len(self.lanes))
-        self.pieces = sch.plan(tc.rank, tc.size, m, self.lanes, parts, "ag")
+        self.pieces = sch.plan(tc.rank, m, self.lanes, parts, "ag")
         self.costs = ag_costs(ov)
         bw = spec.dram_stream_bw
         cu_bw = math.inf if cus is None or params is None else cus * params.comm_cu_bw_bytes_per_s
         self.after = after                       # the own shard exists from here
         self.t0 = max(after, tc.tl.free_at(COMPUTE))
         self.clock = Clock(tc.tl, name, bw, arbitration(ov, params, self.plan, bw), self.costs,
-                           tc.link.bw_bytes_per_s, tc.link.latency_s, len(self.lanes), cu_bw,
-                           self.plan, self.t0, stats=stats)
+                           lane_rate(tc, self.lanes), len(self.lanes), cu_bw, self.plan,
+                           self.t0, stats=stats)
         stats.n_stages = self.plan.n_stages
         stats.gemm_isolated_s = self.plan.time_s
 
@@ -114,14 +109,14 @@ class AgGemm:
             xfull[lo:hi] = x_shard
             y = np.empty((self.m, self.n), np.result_type(x_shard, w))
         arrive: dict[tuple[int, int, int], float] = {}
-        recvs, reqs, headers, first = {}, [], [], math.inf
+        recvs, reqs, first = {}, [], math.inf
         for s in range(size):
             if s + 1 < size:
                 for p in (q for q in self.pieces if q.step == s + 1):
                     lane = self.lanes[p.lane]
                     buf = None if xfull is None else xfull[p.rows[0]:p.rows[1]]
                     recvs[(p.lane, p.step, p.index)] = tc.irecv(
-                        buf, lane.peers(r, size)[1], TAG_AGG + p.lane, 0.0)
+                        buf, lane.peers(r)[1], TAG_AGG + p.lane, 0.0)
             for p in (q for q in self.pieces if q.step == s):
                 key = (p.lane, p.step, p.index)
                 nbytes = p.n_rows * self.k * self.itemsize
@@ -134,16 +129,12 @@ class AgGemm:
                     arrive[key] = h.t_arrive
                 if s + 1 < size:         # forward the shard while the GEMM consumes it
                     lane = self.lanes[p.lane]
-                    dst = lane.peers(r, size)[0]
-                    t0, t1 = self.clock.send(tc.link_resource(dst, lane.direction), arrive[key],
-                                             nbytes, self.costs.steady, peer=dst, step=s,
-                                             label="ag.send", stat="ag")
-                    first = min(first, t0)
-                    headers.append(_header(t0, t1, nbytes))
-                    reqs.append(tc.comm.Isend(headers[-1], dst, TAG_AGG + p.lane))
-                    if xfull is not None:
-                        reqs.append(tc.comm.Isend(xfull[p.rows[0]:p.rows[1]], dst,
-                                                  TAG_AGG + p.lane))
+                    dst = lane.peers(r)[0]
+                    header = self.clock.send(tc, dst, arrive[key], nbytes, self.costs.steady,
+                                             step=s, label="ag.send", stat="ag")
+                    first = min(first, float(header[0]))
+                    reqs += tc.post(header, None if xfull is None else
+                                    xfull[p.rows[0]:p.rows[1]], dst, TAG_AGG + p.lane)
             if real:
                 self._multiply(s, xfull, w, y)  # type: ignore[arg-type]
         MPI.Request.Waitall(reqs)
@@ -156,7 +147,7 @@ class AgGemm:
     def _multiply(self, step: int, xfull: np.ndarray, w: np.ndarray, y: np.ndarray) -> None:
         """y rows of every lane chunk held at `step` (one GEMM per lane chunk)."""
         for lane in self.lanes:
-            lo, hi = lane.bounds[sch.ag_owner(self.tc.rank, lane.d, step, self.tc.size)]
+            lo, hi = lane.bounds[lane.ag_owner(self.tc.rank, step)]
             np.matmul(xfull[lo:hi], w, out=y[lo:hi])
 
     def _time_gemm(self, arrive: dict[tuple[int, int, int], float]) -> float:

@@ -13,6 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from ..comm.p2p import TimedComm
 from ..hw.contention import Arbitration, StageDemand, comm_dram_bw, solve_stage
 from ..sim.timeline import COMPUTE, Timeline
 from .model import ByteCost, GemmPlan, OverlapStats, RingCosts
@@ -43,8 +46,7 @@ class Clock:
     bw: float                          # DRAM streaming bandwidth (bytes/s)
     arb: Arbitration
     costs: RingCosts
-    link_bw: float                     # per link direction (bytes/s)
-    link_latency: float
+    link_bw: float                     # the network's rate on this rank's hop (bytes/s)
     lanes: int                         # lanes transferring at once (1, or 2 bidirectional)
     cu_bw: float = math.inf            # loads+stores/s of the communication kernel's CUs (inf: DMA)
     plan: GemmPlan | None = None
@@ -139,38 +141,42 @@ class Clock:
         return min(self.link_bw, by_dram, by_cu)
 
     def duration(self, t0: float, nbytes: float, bc: ByteCost) -> float:
-        """Latency plus the time to move nbytes from t0, faster once the GEMM is done."""
+        """The time to move nbytes from t0, faster once the GEMM is done (the hop latency is
+        the network's, added on arrival)."""
         busy = self._gemm_busy_until()
         if nbytes <= 0:
-            return self.link_latency
+            return 0.0
         if t0 >= busy:
-            return self.link_latency + nbytes / self._rate(bc, False)
+            return nbytes / self._rate(bc, False)
         r1, r2 = self._rate(bc, True), self._rate(bc, False)
         first = (busy - t0) * r1
         if first >= nbytes:
-            return self.link_latency + nbytes / r1
-        return self.link_latency + (busy - t0) + (nbytes - first) / r2
+            return nbytes / r1
+        return (busy - t0) + (nbytes - first) / r2
 
-    def send(self, res: str, ready: float, nbytes: float, bc: ByteCost, *, peer: int,
+    def send(self, tc: TimedComm, dst: int, ready: float, nbytes: float, bc: ByteCost, *,
              step: int, label: str, stat: str, streamed_until: float = -math.inf
-             ) -> tuple[float, float]:
-        """Place a transfer on link `res` once its data is ready; returns (start, end).
+             ) -> np.ndarray:
+        """Place a transfer to rank `dst` once its data is ready (through the network's one
+        message path, `TimedComm.place`); returns its header.
 
-        A remote update (`streamed_until` = end of the stage that writes it) streams out while
-        the GEMM stores it: it cannot end before that stage, and its DRAM footprint up to then
-        is already charged to the stage (`attached`).
+        The port is busy for as long as DRAM (or the communication kernel's CUs) can feed
+        it; a remote update (`streamed_until` = end of the stage that writes it) streams out
+        while the GEMM stores it: it cannot end before that stage, and its DRAM footprint up
+        to then is already charged to the stage (`attached`).
         """
-        t0 = max(ready, self.tl.free_at(res))
-        t1 = max(t0 + self.duration(t0, nbytes, bc), streamed_until)
-        self.tl.place(label, [res], t0, t1, cat="comm", nbytes=int(nbytes),
-                      dram_bytes=nbytes * (bc.reads + bc.writes), peer=peer, stage=step)
+        header = tc.place(dst, nbytes, ready, label=label, stage=step,
+                          dram_bytes=nbytes * (bc.reads + bc.writes),
+                          feed=lambda t0: max(self.duration(t0, nbytes, bc),
+                                              streamed_until - t0))
+        t0, t1 = float(header[0]), float(header[1])
         if self.plan is not None and t1 > max(t0, streamed_until):
             cost = nbytes * (bc.cost + self.costs.incoming.cost)
             a = max(t0, streamed_until)
             share = (t1 - a) / (t1 - t0) if t1 > t0 else 1.0
             self.flows.append(Flow(a, t1, cost * share))
         self.account(stat, nbytes, bc)
-        return t0, t1
+        return header
 
     def reduce(self, res: str, ready: float, nbytes: float, n_elems: int, isolated_s: float,
                *, step: int, label: str, stat: str) -> float:

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .schedule import fold_ranks, lanes
+from ..comm.schedule import Lane, lanes
+
+
+def ring_lanes(m: int, size: int, bidirectional: bool) -> list[Lane]:
+    """The lanes of a ring on one node: rank order, and reversed if bidirectional."""
+    fwd = tuple(range(size))
+    return lanes(m, [fwd, fwd[::-1]] if bidirectional else [fwd])
 
 
 def gemm_rs_reference(xs: list[np.ndarray], ws: list[np.ndarray], *, bidirectional: bool,
@@ -33,9 +39,9 @@ def gemm_rs_reference(xs: list[np.ndarray], ws: list[np.ndarray], *, bidirection
     outs = []
     for c in range(size):
         parts = []
-        for lane in lanes(m, size, bidirectional):
+        for lane in ring_lanes(m, size, bidirectional):
             lo, hi = lane.bounds[c]
-            order = fold_ranks(c, lane.d, size)
+            order = lane.fold_ranks(c)
             acc = partial(order[0], lo, hi).copy()
             for q in order[1:]:
                 acc = partial(q, lo, hi) + acc
@@ -51,7 +57,7 @@ def ag_gemm_reference(shards: list[np.ndarray], w: np.ndarray, *, bidirectional:
     if not fused or len(shards) == 1:
         return full @ w
     out = np.empty((full.shape[0], w.shape[1]), np.result_type(full, w))
-    for lane in lanes(full.shape[0], len(shards), bidirectional):
+    for lane in ring_lanes(full.shape[0], len(shards), bidirectional):
         for lo, hi in lane.bounds:
             out[lo:hi] = np.matmul(full[lo:hi], w)
     return out

@@ -17,11 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
+from ..comm import schedule as sch
 from ..comm.p2p import RecvHandle, TimedComm
-from ..comm.ring import chunk_bounds
+from ..comm.ring import ring_orders
+from ..comm.schedule import chunk_bounds
 from ..hw.contention import T3Params
 from ..sim.timeline import COMPUTE
-from . import schedule as sch
 from .clock import Clock
 from .model import GemmPlan, OverlapStats, RingCosts, arbitration, comm_cus, gemm_plan, rs_costs
 from .strategy import Overlap
@@ -47,6 +48,11 @@ class RsSetup:
     ready_all: float = math.nan        # non-fused: when every partial is available
 
 
+def lane_rate(tc: TimedComm, ls: list[sch.Lane]) -> float:
+    """The slowest rate of this rank's hops on the lanes (bytes/s, the network's)."""
+    return min(tc.rate(ln.peers(tc.rank)[0]) for ln in ls)
+
+
 def pieces_per_chunk(ov: Overlap, n_stages: int, size: int, n_lanes: int) -> int:
     """Sub-chunks per lane chunk: as asked, or about one per GEMM stage (Tracker, 8.3.2)."""
     if not ov.traits.fused:
@@ -63,17 +69,17 @@ def setup(tc: TimedComm, ov: Overlap, m: int, n: int, k: int, dtype: str, itemsi
     cus = comm_cus(ov, spec.compute_units)
     plan = gemm_plan(tc.model, m, n, k, dtype, uncached_output=t.uncached_output,
                      compute_units=None if cus is None else spec.compute_units - cus)
-    ls = sch.lanes(m, tc.size, ov.bidirectional)
+    ls = sch.lanes(m, ring_orders(tc, ov.bidirectional))
     parts = pieces_per_chunk(ov, plan.n_stages, tc.size, len(ls))
-    pieces = sch.plan(tc.rank, tc.size, m, ls, parts, "rs")
+    pieces = sch.plan(tc.rank, m, ls, parts, "rs")
     # only the NMC strategies read the update cost, and they require the parameters
     costs = rs_costs(ov, params.nmc_update_cost if params is not None else 1.0)
     bw = spec.dram_stream_bw
     arb = arbitration(ov, params, plan, bw)
     cu_bw = math.inf if cus is None or params is None else cus * params.comm_cu_bw_bytes_per_s
     t0 = max(after, tc.tl.free_at(COMPUTE))
-    clock = Clock(tc.tl, name, bw, arb, costs, tc.link.bw_bytes_per_s, tc.link.latency_s,
-                  len(ls), cu_bw, plan if t.fused else None, t0, stats=stats)
+    clock = Clock(tc.tl, name, bw, arb, costs, lane_rate(tc, ls), len(ls), cu_bw,
+                  plan if t.fused else None, t0, stats=stats)
     if t.fused:
         clock.uncached_output = t.uncached_output
         _fused_stage_traffic(clock, plan, pieces, costs, m * n * itemsize, t.nmc)
@@ -133,7 +139,6 @@ class RsRun:
         self.own_lo = own[0]
         self.first_send = math.inf
         self.done = -math.inf
-        self._headers: list[np.ndarray] = []
 
     def run(self) -> None:
         """All pieces in execution order; every request completed before returning."""
@@ -179,7 +184,7 @@ class RsRun:
             buf = None
             if self.real:
                 buf = self.rbuf[p.lane][step % 2][p.rows[0] - lo:p.rows[1] - lo]
-            src = lane.peers(tc.rank, tc.size)[1]
+            src = lane.peers(tc.rank)[1]
             self.recvs[(p.lane, p.step, p.index)] = tc.irecv(buf, src, TAG_RS + p.lane, 0.0)
 
     # ---- time --------------------------------------------------------------------------
@@ -195,22 +200,15 @@ class RsRun:
 
     def _send(self, p: sch.Piece, data: np.ndarray | None, ready: float) -> None:
         s, tc = self.s, self.s.tc
-        lane = s.lanes[p.lane]
-        dst = lane.peers(tc.rank, tc.size)[0]
-        res = tc.link_resource(dst, lane.direction)
+        dst = s.lanes[p.lane].peers(tc.rank)[0]
         bc, streamed = (s.costs.first, -math.inf) if p.step == 0 else (s.costs.steady, -math.inf)
         if p.step == 0 and s.ov.traits.fused and s.ov.traits.nmc:      # remote_update
             k = s.plan.wave_of(p.pos1)
             ready, streamed = s.clock.stage_start(k), s.clock.stage_end(k)
-        t0, t1 = s.clock.send(res, ready, self._nbytes(p), bc, peer=dst, step=p.step,
+        header = s.clock.send(tc, dst, ready, self._nbytes(p), bc, step=p.step,
                               label="rs.send", stat="rs", streamed_until=streamed)
-        self.first_send = min(self.first_send, t0)
-        header = np.array([t0, t1, self._nbytes(p)])
-        self._headers.append(header)
-        reqs = [tc.comm.Isend(header, dst, TAG_RS + p.lane)]
-        if data is not None:
-            reqs.append(tc.comm.Isend(data, dst, TAG_RS + p.lane))
-        self.sreqs[p.lane][p.step % 2].extend(reqs)
+        self.first_send = min(self.first_send, float(header[0]))
+        self.sreqs[p.lane][p.step % 2].extend(tc.post(header, data, dst, TAG_RS + p.lane))
 
     def _combine(self, p: sch.Piece, local: np.ndarray | None) -> None:
         """Add the incoming partial (local + received) and forward it, or keep the result."""

@@ -1,8 +1,9 @@
 """`mpiemu calibrate`: measure this host as a device and write a preset TOML.
 
 GEMM rate from a large numpy matmul, streaming bandwidth from a large copy, launch overhead
-from a one-element ufunc call, cache size from sysfs; under `mpiexec -n 2` (or more) the link
-latency and bandwidth come from an MPI ping-pong between ranks 0 and 1. Every number's source
+from a one-element ufunc call, cache size from sysfs; under `mpiexec -n 2` (or more) the
+network's latency and bandwidth come from an MPI ping-pong between ranks 0 and 1 and go into a
+network preset beside it (`<out>-net.toml`, which the device preset names). Every number's source
 says how and when it was measured, so the preset can be checked in and compared later.
 """
 from __future__ import annotations
@@ -98,12 +99,16 @@ def calibrate(out: Path) -> list[str]:
     if comm.rank != 0:
         return []
     host, when = platform.node() or "host", _dt.date.today().isoformat()
+    out = Path(out)
+    net_out = out.with_name(out.stem + "-net.toml")
+    net_path = str(net_out.resolve())
     src = f"measured by mpiemu calibrate on {host} {when}"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     fp32, fp64, mem = gemm_rate(np.float32), gemm_rate(np.float64), stream_bw()
     text = f"""# This host as an mpiemu device, {src}.
 name = "{host}"
 kind = "gpu"
+network = "{net_path}"
 description = "host CPU measured by mpiemu calibrate (numpy BLAS, {cores} cores)"
 
 [compute]
@@ -129,16 +134,24 @@ tile_n_count = {_q(64, "ASSUMPTION: BLAS blocking of order 64")}
 wgs_per_cu_count = {_q(1, "ASSUMPTION: one block per core")}
 efficiency_frac = {_q(1.0, "measured rate is already the achievable one")}
 
-[link]
-topology = "fully-connected"
-bw_per_direction_GBps = {_q((bw or 10e9) / 1e9, src + ": 64 MiB MPI ping-pong"
-                            if bw else "ASSUMPTION: no second rank to measure; 10 GB/s")}
-latency_ns = {_q((lat or 1e-6) * 1e9, src + ": 8 B MPI ping-pong"
-                 if lat else "ASSUMPTION: no second rank to measure; 1 us")}
 """
-    out = Path(out)
+    net = f"""# The MPI network between this host's ranks, {src}.
+name = "{host}-mpi"
+description = "MPI point-to-point between ranks on {host}, measured by mpiemu calibrate"
+topology = "switch"
+
+[intra]
+bw_GBps = {_q((bw or 10e9) / 1e9, src + ": 64 MiB MPI ping-pong"
+              if bw else "ASSUMPTION: no second rank to measure; 10 GB/s")}
+latency_simple_us = {_q((lat or 1e-6) * 1e6, src + ": 8 B MPI ping-pong"
+                        if lat else "ASSUMPTION: no second rank to measure; 1 us")}
+
+[collectives]
+efficiency_simple_frac = {_q(1.0, "the measured rate is already the achieved one")}
+"""
     out.write_text(text)
+    net_out.write_text(net)
     return [f"wrote {out}: fp32 {fp32 / 1e9:.1f} GFLOP/s, fp64 {fp64 / 1e9:.1f} GFLOP/s, "
             f"copy {mem / 1e9:.1f} GB/s" + (f", link {bw / 1e9:.2f} GB/s {lat * 1e6:.2f} us"
                                             if bw and lat else ""),
-            f"use it with: --set device.preset={out}"]
+            f"and {net_out} (its network); use it with: --set device.preset={out}"]

@@ -24,10 +24,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 @_command
 def cmd_devices(args: argparse.Namespace) -> int:
     """List device presets with their numbers, sources and assumptions."""
-    from .devices import format_devices  # noqa: PLC0415
+    from .devices import format_devices, format_networks  # noqa: PLC0415
     if args.set and not args.name:
         raise ValueError("devices --set needs a preset NAME")
-    lines = format_devices(args.name, brief=args.brief, overrides=args.set or [])
+    fmt = format_networks if args.network else format_devices
+    lines = fmt(args.name, brief=args.brief, overrides=args.set or [])
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
 
@@ -113,9 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a workload key, e.g. --set parallel.tp=2 (repeatable)")
     r.add_argument("--out", help="run directory (default runs/<workload name>)")
-    d = sub.add_parser("devices", help="list device presets with sources")
+    d = sub.add_parser("devices", help="list device (or --network) presets with sources")
     d.add_argument("name", nargs="?", help="one preset only")
     d.add_argument("--brief", action="store_true", help="the summary table only")
+    d.add_argument("--network", action="store_true",
+                   help="network presets instead of devices (NAME: one network)")
     d.add_argument("--set", action="append", metavar="device.PATH=VALUE",
                    help="show the preset with a capability overridden (repeatable)")
     a = sub.add_parser("analyze", help="tables of a run directory")

@@ -1,23 +1,22 @@
-"""Workload kind "collectives": sweep ring RS / AG / AR sizes, emulated time vs alpha-beta.
+"""Workload kind "collectives": sweep RS / AG / AR sizes, emulated time vs the closed form.
 
-The closed form for a unidirectional ring of N ranks, S bytes, largest chunk c = ceil(S/N):
-RS = (alpha + c/beta) + (N-2)(alpha + max(c/beta, t_red(c))) + t_red(c): intermediate
-reductions stream into the next send, only the last is exposed (thesis 8.5.1.1);
-AG = (N-1)(alpha + c/beta); AR = RS + AG. Link-bound, AR = 2(N-1)(alpha + S/(N beta)) +
-t_red(S/N) (thesis 2.4.3.1 step counts; alpha-beta form from thesis_models.md 2.4 [EXT]).
+Each point runs the algorithm and protocol NCCL's model would pick (`comm.cost.choose`, or
+`[collectives] algorithm / protocol`) and prints its emulated time beside the closed form of
+`comm.cost` (exact for a ring whose ports carry nothing else; the most loaded port's
+estimate otherwise), with nccl-tests' algbw and busbw.
 """
 from __future__ import annotations
 
 import csv
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
+from ..comm.cost import choose, estimate_s
 from ..comm.p2p import TimedComm
-from ..comm.ring import all_gather, all_reduce, chunk_bounds, reduce_scatter
+from ..comm.collectives import all_gather, all_reduce, chunk_bounds, reduce_scatter
 from .config import Workload
 from .context import RankContext
 
@@ -31,32 +30,37 @@ class SweepPoint:
     ranks: int
     emulated_s: float
     predicted_s: float
+    algorithm: str = "ring"
+    protocol: str = "simple"
 
     @property
     def rel_diff(self) -> float:
         return (self.emulated_s - self.predicted_s) / self.predicted_s if self.predicted_s else 0.0
 
     @property
+    def algbw_GBps(self) -> float:
+        """nccl-tests' algorithm bandwidth: bytes / time."""
+        return self.nbytes / self.emulated_s / 1e9 if self.emulated_s > 0 else 0.0
+
+    @property
     def busbw_GBps(self) -> float:
-        """Bus bandwidth: bytes each rank moves over its link per second (NCCL convention)."""
-        steps = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}[self.op]
-        n = self.ranks
-        moved = steps * (n - 1) / n * self.nbytes
-        return moved / self.emulated_s / 1e9 if self.emulated_s > 0 else 0.0
+        """nccl-tests' bus bandwidth: algbw x 2(N-1)/N (all-reduce) or (N-1)/N."""
+        return self.algbw_GBps * bus_factor(self.op, self.ranks)
 
 
-def predicted_s(tc: TimedComm, op: str, nbytes: int, itemsize: int) -> float:
-    """Closed-form alpha-beta time of a contention-free unidirectional ring collective."""
-    n = tc.size
-    if n == 1:
-        return 0.0
-    c = math.ceil(nbytes / itemsize / n)
-    wire = c * itemsize / tc.link.bw_bytes_per_s
-    red = tc.reduce_s(c, itemsize)
-    alpha = tc.link.latency_s
-    rs = (alpha + wire) + (n - 2) * (alpha + max(wire, red)) + red
-    ag = (n - 1) * (alpha + wire)
-    return {"reduce_scatter": rs, "all_gather": ag, "all_reduce": rs + ag}[op]
+def bus_factor(op: str, n: int) -> float:
+    """algbw -> busbw (nccl-tests doc/PERFORMANCE.md)."""
+    return (2 if op == "all_reduce" else 1) * (n - 1) / n
+
+
+def predicted_s(tc: TimedComm, op: str, nbytes: int, itemsize: int,
+                bidirectional: bool = False) -> tuple[float, str, str]:
+    """Closed-form time of the call (`comm.cost`) and the algorithm and protocol it uses."""
+    if tc.size == 1:
+        return 0.0, "ring", "simple"
+    algo = tc.algorithm if op == "all_reduce" else ""
+    ch = choose(tc, op, nbytes, itemsize, algo, tc.protocol, bidirectional)
+    return estimate_s(tc, op, nbytes, itemsize, ch, bidirectional), ch.algorithm, ch.protocol
 
 
 def _run_one(ctx: RankContext, tc: TimedComm, op: str, nbytes: int, t0: float) -> float:
@@ -97,8 +101,9 @@ def run(ctx: RankContext) -> dict[str, Any]:
             with ctx.tl.labelled(iteration=index):
                 t_end = _run_one(ctx, tc, op, nbytes, t0)
             t_end = tc.comm.allreduce(t_end, op=MPI.MAX)
-            pred = predicted_s(tc, op, nbytes, ctx.wire_itemsize)
-            points.append(SweepPoint(op, nbytes, tc.size, t_end - t0, pred))
+            pred, algo, proto = predicted_s(tc, op, nbytes, ctx.wire_itemsize,
+                                            cfg.bidirectional)
+            points.append(SweepPoint(op, nbytes, tc.size, t_end - t0, pred, algo, proto))
             index += 1
             ctx.writer.flush()
     _report(ctx, points)
@@ -106,22 +111,24 @@ def run(ctx: RankContext) -> dict[str, Any]:
 
 
 def _report(ctx: RankContext, points: list[SweepPoint]) -> None:
-    bidir = ctx.w.collectives.bidirectional
-    head = (f"ring collectives on {points[0].ranks if points else 0} ranks, "
-            f"{ctx.spec.name} link {ctx.tp.link.bw_bytes_per_s / 1e9:g} GB/s per direction, "
-            f"{ctx.tp.link.latency_s * 1e9:g} ns{' (bidirectional)' if bidir else ''}")
-    lines = [head, f"{'op':<15}{'bytes':>12}{'emulated us':>14}{'alpha-beta us':>15}"
-                   f"{'diff':>10}{'busbw GB/s':>12}"]
+    cfg = ctx.w.collectives
+    net = ctx.tp.net
+    head = (f"collectives on {points[0].ranks if points else 0} ranks of {ctx.spec.name}, "
+            f"network {net.spec.name} ({net.spec.topology}, {net.nodes} node(s) of "
+            f"{net.per_node}){' bidirectional' if cfg.bidirectional else ''}")
+    lines = [head, f"{'op':<15}{'bytes':>12}{'algo/proto':>20}{'emulated us':>14}"
+                   f"{'closed form us':>16}{'diff':>10}{'algbw GB/s':>12}{'busbw GB/s':>12}"]
     for p in points:
-        pred = "-" if bidir else f"{p.predicted_s * 1e6:.3f}"
-        diff = "-" if bidir else f"{p.rel_diff:+.1e}"
-        lines.append(f"{p.op:<15}{p.nbytes:>12}{p.emulated_s * 1e6:>14.3f}{pred:>15}"
-                     f"{diff:>10}{p.busbw_GBps:>12.2f}")
+        lines.append(f"{p.op:<15}{p.nbytes:>12}{p.algorithm + '/' + p.protocol:>20}"
+                     f"{p.emulated_s * 1e6:>14.3f}{p.predicted_s * 1e6:>16.3f}"
+                     f"{p.rel_diff:>+10.1e}{p.algbw_GBps:>12.2f}{p.busbw_GBps:>12.2f}")
     ctx.say(*lines)
     if ctx.rank == 0:
         with (ctx.out / "collectives.csv").open("w", newline="") as f:
             wr = csv.writer(f)
-            wr.writerow(["op", "bytes", "ranks", "emulated_s", "alpha_beta_s", "busbw_GBps"])
+            wr.writerow(["op", "bytes", "ranks", "algorithm", "protocol", "emulated_s",
+                         "closed_form_s", "algbw_GBps", "busbw_GBps"])
             for p in points:
-                wr.writerow([p.op, p.nbytes, p.ranks, repr(p.emulated_s), repr(p.predicted_s),
+                wr.writerow([p.op, p.nbytes, p.ranks, p.algorithm, p.protocol,
+                             repr(p.emulated_s), repr(p.predicted_s), f"{p.algbw_GBps:.4f}",
                              f"{p.busbw_GBps:.4f}"])

@@ -14,7 +14,9 @@ from typing import Any, Mapping, Sequence
 
 from ..hw.caps import CapError, apply_overrides, check_path
 from ..hw.presets import PresetError, list_presets, load_device
-from ..hw.specs import DTYPE_BYTES, TOPOLOGIES, DeviceSpec, LinkSpec
+from ..hw.specs import DTYPE_BYTES, DeviceSpec
+from ..net import (ALGORITHMS, PROTOCOLS, TOPOLOGIES, Network, NetworkSpec, list_networks,
+                   load_network)
 from .errors import ConfigError
 from .sections.overlap import OverlapSection, SublayersSection
 from .sections.sunway import SunwaySection
@@ -88,37 +90,42 @@ def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _gather_device_overrides(table: dict[str, Any]) -> None:
-    """Move every [device] key that is not a DeviceSection field into `overrides`."""
-    dev = table.get("device")
-    if not isinstance(dev, dict):
+def _gather_overrides(table: dict[str, Any], section: str, own: set[str]) -> None:
+    """Move every [section] key that is not a field of its section class into `overrides`."""
+    sec = table.get(section)
+    if not isinstance(sec, dict):
         return
-    own = {f.name for f in fields(DeviceSection)}
-    caps = {k: dev.pop(k) for k in [k for k in dev if k not in own]}
+    caps = {k: sec.pop(k) for k in [k for k in sec if k not in own]}
     if caps:
-        dev["overrides"] = {**_flatten(dev.get("overrides", {})), **_flatten(caps)}
+        sec["overrides"] = {**_flatten(sec.get("overrides", {})), **_flatten(caps)}
 
 
 @dataclass(frozen=True)
 class NetworkSection:
-    """Optional overrides of the preset's link (0 or "" keeps the preset's value)."""
+    """Which network joins the devices (`preset`: a bundled network or a TOML path; "" = the
+    device preset's), how many devices share a node (`devices_per_node`: -1 = the preset's,
+    0 = one node) and `overrides` of its fields: every other key under [network]
+    (`--set network.intra.bw_GBps=75`, `network.scale.bw=2`; `mpiemu devices --network NAME`
+    lists them), in SI units or with a preset unit."""
 
-    bw_GBps: float = 0.0             # per direction, TP ring
-    latency_ns: float = -1.0
+    preset: str = ""
+    devices_per_node: int = -1
     topology: str = ""
-    dp_bw_GBps: float = 0.0          # per direction, DP ring (defaults to the TP link)
-    dp_latency_ns: float = -1.0
+    overrides: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("bw_GBps", "dp_bw_GBps"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"network.{name}", getattr(self, name), "a bandwidth > 0")
-        for name in ("latency_ns", "dp_latency_ns"):
-            v = getattr(self, name)
-            if v < 0 and v != -1.0:
-                raise ConfigError(f"network.{name}", v, "a latency >= 0 (or -1 for the preset's)")
+        if self.preset and not Path(self.preset).suffix and self.preset not in list_networks():
+            raise ConfigError("network.preset", self.preset, list_networks())
         if self.topology and self.topology not in TOPOLOGIES:
             raise ConfigError("network.topology", self.topology, TOPOLOGIES)
+        if self.devices_per_node < -1:
+            raise ConfigError("network.devices_per_node", self.devices_per_node,
+                              "an integer >= 1 (0: one node; -1: the preset's)")
+        for path, value in self.overrides.items():
+            try:
+                check_path(NetworkSpec, path, value, root="network")
+            except CapError as exc:
+                raise ConfigError(exc.field, exc.value, exc.allowed) from None
 
 
 @dataclass(frozen=True)
@@ -143,6 +150,8 @@ class CollectivesSection:
     sizes: tuple[str | int, ...] = ("1KiB", "64KiB", "1MiB", "16MiB")
     bidirectional: bool = False
     group: str = "tp"
+    algorithm: str = ""              # "" : the lowest predicted, as NCCL's tuner picks
+    protocol: str = ""
 
     def __post_init__(self) -> None:
         for i, op in enumerate(self.ops):
@@ -153,6 +162,10 @@ class CollectivesSection:
                 raise ConfigError(f"collectives.sizes[{i}]", s, "a size > 0, e.g. '64MiB'")
         if self.group not in ("tp", "dp"):
             raise ConfigError("collectives.group", self.group, ("tp", "dp"))
+        if self.algorithm and self.algorithm not in ALGORITHMS:
+            raise ConfigError("collectives.algorithm", self.algorithm, ALGORITHMS)
+        if self.protocol and self.protocol not in PROTOCOLS:
+            raise ConfigError("collectives.protocol", self.protocol, PROTOCOLS)
 
     @property
     def size_bytes(self) -> list[int]:
@@ -203,6 +216,19 @@ class Workload:
                               "would cross two interconnects that have no common link model; "
                               "use presets of one kind")
 
+        self.network_of(world_size)
+
+    def network_of(self, world_size: int) -> Network:
+        """The job's network over its devices (rank 0's device names the default preset)."""
+        spec = resolve_network(self, resolve_device(self, 0))
+        g = spec.devices_per_node
+        try:
+            return Network(spec, world_size)
+        except ValueError as exc:
+            field = "network.devices_per_node" if g and world_size % g else "network.topology"
+            value = g if field.endswith("node") else spec.topology
+            raise ConfigError(field, value, str(exc).split("; ", 1)[-1]) from None
+
     def as_dict(self) -> dict[str, Any]:
         return as_table(self)  # type: ignore[no-any-return]
 
@@ -227,32 +253,40 @@ def load_workload(path: str | Path | None, overrides: Sequence[str] = ()) -> Wor
     for item in overrides:
         keys, value = parse_override(item)
         apply_override(table, keys, value)
-    _gather_device_overrides(table)
+    _gather_overrides(table, "device", {f.name for f in fields(DeviceSection)})
+    _gather_overrides(table, "network", {f.name for f in fields(NetworkSection)})
     return from_table(Workload, table, "")
 
 
 def resolve_device(w: Workload, rank: int = 0) -> DeviceSpec:
-    """The DeviceSpec a rank plays: its preset, the [device] overrides and scale knobs, and
-    the workload's network overrides of the link."""
+    """The DeviceSpec a rank plays: its preset, the [device] overrides and scale knobs."""
     name = w.device.preset_of(rank)
     try:
-        spec = apply_overrides(load_device(name), w.device.overrides)
+        return apply_overrides(load_device(name), w.device.overrides)  # type: ignore[no-any-return]
     except PresetError as exc:
         raise ConfigError("device.preset", name, str(exc)) from None
     except CapError as exc:
         raise ConfigError(exc.field, exc.value, exc.allowed) from None
-    net, link = w.network, spec.link
-    link = replace(link, bw_bytes_per_s=net.bw_GBps * 1e9 if net.bw_GBps else link.bw_bytes_per_s,
-                   latency_s=net.latency_ns * 1e-9 if net.latency_ns >= 0 else link.latency_s,
-                   topology=net.topology or link.topology)
-    return replace(spec, link=link)
 
 
-def dp_link(w: Workload, spec: DeviceSpec) -> LinkSpec:
-    """The link of the DP ring (the TP link unless overridden)."""
+def resolve_network(w: Workload, device: DeviceSpec) -> NetworkSpec:
+    """The job's NetworkSpec: [network] preset (else the device's), node size, topology and
+    overrides applied."""
     net = w.network
-    return replace(spec.link,
-                   bw_bytes_per_s=net.dp_bw_GBps * 1e9 if net.dp_bw_GBps
-                   else spec.link.bw_bytes_per_s,
-                   latency_s=net.dp_latency_ns * 1e-9 if net.dp_latency_ns >= 0
-                   else spec.link.latency_s)
+    name = net.preset or device.network
+    if not name:
+        raise ConfigError("network.preset", "", f"device {device.name} names no network; "
+                          f"choose one of {list_networks()}")
+    try:
+        spec = load_network(name)
+        extra: dict[str, Any] = dict(net.overrides)
+        if net.devices_per_node >= 0:
+            extra["devices_per_node"] = net.devices_per_node
+        spec = apply_overrides(spec, extra, root="network")
+        return replace(spec, topology=net.topology) if net.topology else spec
+    except PresetError as exc:
+        raise ConfigError("network.preset", name, str(exc)) from None
+    except CapError as exc:
+        raise ConfigError(exc.field, exc.value, exc.allowed) from None
+    except ValueError as exc:
+        raise ConfigError("network", name, str(exc)) from None

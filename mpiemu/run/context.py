@@ -20,7 +20,7 @@ from ..hw.cost import ComputeModel, model_for
 from ..hw.specs import DeviceSpec, dtype_bytes
 from ..sim.timeline import Timeline
 from ..sim.trace import TraceWriter, rank_file, write_merged
-from .config import Workload, dp_link, resolve_device
+from .config import Workload, resolve_device
 from .mpi import say
 from .schema import as_table
 
@@ -106,8 +106,10 @@ def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str]) -> RankCo
     writer = TraceWriter(rank_file(out, grid.rank), attrs)
     tl = Timeline(writer)
     model = model_for(spec)
-    tp = TimedComm(grid.tp_comm, tl, spec.link, model, "tp")
-    dp = TimedComm(grid.dp_comm, tl, dp_link(w, spec), model, "dp")
+    net = w.network_of(world.Get_size())
+    tp = TimedComm(grid.tp_comm, tl, net, model, "tp")
+    tp.algorithm, tp.protocol = w.collectives.algorithm, w.collectives.protocol
+    dp = tp.sibling(grid.dp_comm, "dp")
     return RankContext(w, world, grid, spec, model, tl, tp, dp, out, writer)
 
 

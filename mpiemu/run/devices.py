@@ -2,6 +2,7 @@
 
 `mpiemu devices NAME --set device.<path>=VALUE` shows the spec a workload with those
 overrides would play: overridden and scaled values are marked, defaults too.
+`mpiemu devices --network [NAME]` does the same for the network presets.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any, Sequence
 from ..hw.caps import apply_overrides, walk
 from ..hw.presets import list_presets, load_device
 from ..hw.specs import DeviceSpec
+from ..net import NetworkSpec, list_networks, load_network
 from .config import load_workload
 
 
@@ -19,9 +21,8 @@ def _summary_row(d: DeviceSpec) -> str:
     sections = "+".join(s for s in ("t3", "nmc", "sunway") if getattr(d, s) is not None)
     return (f"{d.name:<18}{d.kind:<8}{d.compute_units:>5}{d.clock_hz / 1e9:>7.2f}"
             f"{fp16:>9.1f}{fp32:>9.1f}{d.dram_bw_bytes_per_s / 1e9:>11.0f}"
-            f"{d.dram_capacity_bytes / 2**30:>6.0f}{d.llc_bytes / 2**20:>9.0f}"
-            f"{d.link.bw_bytes_per_s / 1e9:>11.1f}{d.link.latency_s * 1e9:>8.0f}  "
-            f"{d.link.topology:<16}{sections or '-'}")
+            f"{d.dram_capacity_bytes / 2**30:>6.0f}{d.llc_bytes / 2**20:>9.0f}  "
+            f"{d.network:<14}{sections or '-'}")
 
 
 def _flag(source: str) -> tuple[str, str]:
@@ -36,7 +37,7 @@ def _value(v: Any) -> str:
     return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
-def capability_lines(d: DeviceSpec) -> list[str]:
+def capability_lines(d: DeviceSpec | NetworkSpec) -> list[str]:
     """One line per capability: dotted path (its `--set device.<path>`), value, flag, source."""
     lines = [f"{d.name}: {d.description}"]
     for path, v in walk(d):
@@ -58,8 +59,7 @@ def format_devices(name: str | None = None, brief: bool = False,
     """Summary table of presets, then every capability with its source (SI units)."""
     specs = [resolve(name, overrides)] if name else [load_device(n) for n in list_presets()]
     lines = [f"{'preset':<18}{'kind':<8}{'CUs':>5}{'GHz':>7}{'fp16 TF':>9}{'fp32 TF':>9}"
-             f"{'DRAM GB/s':>11}{'GiB':>6}{'LLC MiB':>9}{'link GB/s':>11}{'lat ns':>8}  "
-             f"{'topology':<16}sections"]
+             f"{'DRAM GB/s':>11}{'GiB':>6}{'LLC MiB':>9}  {'network':<14}sections"]
     lines += [_summary_row(d) for d in specs]
     if not brief:
         lines += ["", "values in SI units (the unit is in the field name); override any with "
@@ -67,4 +67,30 @@ def format_devices(name: str | None = None, brief: bool = False,
                   "[ASSUMPTION] = not stated by any source, reasoning given"]
         for d in specs:
             lines += capability_lines(d)
+    return lines
+
+
+def _net_row(n: NetworkSpec) -> str:
+    inter = f"{n.inter.bw_bytes_per_s / 1e9:>9.1f}" if n.inter else f"{'-':>9}"
+    return (f"{n.name:<14}{n.topology:<16}{n.fabric:<16}{n.devices_per_node or '-':>6}"
+            f"{n.intra.bw_bytes_per_s / 1e9:>10.1f}{inter}  {'/'.join(n.protocols)}")
+
+
+def format_networks(name: str | None = None, brief: bool = False,
+                    overrides: Sequence[str] = ()) -> list[str]:
+    """Summary table of network presets, then every field with its source (SI units)."""
+    if name and overrides:
+        w = load_workload(None, [f"network.preset={name!r}", *overrides])
+        specs = [apply_overrides(load_network(name), w.network.overrides, root="network")]
+    else:
+        specs = [load_network(n) for n in ([name] if name else list_networks())]
+    lines = [f"{'network':<14}{'topology':<16}{'node fabric':<16}{'/node':>6}"
+             f"{'port GB/s':>10}{'NIC GB/s':>9}  protocols"]
+    lines += [_net_row(n) for n in specs]
+    if not brief:
+        lines += ["", "values in SI units; override any with --set network.<path>=VALUE (or a "
+                  "preset unit: network.intra.bw_GBps=75); [ASSUMPTION] = not stated by any "
+                  "source, reasoning given"]
+        for n in specs:
+            lines += capability_lines(n)
     return lines

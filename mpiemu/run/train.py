@@ -17,7 +17,6 @@ from mpi4py import MPI
 
 from ..analysis.breakdown import IterationBreakdown, iteration_breakdown
 from ..analysis.load import read_rank
-from ..comm.p2p import TimedComm
 from ..hw.presets import list_presets, load_device
 from ..hw.specs import dtype_bytes
 from ..nn.check import check_against_reference
@@ -196,8 +195,8 @@ def _sequential_iteration_s(ctx: RankContext, cfg: ModelConfig, gb: int, dims: D
     """
     w, grid = ctx.w, ctx.grid
     tl = Timeline()
-    tp = TimedComm(grid.tp_comm.Dup(), tl, ctx.tp.link, ctx.model, "tp")
-    dp = TimedComm(grid.dp_comm.Dup(), tl, ctx.dp.link, ctx.model, "dp")
+    tp = ctx.tp.sibling(grid.tp_comm.Dup(), "tp", tl)
+    dp = ctx.tp.sibling(grid.dp_comm.Dup(), "dp", tl)
     eng = Engine(tl, ctx.model, tp, dtype=w.run.emulated_dtype, numerics=False,
                  overlap=w.overlap.to_overlap(strategy="sequential"), sp=dims.sp,
                  kernels=w.train.kernel_options())

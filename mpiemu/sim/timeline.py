@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Iterable, Iterator, Sequence
 
+from .calendar import PortCalendar
 from .events import CATS, PHASES
 from .trace import TraceWriter
 
@@ -48,10 +49,13 @@ def latest(after: SimTime | Iterable[SimTime]) -> SimTime:
 
 
 class Timeline:
-    """Per-rank resource clocks plus the event recorder."""
+    """Per-rank resource clocks (streams in issue order, network ports as calendars) plus
+    the event recorder."""
 
     def __init__(self, writer: TraceWriter | None = None) -> None:
         self.free: dict[str, SimTime] = {}
+        self.ports: dict[str, PortCalendar] = {}
+        self.horizon: SimTime = 0.0     # latest end of a recorded summary (a collective)
         self.labels = Labels()
         self.writer = writer
         self._wall0 = time.perf_counter()
@@ -60,12 +64,26 @@ class Timeline:
         """Wall seconds since this timeline was created (only for annotation)."""
         return time.perf_counter() - self._wall0
 
+    def occupy(self, port: str, ready: SimTime, busy: SimTime) -> tuple[SimTime, SimTime]:
+        """Reserve `busy` seconds of a network port's idle time from `ready` on (gaps
+        filled in issue order, `sim.calendar`); returns (start, end)."""
+        cal = self.ports.get(port)
+        if cal is None:
+            cal = self.ports[port] = PortCalendar()
+        return cal.occupy(ready, busy)
+
+    def port_idle(self, port: str, t: SimTime) -> SimTime:
+        """The first instant >= t at which a port is idle."""
+        cal = self.ports.get(port)
+        return t if cal is None else cal.first_idle(t)
+
     def free_at(self, resource: str) -> SimTime:
         return self.free.get(resource, 0.0)
 
     def now(self) -> SimTime:
         """The latest time any resource of this rank is busy until."""
-        return max(self.free.values(), default=0.0)
+        return max([self.horizon, *self.free.values(),
+                    *(c.busy_until() for c in self.ports.values())])
 
     def earliest(self, resources: Sequence[str], after: SimTime | Iterable[SimTime] = 0.0
                  ) -> SimTime:
@@ -94,11 +112,11 @@ class Timeline:
                 raise ValueError(f"op {name!r} starts at {t_start} before {r} is free "
                                  f"at {self.free_at(r)}")
             self.free[r] = max(self.free_at(r), t_end)
-        self._record(name, cat, "+".join(resources), t_start, t_end, flops, nbytes,
-                     dram_bytes, peer, stage, wall_start)
+        self.record(name, cat, "+".join(resources), t_start, t_end, flops, nbytes,
+                    dram_bytes, peer, stage, wall_start)
         return Span(t_start, t_end)
 
-    def _record(self, name: str, cat: str, resource: str, t0: SimTime, t1: SimTime,
+    def record(self, name: str, cat: str, resource: str, t0: SimTime, t1: SimTime,
                 flops: float, nbytes: int, dram_bytes: float, peer: int, stage: int,
                 wall_start: float | None) -> None:
         w = self.writer
@@ -113,8 +131,10 @@ class Timeline:
     def summary(self, name: str, span: Span, *, cat: str = "collective", resource: str = "-",
                 nbytes: int = 0, peer: int = -1, flops: float = 0.0, dram_bytes: float = 0.0,
                 stage: int = -1) -> None:
-        """Record a span that groups finer events (a whole collective); occupies nothing."""
-        self._record(name, cat, resource, span.t_start, span.t_end, flops, nbytes, dram_bytes,
+        """Record a span that groups finer events (a whole collective); occupies nothing,
+        but `now()` is never before its end (its last message arrived then)."""
+        self.horizon = max(self.horizon, span.t_end)
+        self.record(name, cat, resource, span.t_start, span.t_end, flops, nbytes, dram_bytes,
                      peer, stage, None)
 
     @contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from ..net import load_network
 from ..hw.presets import load_device
 from .common import Row, load_figures, md_table, pct, plt
 
@@ -146,15 +147,16 @@ def missing_lines(tp_rows: list[Row], tps: Iterable[int]) -> list[str]:
 def _dp_bw(rows: list[Row]) -> str:
     """Bus bandwidth the smallest DP all-reduce reaches, from its emulated time."""
     f = _fig()
-    spec = load_device(str(f["device"]))
+    net = load_network(load_device(str(f["device"])).network)
     r = min((r for r in rows if r["compute_scale"] == 1.0), key=lambda r: r["hidden"])
     n, tp = r["dp"], r["tp"]
     nbytes = 12 * r["hidden"] ** 2 / tp * 2          # a layer's weight gradients (Eq. 5.8), fp16
     bus = 2 * (n - 1) / n * nbytes / r["dp_comm_s"]
     return (f"the smallest DP all-reduce (H = {_k(r['hidden'])}, about "
             f"{nbytes / 2**20:.1f} MiB of gradients over {n} ranks) reaches a bus bandwidth "
-            f"of {bus / 1e9:.0f} GB/s in our ring model (link latency "
-            f"{spec.link.latency_s * 1e9:.0f} ns per step)")
+            f"of {bus / 1e9:.0f} GB/s in our ring model (network {net.name}: base latency "
+            f"{net.base('simple') * 1e6:.1f} us per call, "
+            f"{net.intra.latency('simple') * 1e6:.1f} us per step)")
 
 
 def markdown(tp_rows: list[Row], dp_rows: list[Row], tps: Iterable[int]) -> list[str]:

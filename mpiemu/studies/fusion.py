@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..net import load_network
 from ..hw.cost import GpuModel
 from ..hw.gemm import NO_EPILOGUE, Epilogue
 from ..hw.presets import load_device
@@ -100,10 +101,11 @@ def workload(model: GpuModel, kind: str, tokens: int, emb_tile: int, fused: bool
 def runtime(spec_name: str) -> Runtime:
     fig = load_figures("fusion")
     spec = load_device(spec_name)
+    peer = load_network(spec.network).intra          # GPU-to-GPU hop of its network
     return Runtime(submit_s=float(fig["starpu_submit_us"]) * 1e-6, launch_s=spec.kernel_launch_s,
                    host_bw_bytes_per_s=float(fig["host_link_GBps"]) * 1e9,
-                   peer_bw_bytes_per_s=spec.link.bw_bytes_per_s,
-                   link_latency_s=spec.link.latency_s)
+                   peer_bw_bytes_per_s=peer.bw_bytes_per_s,
+                   link_latency_s=peer.latency("simple"))
 
 
 def rows() -> list[Row]:

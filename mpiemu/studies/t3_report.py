@@ -168,11 +168,15 @@ def plot_dram(rows: list[Row], path: Path) -> None:
 def parameter_table() -> list[str]:
     """The preset numbers the overlap models read, with their sources."""
     from ..hw.presets import all_quantities, read_preset  # noqa: PLC0415
+    from ..net.presets import preset_dir  # noqa: PLC0415
     secs = all_quantities(read_preset("t3-gpu"))
+    net = all_quantities(read_preset("t3-ring", preset_dir(), "network.preset"))
     lines = ["| parameter | value (SI) | source |", "|---|---:|---|"]
-    for sec in ("compute", "memory", "gemm", "link", "t3"):
-        for key, q in secs.get(sec, {}).items():
-            lines.append(f"| {sec}.{key} | {q.value:.6g} | {q.source} |")
+    for sec, table in (*((s, secs) for s in ("compute", "memory", "gemm")),
+                       ("intra", net), ("t3", secs)):
+        for key, q in table.get(sec, {}).items():
+            name = f"network t3-ring.{sec}" if table is net else sec
+            lines.append(f"| {name}.{key} | {q.value:.6g} | {q.source} |")
     return lines
 
 
@@ -180,13 +184,14 @@ def _setup() -> dict[str, Any]:
     """Device and workload numbers the prose quotes, read from the preset and the model."""
     from ..hw.cost import model_for  # noqa: PLC0415
     from ..hw.presets import load_device  # noqa: PLC0415
+    from ..net import load_network  # noqa: PLC0415
     spec = load_device("t3-gpu")
     m = model_for(spec)
     full = m.gemm(16384, 3072, 3072 // 8)
     part = m.gemm(16384, 3072, 3072 // 8, compute_units=spec.compute_units - 16)  # type: ignore[call-arg]
     return {"cus": spec.compute_units, "llc_MB": spec.llc_bytes / 2**20,
             "hbm_TBps": spec.dram_bw_bytes_per_s / 1e12,
-            "ring_GBps": 2 * spec.link.bw_bytes_per_s / 1e9,
+            "ring_GBps": 2 * load_network(spec.network).intra.bw_bytes_per_s / 1e9,
             "starve": spec.t3.mca_starvation_limit_cycles if spec.t3 else math.nan,
             "cu_slowdown_64": part.time_s / full.time_s - 1}
 

@@ -1,0 +1,195 @@
+"""Reduce-scatter, all-gather and all-reduce on numpy buffers, timed by the network layer.
+
+Each call pays the network's base latency for its protocol (NCCL's baseLat: launch and
+setup, independent of the number of steps) and then runs its algorithm:
+
+* `ring` (`comm.ring`): every collective, on one lane, two (bidirectional) or one per rail
+  when the group spans nodes;
+* `hierarchical` (all-reduce across nodes): reduce-scatter inside each node, all-reduce of
+  each shard on its rail ring across nodes, all-gather inside each node (sub-communicators
+  split once and cached).
+
+The (algorithm, protocol) pair is the one with the lowest predicted time (`comm.cost`, as
+NCCL's tuner chooses), unless `tc.algorithm` / `tc.protocol` (from `[collectives]`) name one.
+Passing `x=None` runs the same schedule on sizes alone (timing-only mode).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..sim.timeline import SimTime, Span, latest
+from .cost import Choice, choose
+from .p2p import TimedComm
+from .ring import ag_steps, element_lanes, ring_orders, rs_steps
+from .schedule import chunk_bounds
+
+__all__ = ["all_gather", "all_reduce", "chunk_bounds", "reduce_scatter"]
+
+
+def _size(x: np.ndarray | None, count: int | None) -> int:
+    if x is not None:
+        return int(x.size)
+    if count is None or count < 0:
+        raise ValueError(f"timing-only collectives need count >= 0, got {count}")
+    return count
+
+
+def _itemsize(x: np.ndarray | None, wire_itemsize: int | None) -> int:
+    if wire_itemsize is not None:
+        return wire_itemsize
+    return x.itemsize if x is not None else 4
+
+
+def _unit(x: np.ndarray | None, unit: int | None) -> int:
+    """Elements per indivisible row: a multi-dim array is scattered along its first axis."""
+    if unit is not None:
+        return unit
+    if x is None or x.ndim <= 1:
+        return 1
+    return int(np.prod(x.shape[1:]))
+
+
+def _out(out: np.ndarray | None, n: int, dtype: np.dtype) -> np.ndarray:
+    """The caller's output buffer (checked) or a new one."""
+    if out is None:
+        return np.empty(n, dtype)
+    if out.size != n or out.dtype != dtype or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a contiguous {dtype} array of {n} elements, got "
+                         f"{out.dtype} with {out.size}")
+    return out.reshape(-1)
+
+
+def _start(tc: TimedComm, op: str, nbytes: float, itemsize: int, bidirectional: bool,
+           t0: SimTime) -> tuple[Choice, SimTime]:
+    """Choose (algorithm, protocol), set the protocol, pay the call's base latency."""
+    ch = choose(tc, op, nbytes, itemsize, tc.algorithm if op == "all_reduce" else "",
+                tc.protocol, bidirectional)
+    tc.proto = ch.protocol
+    return ch, t0 + tc.net.spec.base(ch.protocol)
+
+
+def _own(n: int, unit: int, size: int, rank: int) -> tuple[int, int]:
+    lo, hi = chunk_bounds(n // unit, size)[rank]
+    return lo * unit, hi * unit
+
+
+def _ring_rs(tc: TimedComm, flat: np.ndarray | None, n: int, itemsize: int, unit: int,
+             bidirectional: bool, t: SimTime, out: np.ndarray | None, out_lo: int) -> SimTime:
+    ls = element_lanes(n, unit, ring_orders(tc, bidirectional))
+    times = [t] * len(ls)
+    rs_steps(tc, flat, ls, itemsize, out, out_lo, times)
+    return max(times)
+
+
+def _ring_ag(tc: TimedComm, buf: np.ndarray | None, n: int, itemsize: int, unit: int,
+             bidirectional: bool, t: SimTime) -> SimTime:
+    ls = element_lanes(n, unit, ring_orders(tc, bidirectional))
+    times = [t] * len(ls)
+    ag_steps(tc, buf, ls, itemsize, times)
+    return max(times)
+
+
+def _ring_ar(tc: TimedComm, flat: np.ndarray | None, buf: np.ndarray | None, n: int,
+             itemsize: int, unit: int, bidirectional: bool, t: SimTime) -> SimTime:
+    """Ring all-reduce = reduce-scatter then all-gather on the same chunks, 2(N-1) steps."""
+    if tc.size == 1:
+        if buf is not None and flat is not None:
+            buf[:] = flat
+        return t
+    ls = element_lanes(n, unit, ring_orders(tc, bidirectional))
+    times = [t] * len(ls)
+    rs_steps(tc, flat, ls, itemsize, buf, 0, times)       # chunk r's sum lands in buf
+    ag_steps(tc, buf, ls, itemsize, times)
+    return max(times)
+
+
+def _hierarchical_ar(tc: TimedComm, flat: np.ndarray | None, buf: np.ndarray | None, n: int,
+                     itemsize: int, unit: int, t: SimTime) -> SimTime:
+    """Intra-node reduce-scatter, rail all-reduce of the shard, intra-node all-gather."""
+    intra = tc.split("node", tc.net.node_of(tc.device))
+    rail = tc.split("rail", intra.rank)
+    intra.proto = rail.proto = tc.proto
+    lo, hi = _own(n, unit, intra.size, intra.rank)
+    t = _ring_rs(intra, flat, n, itemsize, unit, False, t, buf, 0)
+    shard = None if buf is None else buf[lo:hi].copy()
+    t = _ring_ar(rail, shard, None if buf is None else buf[lo:hi], hi - lo, itemsize, unit,
+                 False, t)
+    return _ring_ag(intra, buf, n, itemsize, unit, False, t)
+
+
+def reduce_scatter(tc: TimedComm, x: np.ndarray | None, *, after: SimTime = 0.0,
+                   count: int | None = None, wire_itemsize: int | None = None,
+                   bidirectional: bool = False, label: str = "reduce_scatter",
+                   out: np.ndarray | None = None, unit: int | None = None
+                   ) -> tuple[np.ndarray | None, Span]:
+    """Sum x over the group and keep chunk `rank` of the result (rows of a 2-D x).
+
+    forward: reduce-scatter; its conjugate (backward) is `all_gather`.
+    """
+    n, itemsize, t0 = _size(x, count), _itemsize(x, wire_itemsize), latest(after)
+    u = _unit(x, unit)
+    if tc.size == 1:
+        return (None if x is None else x.copy()), Span(t0, t0)
+    flat = None if x is None else np.ascontiguousarray(x).reshape(-1)
+    lo, hi = _own(n, u, tc.size, tc.rank)
+    res = None if flat is None else _out(out, hi - lo, flat.dtype)
+    _, t = _start(tc, "reduce_scatter", n * itemsize, itemsize, bidirectional, t0)
+    span = Span(t0, _ring_rs(tc, flat, n, itemsize, u, bidirectional, t, res, lo))
+    tc.tl.summary(label, span, resource=f"coll.{tc.name}", nbytes=n * itemsize)
+    if res is not None and x is not None and x.ndim > 1:
+        res = res.reshape(-1, *x.shape[1:])
+    return res, span
+
+
+def all_gather(tc: TimedComm, x: np.ndarray | None, *, total: int | None = None,
+               after: SimTime = 0.0, count: int | None = None,
+               wire_itemsize: int | None = None, bidirectional: bool = False,
+               label: str = "all_gather", out: np.ndarray | None = None,
+               unit: int | None = None) -> tuple[np.ndarray | None, Span]:
+    """Concatenate every rank's chunk in rank order (rows of a 2-D x; `total` elements).
+
+    forward: all-gather; its conjugate (backward) is `reduce_scatter`.
+    """
+    itemsize, t0 = _itemsize(x, wire_itemsize), latest(after)
+    n = total if total is not None else _size(x, count) * tc.size
+    u = _unit(x, unit)
+    if tc.size == 1:
+        return (None if x is None else x.copy()), Span(t0, t0)
+    lo, hi = _own(n, u, tc.size, tc.rank)
+    buf = None
+    if x is not None:
+        if x.size != hi - lo:
+            raise ValueError(f"all_gather: rank {tc.rank} holds {x.size} elements but chunk "
+                             f"{tc.rank} of {n} has {hi - lo}")
+        buf = _out(out, n, x.dtype)
+        buf[lo:hi] = x.reshape(-1)
+    _, t = _start(tc, "all_gather", n * itemsize, itemsize, bidirectional, t0)
+    span = Span(t0, _ring_ag(tc, buf, n, itemsize, u, bidirectional, t))
+    tc.tl.summary(label, span, resource=f"coll.{tc.name}", nbytes=n * itemsize)
+    if buf is not None and x is not None and x.ndim > 1:
+        buf = buf.reshape(-1, *x.shape[1:])
+    return buf, span
+
+
+def all_reduce(tc: TimedComm, x: np.ndarray | None, *, after: SimTime = 0.0,
+               count: int | None = None, wire_itemsize: int | None = None,
+               bidirectional: bool = False, label: str = "all_reduce",
+               out: np.ndarray | None = None, unit: int = 1
+               ) -> tuple[np.ndarray | None, Span]:
+    """Sum x over the group on every rank (ring: RS then AG; or hierarchical across nodes).
+
+    Its own conjugate: the backward of an all-reduce is an all-reduce.
+    """
+    n, itemsize, t0 = _size(x, count), _itemsize(x, wire_itemsize), latest(after)
+    if tc.size == 1:
+        return (None if x is None else x.copy()), Span(t0, t0)
+    flat = None if x is None else np.ascontiguousarray(x).reshape(-1)
+    buf = None if flat is None else _out(out, n, flat.dtype)
+    ch, t = _start(tc, "all_reduce", n * itemsize, itemsize, bidirectional, t0)
+    if ch.algorithm == "hierarchical":
+        end = _hierarchical_ar(tc, flat, buf, n, itemsize, unit, t)
+    else:
+        end = _ring_ar(tc, flat, buf, n, itemsize, unit, bidirectional, t)
+    span = Span(t0, end)
+    tc.tl.summary(label, span, resource=f"coll.{tc.name}", nbytes=n * itemsize)
+    return (None if buf is None else buf.reshape(x.shape)), span  # type: ignore[union-attr]

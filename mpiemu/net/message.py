@@ -1,0 +1,61 @@
+"""The one message path: when a message leaves, what it occupies, when it arrives (no MPI).
+
+Every message of the emulator (ring steps of TP, SP and DP collectives, fused T3 pieces,
+point-to-point sends) is timed here, from the route the network gives it:
+
+* the sender reserves its egress port for the wire time (bytes / rate of the protocol on
+  that hop, or longer when the sender cannot feed it faster: a reduction streamed into the
+  send, DRAM shared with a GEMM) from when the data is ready (`sim.calendar`: gaps filled in
+  issue order);
+* the receiver reserves its ingress port for the same wire time, from the send's start;
+* the message arrives one hop latency (per protocol) after the later of the two ends.
+
+The trace records each message twice, under its route (`Hop.label`, e.g.
+`port.0.out>port.3.in`, `nic.3.out>nic.11.in`): on the sender from its start to the end of
+its egress reservation (the port is busy throughout: gaps inside went to earlier flows, so
+`export --chrome` derives each port's utilisation from these events), and on the receiver,
+as `in:<route>`, from its start to its arrival (what the receiver waited for).
+
+The header that travels in front of the payload carries what the receiver needs:
+`[t_start, t_egress_end, wire_s, latency_s, nbytes]`.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..sim.timeline import SimTime, Timeline
+from .topology import Network
+
+HEADER_LEN = 5
+Feed = Callable[[SimTime], SimTime]      # start -> the least wire time the sender can feed
+
+
+def send(tl: Timeline, net: Network, src: int, dst: int, nbytes: float, ready: SimTime,
+         proto: str, *, label: str, peer: int, stage: int = -1, dram_bytes: float = 0.0,
+         feed: Feed | None = None) -> np.ndarray:
+    """Place a message on the sender's port and record it; returns its header."""
+    hop = net.hop(src, dst)
+    start = tl.port_idle(hop.egress, ready)
+    wire = nbytes / net.rate(hop, proto) if nbytes > 0 else 0.0
+    if feed is not None:
+        wire = max(wire, feed(start))
+    t0, t_out = tl.occupy(hop.egress, start, wire)
+    lat = net.latency(hop, proto)
+    tl.record(label, "comm", hop.label, t0, t_out, 0.0, int(nbytes), dram_bytes,
+              peer, stage, None)
+    return np.array([t0, t_out, wire, lat, float(nbytes)])
+
+
+def arrival(tl: Timeline, net: Network, src: int, dst: int, header: np.ndarray, *,
+            peer: int = -1, label: str = "recv") -> SimTime:
+    """When a message with this header is in the receiver's memory (ingress reserved)."""
+    t0, t_out, wire, lat, nbytes = (float(v) for v in header[:5])
+    hop = net.hop(src, dst)
+    t_in = t_out
+    if hop.ingress is not None:
+        t_in = max(t_out, tl.occupy(hop.ingress, t0, wire)[1])
+    tl.record(label, "comm", f"in:{hop.label}", t0, t_in + lat, 0.0, int(nbytes), 0.0, peer,
+              -1, None)
+    return t_in + lat

@@ -1,0 +1,60 @@
+"""Network presets: TOML data files beside this module, every number with its source.
+
+Layout (units in key names, as device presets):
+
+    name = "dgx-a100"
+    description = "..."
+    topology = "hierarchical"          # ring | switch | fully-connected | hierarchical
+    node_topology = "switch"           # the fabric inside a node (hierarchical only)
+    [node]        devices_per_node_count
+    [intra]       bw_GBps, latency_ll_us, latency_ll128_us, latency_simple_us
+    [inter]       the same for a device's NIC and the network behind it (optional)
+    [collectives] base_ring_<protocol>_us, efficiency_<protocol>_frac,
+                  max_bw_<protocol>_GBps (a protocol's ceiling per port, optional)
+
+`load_network` builds the `NetworkSpec` with the capability walk of `hw.caps`; an entry no
+field reads is refused, as in device presets.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from ..hw.caps import CapError, load_spec
+from ..hw.presets import PresetError, all_quantities, read_preset, unused_entry
+from .spec import NetworkSpec
+
+TOP_LEVEL = ("name", "topology", "node_topology", "description")
+
+
+def preset_dir() -> Path:
+    return Path(str(resources.files("mpiemu.net") / "presets"))
+
+
+def list_networks() -> list[str]:
+    """Names of the bundled network presets."""
+    return sorted(p.stem for p in preset_dir().glob("*.toml"))
+
+
+def load_network(name_or_path: str) -> NetworkSpec:
+    """A NetworkSpec from a bundled preset name or a path; PresetError says what is wrong."""
+    raw = read_preset(name_or_path, preset_dir(), "network.preset")
+    name = str(raw.get("name", name_or_path))
+    secs = all_quantities(raw)
+    given: dict[str, Any] = {k: str(raw[k]) for k in TOP_LEVEL if k in raw}
+    given.setdefault("name", name)
+    if "topology" not in given:
+        raise PresetError(f"network preset {name}: missing top-level 'topology'")
+    used: set[tuple[str, str]] = set()
+    sources: dict[str, str] = {}
+    try:
+        spec = load_spec(NetworkSpec, secs, "", name, used, sources, given=given)
+    except (CapError, ValueError) as exc:
+        raise PresetError(str(exc)) from None
+    bad = unused_entry(raw, secs, used, name)
+    if bad is not None:
+        raise PresetError(f"{bad}: no field of the network spec reads it (mpiemu devices "
+                          f"--network {name} lists them)")
+    return replace(spec, sources=sources)  # type: ignore[no-any-return]

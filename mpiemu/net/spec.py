@@ -1,0 +1,127 @@
+"""What a network is made of: transports, protocols, topology (frozen, SI units in names).
+
+A network preset (`net/presets/*.toml`, every number with its source) becomes a
+`NetworkSpec` through the same generic capability walk as device presets (`hw.caps`), so
+`--set network.<path>=VALUE` and `network.scale.bw` work for every field.
+
+Terms (NCCL's, `docs/network.md`): a *transport* is a kind of hop (NVLink through NVSwitch,
+an Infinity Fabric link, a NIC and the fabric behind it); its rate is the data a device's
+port actually moves per direction (NCCL counts 20 GB/s per NVLink3 link, not the 25 GB/s
+line rate). A *protocol* (LL, LL128, Simple) trades bandwidth for latency: a share of each
+line carries flags, and each hop costs a per-protocol latency. An *algorithm* (ring,
+hierarchical) arranges the messages of a collective; each call pays a base latency.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from ..hw.caps import CapError, cap
+
+PROTOCOLS = ("ll", "ll128", "simple")
+ALGORITHMS = ("ring", "hierarchical")
+FABRICS = ("ring", "switch", "fully-connected")          # inside one node
+TOPOLOGIES = (*FABRICS, "hierarchical")                  # hierarchical: nodes + a network
+ALGO_PROTO = tuple(f"ring_{p}" for p in PROTOCOLS)
+
+
+@dataclass(frozen=True)
+class NetScale:
+    """What-if knob (thesis 5.3.3.6): every network rate multiplied by `bw`."""
+
+    bw: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.bw > 0:
+            raise CapError("network.scale.bw", self.bw, "a factor > 0")
+
+
+@dataclass(frozen=True)
+class Transport:
+    """One kind of hop: the data rate of a device's port per direction and, per protocol,
+    the latency of one hop (NCCL's hwLat; a message pays it once, it does not occupy the
+    port). On a `ring` or `fully-connected` fabric the port is one link to one peer."""
+
+    bw_bytes_per_s: float = field(metadata=cap(scale="bw"))
+    latency_s: Mapping[str, float] = field(metadata=cap(key="latency_{}", entries=PROTOCOLS))
+
+    def __post_init__(self) -> None:
+        if not self.bw_bytes_per_s > 0:
+            raise ValueError(f"bw={self.bw_bytes_per_s} must be > 0 (bytes/s)")
+        for p, v in self.latency_s.items():
+            if not v >= 0:
+                raise ValueError(f"latency_{p}={v} must be >= 0 (seconds)")
+
+    def latency(self, proto: str) -> float:
+        try:
+            return self.latency_s[proto]
+        except KeyError:
+            raise ValueError(f"protocol {proto!r} has no hop latency on this transport; "
+                             f"it has {sorted(self.latency_s)}") from None
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    """Devices in nodes, the fabric inside a node, the network between nodes, and the
+    collective costs on top (base latency per protocol, protocol efficiency).
+
+    `devices_per_node` = 0: every rank in one node. Ranks fill nodes in order (rank r on
+    node r // devices_per_node), as `srun` block distribution and `mpiexec` place them.
+    """
+
+    name: str
+    topology: str
+    intra: Transport = field(metadata=cap())
+    base_latency_s: Mapping[str, float] = field(metadata=cap(
+        section="collectives", key="base_{}", entries=ALGO_PROTO))
+    efficiency: Mapping[str, float] = field(metadata=cap(
+        section="collectives", key="efficiency_{}", entries=PROTOCOLS))
+    max_bw_bytes_per_s: Mapping[str, float] = field(default_factory=dict, metadata=cap(
+        section="collectives", key="max_bw_{}", entries=PROTOCOLS, scale="bw"))
+    node_topology: str = "switch"
+    devices_per_node: int = field(default=0, metadata=cap(section="node"))
+    inter: Transport | None = None
+    scale: NetScale = field(default=NetScale(), metadata=cap(preset=False))
+    description: str = ""
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.topology not in TOPOLOGIES:
+            raise ValueError(f"network.topology={self.topology!r}; choose one of "
+                             f"{list(TOPOLOGIES)}")
+        if self.node_topology not in FABRICS:
+            raise ValueError(f"network.node_topology={self.node_topology!r}; choose one of "
+                             f"{list(FABRICS)}")
+        if self.devices_per_node < 0:
+            raise ValueError(f"network.devices_per_node={self.devices_per_node} must be >= 0 "
+                             "(0: one node)")
+        if self.topology == "hierarchical" and self.inter is None:
+            raise ValueError("network.topology='hierarchical' needs an [inter] transport "
+                             "(the NICs and the network between nodes)")
+        if "simple" not in self.efficiency:
+            raise ValueError("network.efficiency needs at least the 'simple' protocol")
+        for p, v in self.efficiency.items():
+            if not 0 < v <= 1:
+                raise ValueError(f"network.efficiency_{p}={v} must be in (0, 1]")
+        for p in self.efficiency:
+            for t in (self.intra, self.inter):
+                if t is not None:
+                    t.latency(p)
+        for k, v in (*self.base_latency_s.items(), *self.max_bw_bytes_per_s.items()):
+            if not v >= 0:
+                raise ValueError(f"network.{k}={v} must be >= 0")
+
+    @property
+    def fabric(self) -> str:
+        """The topology inside one node."""
+        return self.node_topology if self.topology == "hierarchical" else self.topology
+
+    @property
+    def protocols(self) -> tuple[str, ...]:
+        """Protocols this network runs, in NCCL's order."""
+        return tuple(p for p in PROTOCOLS if p in self.efficiency)
+
+    def base(self, proto: str) -> float:
+        """Fixed cost of one collective call (launch, setup; NCCL's baseLat of the ring: the
+        hierarchical form is rings too)."""
+        return self.base_latency_s.get(f"ring_{proto}", 0.0)

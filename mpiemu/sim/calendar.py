@@ -1,0 +1,75 @@
+"""A shared port's busy time: reservations fill idle gaps in the order they are issued.
+
+A network port (a switch port, a NIC, a link direction) carries every flow of its device,
+whatever communicator it belongs to. Flows are reserved in program (issue) order; a new flow
+starts at the first idle instant at or after it is ready and occupies the port's idle time
+from there, split around earlier reservations if it must be, until it has had its busy
+time (`docs/network.md`, "Sharing model"). So concurrent flows share the port's bandwidth:
+two equal flows ready together on one port end at 1x and 2x their transfer time (an
+aggregate of exactly the port's rate), and a later small flow slips into an earlier flow's
+gaps instead of queueing behind its end. Deterministic: the result depends only on the
+order of the calls, which is the program's order on this rank.
+"""
+from __future__ import annotations
+
+import bisect
+
+MAX_INTERVALS = 512   # older gaps are closed (counted busy) beyond this: bounded memory
+
+
+class PortCalendar:
+    """Busy intervals of one port, sorted and disjoint."""
+
+    __slots__ = ("starts", "ends")
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+    def first_idle(self, t: float) -> float:
+        """The first instant >= t at which the port is idle."""
+        i = bisect.bisect_right(self.starts, t) - 1
+        if i >= 0 and self.ends[i] > t:
+            return self.ends[i]
+        return t
+
+    def occupy(self, ready: float, busy: float) -> tuple[float, float]:
+        """Reserve `busy` seconds of idle time from `ready` on; returns (start, end)."""
+        start = self.first_idle(ready)
+        if busy <= 0.0:
+            return start, start
+        t, left = start, busy
+        i = bisect.bisect_right(self.starts, t)
+        pieces: list[tuple[float, float]] = []
+        while left > 0.0:
+            gap_end = self.starts[i] if i < len(self.starts) else float("inf")
+            take = min(left, gap_end - t)
+            if take > 0.0:
+                pieces.append((t, t + take))
+                left -= take
+            if left > 0.0:
+                t = self.ends[i]
+                i += 1
+        for a, b in pieces:
+            self._insert(a, b)
+        return start, pieces[-1][1]
+
+    def _insert(self, a: float, b: float) -> None:
+        """Add [a, b) (disjoint from every interval), merging touching neighbours."""
+        i = bisect.bisect_left(self.starts, a)
+        if i > 0 and self.ends[i - 1] == a:
+            i -= 1
+            self.ends[i] = b
+        else:
+            self.starts.insert(i, a)
+            self.ends.insert(i, b)
+        if i + 1 < len(self.starts) and self.starts[i + 1] == self.ends[i]:
+            self.ends[i] = self.ends[i + 1]
+            del self.starts[i + 1], self.ends[i + 1]
+        if len(self.starts) > MAX_INTERVALS:
+            self.ends[0] = self.ends[1]          # close the oldest gap
+            del self.starts[1], self.ends[1]
+
+    def busy_until(self) -> float:
+        """End of the last reservation (0 when none)."""
+        return self.ends[-1] if self.ends else 0.0
