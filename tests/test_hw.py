@@ -32,7 +32,7 @@ def test_t3_gpu_matches_thesis_table_8_1() -> None:
     net = load_network(d.network)
     assert net.intra.bw_bytes_per_s * 2 == pytest.approx(150e9)   # bidirectional
     assert net.intra.latency("simple") == pytest.approx(500e-9)
-    assert net.topology == "ring" and net.base("simple") == 0.0
+    assert net.topology == "ring" and net.base("ring", "simple") == 0.0
 
 
 def test_unknown_preset_names_the_choices() -> None:

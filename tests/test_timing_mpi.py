@@ -19,7 +19,7 @@ def _ring_form(tc: TimedComm, op: str, nbytes: int, itemsize: int) -> float:
         return 0.0
     c = math.ceil(nbytes / itemsize / tc.size) * itemsize
     red = tc.reduce_s(c // itemsize, itemsize)
-    return tc.net.spec.base(tc.proto) + ring_steps_s(tc.size, c, tc.rate(tc.next),
+    return tc.net.spec.base("ring", tc.proto) + ring_steps_s(tc.size, c, tc.rate(tc.next),
                                                      tc.latency(tc.next), red, op)
 
 
@@ -79,7 +79,7 @@ def test_hierarchical_all_reduce_is_its_three_rings() -> None:
         pytest.skip("2 nodes x 2 devices")
     tc = timed_comm(preset="a100-sxm4-80gb", net=network("dgx-a100", devices_per_node=2))
     tc.algorithm, tc.protocol = "hierarchical", "simple"
-    count, itemsize = 1 << 20, 2
+    count, itemsize = 1 << 19, 2              # 1 MiB: one segment (pipeline_depth)
     _, span = all_reduce(tc, None, count=count, wire_itemsize=itemsize)
     intra, rail = tc.split("node", tc.rank // 2), tc.split("rail", tc.rank % 2)
     s = count * itemsize
@@ -88,7 +88,7 @@ def test_hierarchical_all_reduce_is_its_three_rings() -> None:
     red_rail = tc.reduce_s(c // 2 // itemsize, itemsize)
     nv = intra.rate(intra.next), intra.latency(intra.next)
     ib = rail.rate(rail.next), rail.latency(rail.next)
-    want = (tc.net.spec.base("simple") + ring_steps_s(2, c, *nv, red, "reduce_scatter")
+    want = (tc.net.spec.base("hierarchical", "simple") + ring_steps_s(2, c, *nv, red, "reduce_scatter")
             + ring_steps_s(2, c // 2, *ib, red_rail, "all_reduce")
             + ring_steps_s(2, c, *nv, 0.0, "all_gather"))
     assert span.duration == pytest.approx(want, rel=1e-9, abs=0.0)
@@ -97,7 +97,24 @@ def test_hierarchical_all_reduce_is_its_three_rings() -> None:
 
 
 @pytest.mark.mpi
-def test_a_slow_reduction_stretches_every_steady_step() -> None:
+def test_pipelined_hierarchical_all_reduce_overlaps_nvlink_and_nics() -> None:
+    """8 segments: faster than the three phases one after the other, no faster than the
+    busiest port allows; and the 2 x 2 all-reduce is bounded by its NIC hop."""
+    comm = MPI.COMM_WORLD
+    if comm.size != 4:
+        pytest.skip("2 nodes x 2 devices")
+    net = network("dgx-a100", devices_per_node=2)
+    count, itemsize = 1 << 24, 2                                    # 32 MiB: 8 segments
+    times = {}
+    for algo in ("hierarchical", "ring"):
+        tc = timed_comm(preset="a100-sxm4-80gb", net=net)
+        tc.algorithm, tc.protocol = algo, "simple"
+        times[algo] = all_reduce(tc, None, count=count, wire_itemsize=itemsize)[1].duration
+    s = count * itemsize
+    nic = s / 2 / 25e9                # the rail all-reduce of S/2 over 2 nodes, per NIC
+    nvlink = 2 * (s / 2) / 240e9      # intra RS + AG, S/2 each way, one NVSwitch port
+    assert max(nic, nvlink) < times["hierarchical"] < nic + nvlink + 1e-4
+    assert times["ring"] > nic        # the ring's NIC hops carry more_stretches_every_steady_step() -> None:
     """Reduction-bound (fast link): steady steps last a + t_red, as the sum streams out."""
     comm = MPI.COMM_WORLD
     if comm.size < 3:

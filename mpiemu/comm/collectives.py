@@ -7,7 +7,10 @@ setup, independent of the number of steps) and then runs its algorithm:
   when the group spans nodes;
 * `hierarchical` (all-reduce across nodes): reduce-scatter inside each node, all-reduce of
   each shard on its rail ring across nodes, all-gather inside each node (sub-communicators
-  split once and cached).
+  split once and cached), pipelined over up to 8 segments;
+* `nvls` (all-reduce inside one NVSwitch node with NVLink SHARP): the switch reduces; each
+  device's two ports carry S (N+1)/N at the NVLS rate (`net.message.switch_reduce`). The
+  payload's sum is MPI's own `Allreduce`, standing for the switch's arithmetic.
 
 The (algorithm, protocol) pair is the one with the lowest predicted time (`comm.cost`, as
 NCCL's tuner chooses), unless `tc.algorithm` / `tc.protocol` (from `[collectives]`) name one.
@@ -17,11 +20,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..net.message import switch_reduce
 from ..sim.timeline import SimTime, Span, latest
-from .cost import Choice, choose
+from .cost import Choice, choose, pipeline_depth
 from .p2p import TimedComm
-from .ring import ag_steps, element_lanes, ring_orders, rs_steps
-from .schedule import chunk_bounds
+from .ring import AllGather, PlainGather, PlainReduce, ReduceScatter, ring_orders
+from .schedule import chunk_bounds, lanes, plan
 
 __all__ = ["all_gather", "all_reduce", "chunk_bounds", "reduce_scatter"]
 
@@ -65,7 +69,7 @@ def _start(tc: TimedComm, op: str, nbytes: float, itemsize: int, bidirectional: 
     ch = choose(tc, op, nbytes, itemsize, tc.algorithm if op == "all_reduce" else "",
                 tc.protocol, bidirectional)
     tc.proto = ch.protocol
-    return ch, t0 + tc.net.spec.base(ch.protocol)
+    return ch, t0 + tc.net.spec.base(ch.algorithm, ch.protocol)
 
 
 def _own(n: int, unit: int, size: int, rank: int) -> tuple[int, int]:
@@ -73,20 +77,28 @@ def _own(n: int, unit: int, size: int, rank: int) -> tuple[int, int]:
     return lo * unit, hi * unit
 
 
+def _rows(a: np.ndarray | None, unit: int) -> np.ndarray | None:
+    return None if a is None else a.reshape(-1, unit)    # [n] -> [n / unit, unit]
+
+
 def _ring_rs(tc: TimedComm, flat: np.ndarray | None, n: int, itemsize: int, unit: int,
              bidirectional: bool, t: SimTime, out: np.ndarray | None, out_lo: int) -> SimTime:
-    ls = element_lanes(n, unit, ring_orders(tc, bidirectional))
-    times = [t] * len(ls)
-    rs_steps(tc, flat, ls, itemsize, out, out_lo, times)
-    return max(times)
+    """The plain ring reduce-scatter; chunk `rank`'s sum goes to out (element out_lo on)."""
+    ls = lanes(n // unit, ring_orders(tc, bidirectional))
+    hooks = PlainReduce(tc, ls, unit, itemsize, t, _rows(flat, unit))
+    run = ReduceScatter(tc, ls, plan(tc.rank, n // unit, ls, 1, "rs"), unit, itemsize, hooks,
+                        dtype=None if flat is None else flat.dtype, out=_rows(out, unit),
+                        own_lo=out_lo // unit).run()
+    return run.done
 
 
 def _ring_ag(tc: TimedComm, buf: np.ndarray | None, n: int, itemsize: int, unit: int,
              bidirectional: bool, t: SimTime) -> SimTime:
-    ls = element_lanes(n, unit, ring_orders(tc, bidirectional))
-    times = [t] * len(ls)
-    ag_steps(tc, buf, ls, itemsize, times)
-    return max(times)
+    """The plain ring all-gather in place (buf holds this rank's chunk)."""
+    ls = lanes(n // unit, ring_orders(tc, bidirectional))
+    hooks = PlainGather(tc, ls, unit, itemsize, t)
+    return AllGather(tc, ls, plan(tc.rank, n // unit, ls, 1, "ag"), unit, itemsize, hooks,
+                     _rows(buf, unit)).run().end
 
 
 def _ring_ar(tc: TimedComm, flat: np.ndarray | None, buf: np.ndarray | None, n: int,
@@ -96,25 +108,34 @@ def _ring_ar(tc: TimedComm, flat: np.ndarray | None, buf: np.ndarray | None, n: 
         if buf is not None and flat is not None:
             buf[:] = flat
         return t
-    ls = element_lanes(n, unit, ring_orders(tc, bidirectional))
-    times = [t] * len(ls)
-    rs_steps(tc, flat, ls, itemsize, buf, 0, times)       # chunk r's sum lands in buf
-    ag_steps(tc, buf, ls, itemsize, times)
-    return max(times)
+    t = _ring_rs(tc, flat, n, itemsize, unit, bidirectional, t, buf, 0)
+    return _ring_ag(tc, buf, n, itemsize, unit, bidirectional, t)
 
 
 def _hierarchical_ar(tc: TimedComm, flat: np.ndarray | None, buf: np.ndarray | None, n: int,
                      itemsize: int, unit: int, t: SimTime) -> SimTime:
-    """Intra-node reduce-scatter, rail all-reduce of the shard, intra-node all-gather."""
+    """Intra-node reduce-scatter, rail all-reduce of the shard, intra-node all-gather, on
+    `pipeline_depth` segments: every segment's reduce-scatters are issued first, then the
+    rail all-reduces, then the all-gathers, each ready when its segment's previous phase
+    is; the ports' calendars let segment k+1 cross NVLink while segment k is on the NICs
+    (as NCCL's tree pipelines its chain and its inter-node tree)."""
     intra = tc.split("node", tc.net.node_of(tc.device))
     rail = tc.split("rail", intra.rank)
     intra.proto = rail.proto = tc.proto
-    lo, hi = _own(n, unit, intra.size, intra.rank)
-    t = _ring_rs(intra, flat, n, itemsize, unit, False, t, buf, 0)
-    shard = None if buf is None else buf[lo:hi].copy()
-    t = _ring_ar(rail, shard, None if buf is None else buf[lo:hi], hi - lo, itemsize, unit,
-                 False, t)
-    return _ring_ag(intra, buf, n, itemsize, unit, False, t)
+    segs = [(a * unit, b * unit) for a, b in chunk_bounds(n // unit,
+                                                          pipeline_depth(n * itemsize))]
+
+    def view(x: np.ndarray | None, a: int, b: int) -> np.ndarray | None:
+        return None if x is None else x[a:b]
+    ends = [_ring_rs(intra, view(flat, a, b), b - a, itemsize, unit, False, t, view(buf, a, b),
+                     0) for a, b in segs]
+    for i, (a, b) in enumerate(segs):
+        lo, hi = (a + o for o in _own(b - a, unit, intra.size, intra.rank))
+        shard = None if buf is None else buf[lo:hi].copy()
+        ends[i] = _ring_ar(rail, shard, view(buf, lo, hi), hi - lo, itemsize, unit, False,
+                           ends[i])
+    return max(_ring_ag(intra, view(buf, a, b), b - a, itemsize, unit, False, ends[i])
+               for i, (a, b) in enumerate(segs))
 
 
 def reduce_scatter(tc: TimedComm, x: np.ndarray | None, *, after: SimTime = 0.0,
@@ -188,6 +209,10 @@ def all_reduce(tc: TimedComm, x: np.ndarray | None, *, after: SimTime = 0.0,
     ch, t = _start(tc, "all_reduce", n * itemsize, itemsize, bidirectional, t0)
     if ch.algorithm == "hierarchical":
         end = _hierarchical_ar(tc, flat, buf, n, itemsize, unit, t)
+    elif ch.algorithm == "nvls":
+        if flat is not None:
+            tc.comm.Allreduce(flat, buf)
+        end = switch_reduce(tc.tl, tc.net, tc.device, n * itemsize, t, label="nvls")
     else:
         end = _ring_ar(tc, flat, buf, n, itemsize, unit, bidirectional, t)
     span = Span(t0, end)

@@ -7,7 +7,12 @@ two agree to 1e-9 where the closed form is exact; `docs/network.md` derives each
   reduction t_red(c):  RS = (a + c/B) + (N-2)(a + max(c/B, t_red)) + t_red,
   AG = (N-1)(a + c/B),  AR = RS + AG, plus the call's base latency (NCCL's baseLat);
 * hierarchical all-reduce (G devices per node, n nodes): RS inside the node on S bytes,
-  AR on the rail ring of n nodes on S/G bytes, AG inside the node; one base latency.
+  AR on the rail ring of n nodes on S/G bytes, AG inside the node; one base latency; on k
+  pipelined segments (`collectives.pipeline_depth`) the estimate is the first segment's
+  three phases plus k-1 times the busier of the NVLink share (RS + AG) and the NIC share
+  (AR) of one segment (exact for k = 1);
+* nvls all-reduce (one NVSwitch node, N devices): base(nvls) + S (N+1)/N / (B e_nvls), both
+  port directions busy at once (`net.message.switch_reduce`).
 
 A ring whose lanes share ports (bidirectional on a switch, several rails across nodes) is
 estimated by its most loaded port per step; that estimate serves the choice only.
@@ -20,8 +25,17 @@ import math
 from dataclasses import dataclass
 
 from .p2p import TimedComm
+from .ring import ring_orders
 
 OPS = ("reduce_scatter", "all_gather", "all_reduce")
+
+PIPELINE_STEPS = 8          # NCCL src/include/device.h NCCL_STEPS: slots a channel pipelines
+PIPELINE_MIN_BYTES = 1 << 20  # ASSUMPTION: no segment of the hierarchical form below 1 MiB
+
+
+def pipeline_depth(nbytes: float) -> int:
+    """Segments the hierarchical all-reduce pipelines (1 below 2 MiB, at most 8)."""
+    return int(min(PIPELINE_STEPS, max(1, nbytes // PIPELINE_MIN_BYTES)))
 
 
 @dataclass(frozen=True)
@@ -60,6 +74,9 @@ def allowed(tc: TimedComm, op: str) -> list[str]:
     k = len(groups[0])
     if len(groups) > 1 and k > 1 and all(len(g) == k for g in groups):
         out.append("hierarchical")
+    if len(groups) == 1 and tc.size > 2 and tc.size == tc.net.per_node \
+            and tc.net.spec.nvls_efficiency > 0 and tc.net.spec.fabric == "switch":
+        out.append("nvls")     # more than 2 GPUs (NCCL nvls.cc:241), a whole node's switch
     return out
 
 
@@ -67,7 +84,6 @@ def ring_estimate_s(tc: TimedComm, op: str, nbytes: float, itemsize: int, proto:
                     bidirectional: bool = False) -> float:
     """Ring time without the base latency: exact for one lane whose ports carry nothing
     else, else an estimate from the most loaded port's busy time per step."""
-    from .ring import ring_orders         # the lanes the engine will run
     n = tc.size
     if n == 1:
         return 0.0
@@ -87,21 +103,27 @@ def ring_estimate_s(tc: TimedComm, op: str, nbytes: float, itemsize: int, proto:
                 if port is not None:
                     load[port] = load.get(port, 0.0) + c / rate
             lat = max(lat, tc.net.latency(hop, proto))
-    return ring_steps_s(n, max(load.values(), default=0.0), 1.0, lat, red * n_lanes, op)
+    ports = len({tc.net.hop(tc.devices[o[0]], tc.devices[o[1]]).egress for o in orders})
+    return ring_steps_s(n, max(load.values(), default=0.0), 1.0, lat, red * ports, op)
 
 
 def estimate_s(tc: TimedComm, op: str, nbytes: float, itemsize: int, ch: Choice,
                bidirectional: bool = False) -> float:
     """The predicted time of one call (base latency included)."""
-    base = tc.net.spec.base(ch.protocol)
+    base = tc.net.spec.base(ch.algorithm, ch.protocol)
     if ch.algorithm == "ring":
         return base + ring_estimate_s(tc, op, nbytes, itemsize, ch.protocol, bidirectional)
+    if ch.algorithm == "nvls":
+        n, spec = tc.size, tc.net.spec
+        return base + nbytes * (n + 1) / n / (spec.intra.bw_bytes_per_s * spec.nvls_efficiency)
     intra = tc.split("node", tc.net.node_of(tc.device))
     rail = tc.split("rail", intra.rank)
-    s_intra = ring_estimate_s(intra, "reduce_scatter", nbytes, itemsize, ch.protocol)
-    s_rail = ring_estimate_s(rail, "all_reduce", nbytes / intra.size, itemsize, ch.protocol)
-    s_ag = ring_estimate_s(intra, "all_gather", nbytes, itemsize, ch.protocol)
-    return base + s_intra + s_rail + s_ag
+    k = pipeline_depth(nbytes)
+    seg = nbytes / k
+    s_rs = ring_estimate_s(intra, "reduce_scatter", seg, itemsize, ch.protocol)
+    s_ar = ring_estimate_s(rail, "all_reduce", seg / intra.size, itemsize, ch.protocol)
+    s_ag = ring_estimate_s(intra, "all_gather", seg, itemsize, ch.protocol)
+    return base + s_rs + s_ar + s_ag + (k - 1) * max(s_rs + s_ag, s_ar)
 
 
 def choose(tc: TimedComm, op: str, nbytes: float, itemsize: int, algorithm: str = "",
@@ -119,5 +141,8 @@ def choose(tc: TimedComm, op: str, nbytes: float, itemsize: int, algorithm: str 
             raise ValueError(f"collectives.protocol={protocol!r} is not a protocol of network "
                              f"{tc.net.spec.name}; it has {list(protos)}")
         protos = (protocol,)
-    cands = [Choice(a, p) for a in algos for p in protos]
+    cands = [Choice(a, p) for a in algos for p in protos if a != "nvls" or p == "simple"]
+    if not cands:
+        raise ValueError(f"collectives.protocol={protocol!r}: nvls runs the simple protocol "
+                         "only")
     return min(cands, key=lambda ch: estimate_s(tc, op, nbytes, itemsize, ch, bidirectional))

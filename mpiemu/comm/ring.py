@@ -1,36 +1,42 @@
-"""The ring engine: reduce-scatter and all-gather steps over lanes (thesis 2.4.3.1).
+"""The ring engine: reduce-scatter and all-gather piece by piece, with hooks (thesis 2.4.3.1).
 
-An array is cut into N chunks (`schedule.chunk_bounds`, longer chunks first, as
-`np.array_split`); each lane (`schedule.Lane`) is one ring with its order of ranks and its
-share of every chunk. One lane is the plain ring; the bidirectional ring adds the reversed
-order on the high halves; a ring whose ranks span nodes runs one lane per rail, each entering
-and leaving every node at a different device, so every NIC carries a share (NCCL's channels;
-`ring_orders`). Reduce-scatter: at step s a rank sends the chunk `lane.rs_chunk(rank, s)` and
-reduces the one it receives; after N-1 steps it holds the sum of its own chunk. All-gather:
-at step s it forwards the shard of `lane.ag_owner(rank, s)`.
+Rows of the data (a flat buffer viewed as [n / unit, unit], or the [M, N] output of a GEMM)
+are cut into N chunks; each lane (`schedule.Lane`) is one ring with its order of ranks and its
+share of every chunk; a piece (`schedule.Piece`) is one timed message of one lane at one step.
+One lane is the plain ring; the bidirectional ring adds the reversed order on the high
+halves; a ring whose ranks span nodes runs one lane per rail (`ring_orders`).
 
-Every message goes through `TimedComm.isend` (the network's one message path). `x=None`
-runs the same schedule on sizes alone (timing-only mode).
+Reduce-scatter: at step 0 a rank sends its partial of chunk `lane.rs_chunk(rank, 0)`; at
+step s >= 1 it adds the partial it receives to its own and forwards the sum, and at the last
+step keeps it (its own chunk). All-gather: at step s it forwards the shard it received.
+What differs between the plain collective and the fused GEMM + collective schedules
+(`overlap/`) is a `RingHooks` object: when a piece's own data exists, how its send is timed
+(the network's rate, or DRAM contention with a GEMM), what the last step's reduction costs;
+the messages, the numerics and the order are this module's alone.
+
+Every message goes through `TimedComm.place` (the network's one message path) and carries
+its header on tag TAG + lane; its payload follows on DATA + lane in sub-pieces of at most
+PIECE_BYTES, so a rank forwards the first part of a sum while it adds the next (pipelining,
+as NCCL's slices). With numerics off only headers travel.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from mpi4py import MPI
 
-from ..net.message import Feed
 from ..sim.timeline import SimTime
-from .p2p import TimedComm
-from .schedule import Lane, chunk_bounds, lanes
+from .p2p import RecvHandle, TimedComm
+from .schedule import Lane, Piece, chunk_bounds, lanes
 
-TAG_RS, TAG_AG, TAG_RS_DATA = 100, 200, 300
+RS_TAG, RS_DATA, AG_TAG, AG_DATA = 100, 300, 200, 400
 PIECE_BYTES = 1 << 20   # payload pipelining granularity (an emulator detail, not modelled)
 
 
 def ring_orders(tc: TimedComm, bidirectional: bool = False) -> list[tuple[int, ...]]:
     """Orders of the ring's lanes: rank order, or one rotated order per rail when the ranks
-    sit on several nodes with more than one each (so lane j leaves every node from its j-th
+    sit on several nodes with more than one each (lane j leaves every node from its j-th
     member: rail-optimised, as NCCL's channels); the reversed orders too if bidirectional."""
     by_node: dict[int, list[int]] = {}
     for r, d in enumerate(tc.devices):
@@ -46,143 +52,260 @@ def ring_orders(tc: TimedComm, bidirectional: bool = False) -> list[tuple[int, .
     return orders
 
 
-def element_lanes(n: int, unit: int, orders: list[tuple[int, ...]]) -> list[Lane]:
-    """Lanes over n elements cut at multiples of `unit` (a row of a 2-D array)."""
-    return [Lane(ln.index, ln.order, tuple((lo * unit, hi * unit) for lo, hi in ln.bounds))
-            for ln in lanes(n // unit, orders)]
+def egress_ports(tc: TimedComm, ls: list[Lane]) -> int:
+    """Distinct ports this rank's lanes leave through: the sends that run at once."""
+    return len({tc.net.hop(tc.device, tc.devices[ln.peers(tc.rank)[0]]).egress for ln in ls})
 
 
-def _fixed(seconds: SimTime) -> Feed:
-    """A feed that needs the same time whenever the send starts."""
-    return lambda _start: seconds
+class RingHooks(Protocol):
+    """What a schedule plugs into the ring (`PlainHooks`: the collective alone)."""
+
+    def ready(self, p: Piece) -> SimTime:
+        """When this rank's own data of the piece exists."""
+
+    def place(self, p: Piece, dst: int, ready: SimTime, nbytes: float) -> np.ndarray:
+        """Time the piece's send to rank dst (through `TimedComm.place`); its header."""
+
+    def received(self, p: Piece, nbytes: float) -> None:
+        """A piece arrived (accounting)."""
+
+    def finish(self, p: Piece, t: SimTime) -> SimTime:
+        """Reduce-scatter's last step: the sum that stays here, ready from t; its end."""
+
+    def local(self, p: Piece) -> np.ndarray | None:
+        """Reduce-scatter: this rank's partial rows of the piece (numerics on)."""
 
 
-def _pieces(lo: int, hi: int, itemsize: int) -> list[tuple[int, int]]:
-    """Split [lo, hi) into pieces of about PIECE_BYTES for pipelining the payload."""
-    k = max(1, -(-(hi - lo) * itemsize // PIECE_BYTES))
-    return chunk_bounds(hi - lo, k, lo)
+class PlainReduce:
+    """Reduce-scatter alone: data ready at t0; a forwarded sum streams out as it is added, so
+    the port is busy for max(wire, reduction x the ports sending at once) (thesis 8.5.1.1:
+    only the last step's reduction is exposed)."""
 
+    def __init__(self, tc: TimedComm, ls: list[Lane], width: int, itemsize: int, t0: SimTime,
+                 x: np.ndarray | None = None) -> None:
+        self.tc, self.width, self.itemsize, self.t0, self.x = tc, width, itemsize, t0, x
+        self.ports = egress_ports(tc, ls)
 
-@dataclass
-class _RsLane:
-    """Payload state of one lane of a pipelined reduce-scatter (numerics on)."""
+    def ready(self, p: Piece) -> SimTime:
+        return self.t0
 
-    dst: int
-    src: int
-    recv: list[np.ndarray]            # two receive buffers, by step parity
-    work: list[np.ndarray]            # two partial-sum buffers, by step parity
-    rreqs: list[MPI.Request]
-    sreqs: list[MPI.Request]
+    def _red(self, p: Piece) -> SimTime:
+        return self.tc.reduce_s(p.n_rows * self.width, self.itemsize)
 
+    def place(self, p: Piece, dst: int, ready: SimTime, nbytes: float) -> np.ndarray:
+        if p.step == 0:
+            return self.tc.place(dst, nbytes, ready, label="rs.send", stage=0)
+        feed = self._red(p) * self.ports
+        return self.tc.place(dst, nbytes, ready, label="rs.send", stage=p.step,
+                             feed=lambda _start: feed, dram_bytes=3 * nbytes)
 
-def rs_steps(tc: TimedComm, x: np.ndarray | None, ls: list[Lane], itemsize: int,
-             out: np.ndarray | None, out_lo: int, t: list[SimTime]) -> None:
-    """N-1 reduce-scatter steps over all lanes at once (reductions streamed into the sends);
-    `t[i]` is when lane i may start, and on return when its last reduction ended.
-
-    Emulated time travels in one header per step (tag TAG_RS); the payload travels in pieces
-    (tag TAG_RS_DATA) so that the piece a rank has just reduced is forwarded at once while it
-    reduces the next: the ring is pipelined across steps, as NCCL does with its slices.
-    `x` is never copied whole; the last step writes straight into `out` (from `out_lo` on).
-    """
-    n_size, r = tc.size, tc.rank
-    bounds = [[ln.bounds[ln.rs_chunk(r, s + 1)] for s in range(n_size - 1)] for ln in ls]
-    first = [ln.bounds[ln.rs_chunk(r, 0)] for ln in ls]
-    pay = _rs_payload_start(tc, x, ls, bounds, first)
-    heads = [tc.irecv(None, ln.peers(r)[1], TAG_RS + i, t[i]) for i, ln in enumerate(ls)]
-    sends = [tc.isend(None, ln.peers(r)[0], TAG_RS + i, (first[i][1] - first[i][0]) * itemsize,
-                      t[i], label="rs.send", stage=0) for i, ln in enumerate(ls)]
-    for s in range(n_size - 1):
-        for i, ln in enumerate(ls):
-            t_arrive = heads[i].wait()
-            rlo, rhi = bounds[i][s]
-            n = rhi - rlo
-            red = tc.reduce_s(n, itemsize)
-            sends[i].wait()
-            if s < n_size - 2:
-                # steady step: local + received is streamed to the next rank as it is summed,
-                # so the port is busy for max(wire, reduction) (thesis 8.5.1.1: only the
-                # last step's reduction is exposed); the lanes share the DRAM that feeds it
-                dst, src = ln.peers(r)
-                heads[i] = tc.irecv(None, src, TAG_RS + i, t_arrive)
-                sends[i] = tc.isend(None, dst, TAG_RS + i, n * itemsize, t_arrive,
-                                    label="rs.send", stage=s + 1, feed=_fixed(red * len(ls)),
-                                    dram_bytes=3 * n * itemsize)
-                t[i] = sends[i].t_start
-            else:           # last step: the sum stays here (lanes take turns on the stream)
-                t[i] = tc.tl.reserve("rs.reduce", [tc.stream], red, t_arrive, cat="comm",
-                                     flops=n, dram_bytes=3 * n * itemsize,
-                                     peer=heads[i].source, stage=s).t_end
-        if pay is not None:
-            _rs_payload_step(tc, x, pay, bounds, s, out, out_lo)  # type: ignore[arg-type]
-
-
-def _rs_payload_start(tc: TimedComm, x: np.ndarray | None, ls: list[Lane],
-                      bounds: list[list[tuple[int, int]]], first: list[tuple[int, int]]
-                      ) -> list[_RsLane] | None:
-    """Post step 0's payload: send own chunk pieces, receive the first partial sums."""
-    if x is None:
+    def received(self, p: Piece, nbytes: float) -> None:
         return None
-    width = max(hi - lo for ln in ls for lo, hi in ln.bounds)
-    pay = []
-    for i, ln in enumerate(ls):
-        dst, src = ln.peers(tc.rank)
-        p = _RsLane(dst, src, [tc.scratch(f"rs.recv{i}.{j}", width, x.dtype) for j in (0, 1)],
-                    [tc.scratch(f"rs.work{i}.{j}", width, x.dtype) for j in (0, 1)], [], [])
-        _post_recv_pieces(tc, p, bounds[i][0], 0, x.itemsize, i)
-        slo, shi = first[i]
-        p.sreqs = [tc.comm.Isend(x[a:b], dst, TAG_RS_DATA + i)
-                   for a, b in _pieces(slo, shi, x.itemsize)]
-        pay.append(p)
-    return pay
+
+    def finish(self, p: Piece, t: SimTime) -> SimTime:
+        n = p.n_rows * self.width
+        return self.tc.tl.reserve("rs.reduce", [self.tc.stream], self._red(p), t, cat="comm",
+                                  flops=n, dram_bytes=3 * n * self.itemsize, stage=p.step
+                                  ).t_end
+
+    def local(self, p: Piece) -> np.ndarray | None:
+        return None if self.x is None else self.x[p.rows[0]:p.rows[1]]
 
 
-def _post_recv_pieces(tc: TimedComm, p: _RsLane, chunk: tuple[int, int], s: int,
-                      real_itemsize: int, i: int) -> None:
-    lo, hi = chunk
-    buf = p.recv[s % 2]
-    p.rreqs = [tc.comm.Irecv(buf[a - lo:b - lo], p.src, TAG_RS_DATA + i)
-               for a, b in _pieces(lo, hi, real_itemsize)]
+class PlainGather(PlainReduce):
+    """All-gather alone: each shard forwarded as it arrives, at the network's rate."""
+
+    def place(self, p: Piece, dst: int, ready: SimTime, nbytes: float) -> np.ndarray:
+        return self.tc.place(dst, nbytes, ready, label="ag.send", stage=p.step)
 
 
-def _rs_payload_step(tc: TimedComm, x: np.ndarray, pay: list[_RsLane],
-                     bounds: list[list[tuple[int, int]]], s: int,
-                     out: np.ndarray | None, out_lo: int) -> None:
-    """Reduce step s piece by piece, forwarding each reduced piece for step s+1 at once."""
-    last = s == tc.size - 2
-    for i, p in enumerate(pay):
-        rreqs, sreqs = p.rreqs, p.sreqs
-        lo, hi = bounds[i][s]
+def _subs(rows: tuple[int, int], row_bytes: int) -> list[tuple[int, int]]:
+    """A piece's rows in sub-pieces of at most PIECE_BYTES (at least one row each)."""
+    lo, hi = rows
+    k = max(1, -(-(hi - lo) * row_bytes // PIECE_BYTES)) if hi > lo else 0
+    return chunk_bounds(hi - lo, k, lo) if k else []
+
+
+class _Ring:
+    """What both directions share: lanes, pieces, hooks, send bookkeeping."""
+
+    def __init__(self, tc: TimedComm, ls: list[Lane], pieces: list[Piece], width: int,
+                 itemsize: int, hooks: RingHooks) -> None:
+        self.tc, self.ls, self.pieces, self.width = tc, ls, pieces, width
+        self.itemsize, self.hooks = itemsize, hooks
+        self.sreqs: dict[tuple[int, int], list[MPI.Request]] = {}
+        self.first_send = float("inf")
+
+    def nbytes(self, p: Piece) -> float:
+        return p.n_rows * self.width * self.itemsize
+
+    def send(self, p: Piece, ready: SimTime, data: np.ndarray | None, tag: int, dtag: int,
+             lo: int = 0) -> None:
+        """Time the piece and post its header (and, with numerics, its payload rows)."""
+        dst = self.ls[p.lane].peers(self.tc.rank)[0]
+        header = self.hooks.place(p, dst, ready, self.nbytes(p))
+        self.first_send = min(self.first_send, float(header[0]))
+        reqs = self.tc.post(header, None, dst, tag + p.lane)
+        if data is not None:
+            reqs += [self.tc.comm.Isend(data[a - lo:b - lo], dst, dtag + p.lane)
+                     for a, b in _subs(p.rows, data[0:1].nbytes or 1)]
+        self.sreqs.setdefault((p.lane, p.step % 2), []).extend(reqs)
+
+    def release(self, p: Piece) -> None:
+        """The sends of two steps ago from this lane's buffers of this parity are done."""
+        MPI.Request.Waitall(self.sreqs.pop((p.lane, p.step % 2), []))
+
+    def close(self) -> None:
+        for reqs in self.sreqs.values():
+            MPI.Request.Waitall(reqs)
+        self.sreqs.clear()
+
+
+class ReduceScatter(_Ring):
+    """One rank's pass over its reduce-scatter pieces; `out` gets its own chunk's rows
+    (from `own_lo` on). `writable`: the hooks' local rows may take the sum in place (a GEMM's
+    scratch output); otherwise work buffers hold it (the caller's input is left alone)."""
+
+    def __init__(self, tc: TimedComm, ls: list[Lane], pieces: list[Piece], width: int,
+                 itemsize: int, hooks: RingHooks, *, dtype: np.dtype | None = None,
+                 out: np.ndarray | None = None, own_lo: int = 0,
+                 writable: bool = False) -> None:
+        super().__init__(tc, ls, pieces, width, itemsize, hooks)
+        self.real, self.out, self.own_lo, self.writable = dtype is not None, out, own_lo, writable
+        rows = max((hi - lo for ln in ls for lo, hi in ln.bounds), default=0) if self.real else 0
+
+        def pool(name: str, r: int) -> list[list[np.ndarray]]:
+            """Two buffers per lane (by step parity), kept by the communicator between calls."""
+            dt = np.dtype(dtype if dtype is not None else np.float64)
+            return [[tc.scratch(f"rs.{name}{i}.{j}", r * width, dt).reshape(r, width)
+                     for j in (0, 1)] for i in range(len(ls))]
+        self.rbuf = pool("recv", rows)
+        self.work = pool("work", 0 if writable else rows)
+        self.recvs: dict[tuple[int, int, int], tuple[RecvHandle, list[MPI.Request]]] = {}
+        self.done = -float("inf")
+
+    def run(self) -> "ReduceScatter":
+        """All pieces in execution order; every request completed before returning."""
+        size = self.tc.size
+        for p in self.pieces:
+            if p.lane == 0 and p.index == 0 and p.step + 1 < size:
+                self._post(p.step + 1)
+            if p.index == 0:
+                self.release(p)          # buffers of this parity are free to overwrite
+            local = self.hooks.local(p) if self.real else None
+            if p.step == 0:
+                self.send(p, self.hooks.ready(p), local, RS_TAG, RS_DATA, p.rows[0])
+            else:
+                self._combine(p, local)
+        self.close()
+        return self
+
+    def _lane_lo(self, p: Piece) -> int:
+        return self.ls[p.lane].bounds[p.chunk][0]
+
+    def _post(self, step: int) -> None:
+        """Post a step's receives early, so data can flow while this rank computes."""
+        tc = self.tc
+        for p in (q for q in self.pieces if q.step == step):
+            src = self.ls[p.lane].peers(tc.rank)[1]
+            h = tc.irecv(None, src, RS_TAG + p.lane, 0.0)
+            preqs = []
+            if self.real:
+                buf, lo = self.rbuf[p.lane][step % 2], self._lane_lo(p)
+                preqs = [tc.comm.Irecv(buf[a - lo:b - lo], src, RS_DATA + p.lane)
+                         for a, b in _subs(p.rows, self.width * buf.itemsize)]
+            self.recvs[(p.lane, p.step, p.index)] = (h, preqs)
+
+    def _combine(self, p: Piece, local: np.ndarray | None) -> None:
+        """local + received: forwarded sub-piece by sub-piece, or kept at the last step."""
+        h, preqs = self.recvs.pop((p.lane, p.step, p.index))
+        MPI.Request.Waitall(h.reqs)
+        self.hooks.received(p, self.nbytes(p))
+        t = max(self.hooks.ready(p), h.t_arrive)
+        last = p.step == self.tc.size - 1
+        target = None
+        if self.real:
+            assert local is not None
+            lo = self._lane_lo(p)
+            if last:
+                assert self.out is not None
+                target = self.out[p.rows[0] - self.own_lo:p.rows[1] - self.own_lo]
+            elif self.writable:
+                target = local
+            else:
+                target = self.work[p.lane][p.step % 2][p.rows[0] - lo:p.rows[1] - lo]
+            recv = self.rbuf[p.lane][p.step % 2][p.rows[0] - lo:p.rows[1] - lo]
+        if last:
+            self.done = max(self.done, self.hooks.finish(p, t))
+        dst = self.ls[p.lane].peers(self.tc.rank)[0]
         if not last:
-            _post_recv_pieces(tc, p, bounds[i][s + 1], s + 1, x.itemsize, i)
-        target = (out[lo - out_lo:hi - out_lo] if last          # type: ignore[index]
-                  else p.work[s % 2][:hi - lo])
-        recv = p.recv[s % 2]
-        fwd = []
-        for req, (a, b) in zip(rreqs, _pieces(lo, hi, x.itemsize)):
+            header = self.hooks.place(p, dst, t, self.nbytes(p))
+            self.sreqs.setdefault((p.lane, p.step % 2), []).extend(
+                self.tc.post(header, None, dst, RS_TAG + p.lane))
+        if target is None:
+            return
+        base = p.rows[0]
+        for req, (a, b) in zip(preqs, _subs(p.rows, target[0:1].nbytes or 1)):
             req.Wait()
-            np.add(x[a:b], recv[a - lo:b - lo], out=target[a - lo:b - lo])  # local + received
+            np.add(local[a - base:b - base], recv[a - base:b - base],  # type: ignore[index]
+                   out=target[a - base:b - base])
             if not last:
-                fwd.append(tc.comm.Isend(target[a - lo:b - lo], p.dst, TAG_RS_DATA + i))
-        MPI.Request.Waitall(sreqs)       # what we sent last step may now be overwritten
-        p.sreqs = fwd
+                self.sreqs[(p.lane, p.step % 2)].append(
+                    self.tc.comm.Isend(target[a - base:b - base], dst, RS_DATA + p.lane))
 
 
-def ag_steps(tc: TimedComm, buf: np.ndarray | None, ls: list[Lane], itemsize: int,
-             t: list[SimTime]) -> None:
-    """N-1 all-gather steps: forward the chunk received last step, receive in place;
-    `t[i]` is when lane i may start, and on return when its last chunk arrived."""
-    r = tc.rank
-    for s in range(tc.size - 1):
-        posted = []
-        for i, ln in enumerate(ls):
-            dst, src = ln.peers(r)
-            slo, shi = ln.bounds[ln.ag_owner(r, s)]
-            rlo, rhi = ln.bounds[ln.ag_owner(r, s + 1)]
-            rh = tc.irecv(buf[rlo:rhi] if buf is not None else None, src, TAG_AG + i, t[i])
-            sh = tc.isend(buf[slo:shi] if buf is not None else None, dst, TAG_AG + i,
-                          (shi - slo) * itemsize, t[i], label="ag.send", stage=s)
-            posted.append((i, rh, sh))
-        for i, rh, sh in posted:
-            t[i] = rh.wait()
-            sh.wait()
+class AllGather(_Ring):
+    """One rank's pass over its all-gather pieces into `buf` (all rows; its own shard
+    already in place); `arrive[(lane, step, index)]` is when each piece was here."""
+
+    def __init__(self, tc: TimedComm, ls: list[Lane], pieces: list[Piece], width: int,
+                 itemsize: int, hooks: RingHooks, buf: np.ndarray | None = None) -> None:
+        super().__init__(tc, ls, pieces, width, itemsize, hooks)
+        self.buf = buf
+        self.arrive: dict[tuple[int, int, int], SimTime] = {}
+
+    def run(self, after_step: "StepHook | None" = None) -> "AllGather":
+        size = self.tc.size
+        recvs: dict[tuple[int, int, int], tuple[RecvHandle, list[MPI.Request]]] = {}
+        for s in range(size):
+            if s + 1 < size:
+                for p in (q for q in self.pieces if q.step == s + 1):
+                    recvs[(p.lane, p.step, p.index)] = self._post(p)
+            for p in (q for q in self.pieces if q.step == s):
+                key = (p.lane, p.step, p.index)
+                if s == 0:
+                    t = self.hooks.ready(p)
+                else:
+                    h, preqs = recvs.pop(key)
+                    MPI.Request.Waitall([*h.reqs, *preqs])
+                    self.hooks.received(p, self.nbytes(p))
+                    t = h.t_arrive
+                self.arrive[key] = t
+                if s + 1 < size:        # forward the shard while the rest arrives
+                    self.send(p, t, self.buf, AG_TAG, AG_DATA)
+            if after_step is not None:
+                after_step(s)
+        self.close()
+        return self
+
+    def _post(self, p: Piece) -> tuple[RecvHandle, list[MPI.Request]]:
+        src = self.ls[p.lane].peers(self.tc.rank)[1]
+        h = self.tc.irecv(None, src, AG_TAG + p.lane, 0.0)
+        preqs = []
+        if self.buf is not None:
+            preqs = [self.tc.comm.Irecv(self.buf[a:b], src, AG_DATA + p.lane)
+                     for a, b in _subs(p.rows, self.buf[0:1].nbytes or 1)]
+        return h, preqs
+
+    @property
+    def end(self) -> SimTime:
+        return max(self.arrive.values(), default=-float("inf"))
+
+
+class StepHook(Protocol):
+    def __call__(self, step: int) -> None: ...
+
+
+def element_lanes(n: int, unit: int, orders: list[tuple[int, ...]]) -> list[Lane]:
+    """Lanes over n // unit rows (a row: `unit` elements)."""
+    return lanes(n // unit, orders)

@@ -59,3 +59,20 @@ def arrival(tl: Timeline, net: Network, src: int, dst: int, header: np.ndarray, 
     tl.record(label, "comm", f"in:{hop.label}", t0, t_in + lat, 0.0, int(nbytes), 0.0, peer,
               -1, None)
     return t_in + lat
+
+
+def switch_reduce(tl: Timeline, net: Network, device: int, nbytes: float, ready: SimTime,
+                  *, label: str) -> SimTime:
+    """One device's share of an in-switch all-reduce (NVLink SHARP) of nbytes: the switch
+    reads every chunk from every device and multicasts each reduced chunk back, so both of
+    the device's ports carry nbytes (N+1)/N, at the port rate x the NVLS efficiency,
+    pipelined (both directions at once); returns when the device holds the result."""
+    n = net.per_node
+    hop = net.hop(device, device + 1 if net.local(device) + 1 < n else device - 1)
+    assert hop.ingress is not None                      # a switch: checked by the caller
+    wire = nbytes * (n + 1) / n / (hop.transport.bw_bytes_per_s * net.spec.nvls_efficiency)
+    t0, t_out = tl.occupy(hop.egress, ready, wire)
+    _, t_in = tl.occupy(hop.ingress, ready, wire)
+    tl.record(label, "comm", f"{hop.egress}>switch>{hop.ingress}", t0, max(t_out, t_in), 0.0,
+              int(nbytes), 0.0, -1, -1, None)
+    return max(t_out, t_in)

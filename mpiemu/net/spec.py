@@ -9,7 +9,8 @@ an Infinity Fabric link, a NIC and the fabric behind it); its rate is the data a
 port actually moves per direction (NCCL counts 20 GB/s per NVLink3 link, not the 25 GB/s
 line rate). A *protocol* (LL, LL128, Simple) trades bandwidth for latency: a share of each
 line carries flags, and each hop costs a per-protocol latency. An *algorithm* (ring,
-hierarchical) arranges the messages of a collective; each call pays a base latency.
+hierarchical, nvls: NVLink SHARP, the switch reduces) arranges the messages of a collective;
+each call pays a base latency.
 """
 from __future__ import annotations
 
@@ -19,10 +20,10 @@ from typing import Mapping
 from ..hw.caps import CapError, cap
 
 PROTOCOLS = ("ll", "ll128", "simple")
-ALGORITHMS = ("ring", "hierarchical")
+ALGORITHMS = ("ring", "hierarchical", "nvls")
 FABRICS = ("ring", "switch", "fully-connected")          # inside one node
 TOPOLOGIES = (*FABRICS, "hierarchical")                  # hierarchical: nodes + a network
-ALGO_PROTO = tuple(f"ring_{p}" for p in PROTOCOLS)
+ALGO_PROTO = (*(f"ring_{p}" for p in PROTOCOLS), "nvls_simple")
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class NetworkSpec:
         section="collectives", key="max_bw_{}", entries=PROTOCOLS, scale="bw"))
     node_topology: str = "switch"
     devices_per_node: int = field(default=0, metadata=cap(section="node"))
+    nvls_efficiency: float = field(default=0.0, metadata=cap(section="collectives"))
     inter: Transport | None = None
     scale: NetScale = field(default=NetScale(), metadata=cap(preset=False))
     description: str = ""
@@ -107,6 +109,9 @@ class NetworkSpec:
             for t in (self.intra, self.inter):
                 if t is not None:
                     t.latency(p)
+        if not 0 <= self.nvls_efficiency <= 1:
+            raise ValueError(f"network.nvls_efficiency={self.nvls_efficiency} must be in "
+                             "[0, 1] (0: the switch cannot reduce)")
         for k, v in (*self.base_latency_s.items(), *self.max_bw_bytes_per_s.items()):
             if not v >= 0:
                 raise ValueError(f"network.{k}={v} must be >= 0")
@@ -121,7 +126,8 @@ class NetworkSpec:
         """Protocols this network runs, in NCCL's order."""
         return tuple(p for p in PROTOCOLS if p in self.efficiency)
 
-    def base(self, proto: str) -> float:
-        """Fixed cost of one collective call (launch, setup; NCCL's baseLat of the ring: the
-        hierarchical form is rings too)."""
-        return self.base_latency_s.get(f"ring_{proto}", 0.0)
+    def base(self, algorithm: str, proto: str) -> float:
+        """Fixed cost of one collective call (launch, setup; NCCL's baseLat; the
+        hierarchical form is rings, so it pays the ring's)."""
+        algo = "nvls" if algorithm == "nvls" else "ring"
+        return self.base_latency_s.get(f"{algo}_{proto}", 0.0)

@@ -12,20 +12,40 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from mpi4py import MPI
 
 from ..comm import schedule as sch
 from ..comm.p2p import TimedComm
-from ..comm.ring import ring_orders
+from ..comm.ring import AllGather, ring_orders
 from ..comm.schedule import chunk_bounds
 from ..hw.contention import NO_CONTENTION, T3Params
 from ..sim.timeline import COMPUTE
 from .clock import Clock
-from .model import OverlapStats, ag_costs, arbitration, comm_cus, gemm_plan
+from .model import OverlapStats, RingCosts, ag_costs, arbitration, comm_cus, gemm_plan
 from .rs import lane_rate, pieces_per_chunk
 from .strategy import Overlap
 
-TAG_AG, TAG_AGG = 410, 420
+class ClockGather:
+    """The all-gather's side of the ring (`comm.ring.RingHooks`): the own shard exists at
+    `start`; each send is timed by the clock (DRAM shared with a concurrent GEMM)."""
+
+    def __init__(self, tc: TimedComm, clock: Clock, costs: RingCosts, start: float) -> None:
+        self.tc, self.clock, self.costs, self.start = tc, clock, costs, start
+
+    def ready(self, p: sch.Piece) -> float:
+        return self.start
+
+    def place(self, p: sch.Piece, dst: int, ready: float, nbytes: float) -> np.ndarray:
+        return self.clock.send(self.tc, dst, ready, nbytes, self.costs.steady, step=p.step,
+                               label="ag.send", stat="ag")
+
+    def received(self, p: sch.Piece, nbytes: float) -> None:
+        self.clock.account("ag", nbytes, self.costs.incoming)
+
+    def finish(self, p: sch.Piece, t: float) -> float:
+        return t                          # an all-gather reduces nothing
+
+    def local(self, p: sch.Piece) -> np.ndarray | None:
+        return None
 
 
 def ring_all_gather(tc: TimedComm, mine: np.ndarray | None, *, m: int, n: int, itemsize: int,
@@ -33,7 +53,6 @@ def ring_all_gather(tc: TimedComm, mine: np.ndarray | None, *, m: int, n: int, i
                     out: np.ndarray | None = None) -> tuple[np.ndarray | None, float, float]:
     """Rows of every rank in rank order (into `out` if given); returns (full [m, n] or None,
     first send, end)."""
-    size, r = tc.size, tc.rank
     ls = sch.lanes(m, ring_orders(tc, ov.bidirectional))
     costs = ag_costs(ov)
     clock = Clock(tc.tl, name, tc.model.spec.dram_stream_bw, NO_CONTENTION, costs,
@@ -41,32 +60,14 @@ def ring_all_gather(tc: TimedComm, mine: np.ndarray | None, *, m: int, n: int, i
     full = None
     if mine is not None:
         full = np.empty((m, n), mine.dtype) if out is None else out
-        lo, hi = chunk_bounds(m, size)[r]
+        lo, hi = chunk_bounds(m, tc.size)[tc.rank]
         full[lo:hi] = mine
-    have = [start] * len(ls)
-    first, reqs = math.inf, []
-    for s in range(size - 1):
-        posted = []
-        for lane in ls:
-            dst, src = lane.peers(r)
-            slo, shi = lane.bounds[lane.ag_owner(r, s)]
-            rlo, rhi = lane.bounds[lane.ag_owner(r, s + 1)]
-            nbytes = (shi - slo) * n * itemsize
-            h = tc.irecv(None if full is None else full[rlo:rhi], src, TAG_AG + lane.index, 0.0)
-            header = clock.send(tc, dst, have[lane.index], nbytes, costs.steady, step=s,
-                                label="ag.send", stat="ag")
-            first = min(first, float(header[0]))
-            reqs += tc.post(header, None if full is None else full[slo:shi], dst,
-                            TAG_AG + lane.index)
-            posted.append((lane, h, (rhi - rlo) * n * itemsize))
-        for lane, h, nbytes in posted:
-            MPI.Request.Waitall(h.reqs)
-            clock.account("ag", nbytes, costs.incoming)
-            have[lane.index] = h.t_arrive
-    MPI.Request.Waitall(reqs)
-    end = max(have)
-    stats.ag_s += end - min(first, end)
-    return full, min(first, end), end
+    ring = AllGather(tc, ls, sch.plan(tc.rank, m, ls, 1, "ag"), n, itemsize,
+                     ClockGather(tc, clock, costs, start), full).run()
+    end = ring.end
+    first = min(ring.first_send, end)
+    stats.ag_s += end - first
+    return full, first, end
 
 
 class AgGemm:
@@ -108,39 +109,14 @@ class AgGemm:
             lo, hi = chunk_bounds(self.m, size)[r]
             xfull[lo:hi] = x_shard
             y = np.empty((self.m, self.n), np.result_type(x_shard, w))
-        arrive: dict[tuple[int, int, int], float] = {}
-        recvs, reqs, first = {}, [], math.inf
-        for s in range(size):
-            if s + 1 < size:
-                for p in (q for q in self.pieces if q.step == s + 1):
-                    lane = self.lanes[p.lane]
-                    buf = None if xfull is None else xfull[p.rows[0]:p.rows[1]]
-                    recvs[(p.lane, p.step, p.index)] = tc.irecv(
-                        buf, lane.peers(r)[1], TAG_AGG + p.lane, 0.0)
-            for p in (q for q in self.pieces if q.step == s):
-                key = (p.lane, p.step, p.index)
-                nbytes = p.n_rows * self.k * self.itemsize
-                if s == 0:
-                    arrive[key] = self.after
-                else:
-                    h = recvs.pop(key)
-                    MPI.Request.Waitall(h.reqs)
-                    self.clock.account("ag", nbytes, self.costs.incoming)
-                    arrive[key] = h.t_arrive
-                if s + 1 < size:         # forward the shard while the GEMM consumes it
-                    lane = self.lanes[p.lane]
-                    dst = lane.peers(r)[0]
-                    header = self.clock.send(tc, dst, arrive[key], nbytes, self.costs.steady,
-                                             step=s, label="ag.send", stat="ag")
-                    first = min(first, float(header[0]))
-                    reqs += tc.post(header, None if xfull is None else
-                                    xfull[p.rows[0]:p.rows[1]], dst, TAG_AGG + p.lane)
-            if real:
-                self._multiply(s, xfull, w, y)  # type: ignore[arg-type]
-        MPI.Request.Waitall(reqs)
+        ring = AllGather(tc, self.lanes, self.pieces, self.k, self.itemsize,
+                         ClockGather(tc, self.clock, self.costs, self.after), xfull)
+        ring.run(None if not real else
+                 lambda s: self._multiply(s, xfull, w, y))  # type: ignore[arg-type]
+        arrive = ring.arrive
         end = self._time_gemm(arrive)
         comm_end = max(arrive.values())
-        first = min(first, comm_end)
+        first = min(ring.first_send, comm_end)
         self.stats.ag_s += comm_end - first
         return y, first, comm_end, end
 

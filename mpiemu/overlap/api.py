@@ -92,13 +92,12 @@ def overlapped_gemm_then_reduce(tc: TimedComm, x: np.ndarray | None, w: np.ndarr
         y = _matmul(x, w)
         gemm_end = rs.place_gemm(s, stats, name, s.t0)
         s.ready_all = s.t0 if t.concurrent else gemm_end
-    run = rs.RsRun(s, x, w, y, name)
-    run.run()
+    run, out = rs.run(s, x, w, y)
     if t.fused:
         gemm_end = s.clock.gemm_end()
     total = shape.m * shape.n * itemsize
     stats.rs_s = run.done - run.first_send
-    out, end = run.out, max(run.done, gemm_end)
+    end = max(run.done, gemm_end)
     if mode == "all_reduce":         # one all-reduce span (RS then AG), as comm.ring records it
         out, _, end = ring_all_gather(tc, out, m=shape.m, n=shape.n, itemsize=itemsize,
                                       start=end, ov=overlap, name=name, stats=stats)

@@ -15,20 +15,16 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from mpi4py import MPI
 
 from ..comm import schedule as sch
-from ..comm.p2p import RecvHandle, TimedComm
-from ..comm.ring import ring_orders
+from ..comm.p2p import TimedComm
+from ..comm.ring import ReduceScatter, ring_orders
 from ..comm.schedule import chunk_bounds
 from ..hw.contention import T3Params
 from ..sim.timeline import COMPUTE
 from .clock import Clock
 from .model import GemmPlan, OverlapStats, RingCosts, arbitration, comm_cus, gemm_plan, rs_costs
 from .strategy import Overlap
-
-TAG_RS = 400
-
 
 @dataclass
 class RsSetup:
@@ -114,125 +110,72 @@ def place_gemm(s: RsSetup, stats: OverlapStats, name: str, start: float) -> floa
     return end
 
 
-class RsRun:
-    """One rank's pass over its pieces: numerics and emulated time side by side."""
+class RsHooks:
+    """The GEMM's side of the ring (`comm.ring.RingHooks`): a piece's partial exists when
+    the GEMM stage that writes it ends (fused) or when the whole GEMM does (non-fused); its
+    send is timed by the clock (DRAM shared with the GEMM); the last step's sum is reduced
+    on the communication stream, or has already landed reduced (near-memory, NMC)."""
 
     def __init__(self, s: RsSetup, x: np.ndarray | None, w: np.ndarray | None,
-                 y: np.ndarray | None, name: str) -> None:
-        self.s, self.x, self.w, self.y, self.name = s, x, w, y, name
-        tc, size = s.tc, s.tc.size
+                 y: np.ndarray | None) -> None:
+        self.s, self.x, self.w, self.y = s, x, w, y
         self.real = x is not None and w is not None
         dt = np.result_type(x, w) if self.real else np.float64
-        width = max((hi - lo for lane in s.lanes for lo, hi in lane.bounds), default=0)
+        rows = max((hi - lo for lane in s.lanes for lo, hi in lane.bounds), default=0)
+        rows = rows if self.real and y is None else 0
+        self.part = [[np.empty((rows, s.n), dt) for _ in (0, 1)] for _ in s.lanes]
 
-        def pair(needed: bool) -> list[list[np.ndarray]]:
-            """Two buffers per lane (by step parity); none in timing-only mode."""
-            rows = width if needed and self.real else 0
-            return [[np.empty((rows, s.n), dt) for _ in (0, 1)] for _ in s.lanes]
-
-        self.part = pair(y is None)          # fused: this step's partials, being sent
-        self.rbuf = pair(True)               # partials arriving from the previous rank
-        self.sreqs: list[list[list[MPI.Request]]] = [[[], []] for _ in s.lanes]
-        self.recvs: dict[tuple[int, int, int], RecvHandle] = {}
-        own = chunk_bounds(s.m, size)[tc.rank]
-        self.out = np.empty((own[1] - own[0], s.n), dt) if self.real else None
-        self.own_lo = own[0]
-        self.first_send = math.inf
-        self.done = -math.inf
-
-    def run(self) -> None:
-        """All pieces in execution order; every request completed before returning."""
-        size = self.s.tc.size
-        for p in self.s.pieces:
-            if p.lane == 0 and p.index == 0 and p.step + 1 < size:
-                self._post(p.step + 1)
-            local = self._local(p)
-            if p.step == 0:
-                self._send(p, local, self._ready(p))
-            else:
-                self._combine(p, local)
-        for lane in self.sreqs:
-            for reqs in lane:
-                MPI.Request.Waitall(reqs)
-
-    # ---- data --------------------------------------------------------------------------
-    def _local(self, p: sch.Piece) -> np.ndarray | None:
-        """This rank's partial of the piece's rows (computing the lane chunk when it starts)."""
-        if not self.real:
-            return None
-        lane = self.s.lanes[p.lane]
-        lo, hi = lane.bounds[p.chunk]
-        if self.y is not None:
-            return self.y[p.rows[0]:p.rows[1]]
-        buf = self.part[p.lane][p.step % 2]
-        if p.index == 0:
-            # the sends from this buffer two steps ago must finish before it is overwritten
-            MPI.Request.Waitall(self.sreqs[p.lane][p.step % 2])
-            self.sreqs[p.lane][p.step % 2] = []
-            assert self.x is not None and self.w is not None      # self.real
-            np.matmul(self.x[lo:hi], self.w, out=buf[:hi - lo])
-        return buf[p.rows[0] - lo:p.rows[1] - lo]
-
-    def _post(self, step: int) -> None:
-        """Post the receives of a step early so the data can flow during the GEMM."""
-        tc, s = self.s.tc, self.s
-        for p in s.pieces:
-            if p.step != step:
-                continue
-            lane = s.lanes[p.lane]
-            lo = lane.bounds[p.chunk][0]
-            buf = None
-            if self.real:
-                buf = self.rbuf[p.lane][step % 2][p.rows[0] - lo:p.rows[1] - lo]
-            src = lane.peers(tc.rank)[1]
-            self.recvs[(p.lane, p.step, p.index)] = tc.irecv(buf, src, TAG_RS + p.lane, 0.0)
-
-    # ---- time --------------------------------------------------------------------------
-    def _ready(self, p: sch.Piece) -> float:
-        """When this rank's own partial of the piece exists in memory."""
+    def ready(self, p: sch.Piece) -> float:
         s = self.s
         if s.ov.traits.fused:
             return s.clock.stage_end(s.plan.wave_of(p.pos1))
         return s.ready_all
 
-    def _nbytes(self, p: sch.Piece) -> float:
-        return p.n_rows * self.s.n * self.s.itemsize
-
-    def _send(self, p: sch.Piece, data: np.ndarray | None, ready: float) -> None:
-        s, tc = self.s, self.s.tc
-        dst = s.lanes[p.lane].peers(tc.rank)[0]
-        bc, streamed = (s.costs.first, -math.inf) if p.step == 0 else (s.costs.steady, -math.inf)
+    def place(self, p: sch.Piece, dst: int, ready: float, nbytes: float) -> np.ndarray:
+        s = self.s
+        bc, streamed = (s.costs.first if p.step == 0 else s.costs.steady), -math.inf
         if p.step == 0 and s.ov.traits.fused and s.ov.traits.nmc:      # remote_update
             k = s.plan.wave_of(p.pos1)
             ready, streamed = s.clock.stage_start(k), s.clock.stage_end(k)
-        header = s.clock.send(tc, dst, ready, self._nbytes(p), bc, step=p.step,
-                              label="rs.send", stat="rs", streamed_until=streamed)
-        self.first_send = min(self.first_send, float(header[0]))
-        self.sreqs[p.lane][p.step % 2].extend(tc.post(header, data, dst, TAG_RS + p.lane))
+        return s.clock.send(s.tc, dst, ready, nbytes, bc, step=p.step, label="rs.send",
+                            stat="rs", streamed_until=streamed)
 
-    def _combine(self, p: sch.Piece, local: np.ndarray | None) -> None:
-        """Add the incoming partial (local + received) and forward it, or keep the result."""
-        s, tc = self.s, self.s.tc
-        h = self.recvs.pop((p.lane, p.step, p.index))
-        MPI.Request.Waitall(h.reqs)
-        s.clock.account("rs", self._nbytes(p), s.costs.incoming)
-        t = max(self._ready(p), h.t_arrive)
-        last = p.step == tc.size - 1
-        if local is not None:
-            lane_lo = s.lanes[p.lane].bounds[p.chunk][0]
-            recv = self.rbuf[p.lane][p.step % 2][p.rows[0] - lane_lo:p.rows[1] - lane_lo]
-            if last:
-                dst = self.out[p.rows[0] - self.own_lo:p.rows[1] - self.own_lo]  # type: ignore[index]
-                np.add(local, recv, out=dst)
-            else:
-                np.add(local, recv, out=local)
-        if not last:
-            self._send(p, local, t)
-            return
+    def received(self, p: sch.Piece, nbytes: float) -> None:
+        self.s.clock.account("rs", nbytes, self.s.costs.incoming)
+
+    def finish(self, p: sch.Piece, t: float) -> float:
+        s = self.s
         if s.ov.traits.nmc:            # the updates landed reduced: nothing left to do
-            self.done = max(self.done, t)
-            return
+            return t
         n_elems = p.n_rows * s.n
-        iso = tc.model.reduction_s(n_elems, s.itemsize)
-        self.done = max(self.done, s.clock.reduce(tc.stream, t, self._nbytes(p), n_elems, iso,
-                                                  step=p.step, label="rs.reduce", stat="rs"))
+        iso = s.tc.model.reduction_s(n_elems, s.itemsize)
+        return s.clock.reduce(s.tc.stream, t, n_elems * s.itemsize, n_elems, iso,
+                              step=p.step, label="rs.reduce", stat="rs")
+
+    def local(self, p: sch.Piece) -> np.ndarray | None:
+        """This rank's partial of the piece's rows (computing the lane chunk when it starts:
+        the ring has released that buffer's earlier sends)."""
+        if not self.real:
+            return None
+        if self.y is not None:
+            return self.y[p.rows[0]:p.rows[1]]
+        lo, hi = self.s.lanes[p.lane].bounds[p.chunk]
+        buf = self.part[p.lane][p.step % 2]
+        if p.index == 0:
+            assert self.x is not None and self.w is not None      # self.real
+            np.matmul(self.x[lo:hi], self.w, out=buf[:hi - lo])
+        return buf[p.rows[0] - lo:p.rows[1] - lo]
+
+
+def run(s: RsSetup, x: np.ndarray | None, w: np.ndarray | None, y: np.ndarray | None
+        ) -> tuple[ReduceScatter, np.ndarray | None]:
+    """One rank's pass over its pieces: the ring with the GEMM's hooks; returns the run
+    (first send, end) and this rank's rows of the result (numerics on)."""
+    hooks = RsHooks(s, x, w, y)
+    tc = s.tc
+    own = chunk_bounds(s.m, tc.size)[tc.rank]
+    dt = np.result_type(x, w) if hooks.real else None
+    out = np.empty((own[1] - own[0], s.n), dt) if dt is not None else None
+    ring = ReduceScatter(tc, s.lanes, s.pieces, s.n, s.itemsize, hooks, dtype=dt, out=out,
+                         own_lo=own[0], writable=True).run()
+    return ring, out

@@ -42,6 +42,8 @@ STUDIES: dict[str, StudyInfo] = {s.name: s for s in (
     StudyInfo("bert_characterization", "mpiemu.studies.bert_characterization",
               "003 (thesis ch. 4)", "BERT-Large per-op breakdown on MI100, TP / DP "
               "communication shares"),
+    StudyInfo("collectives", "mpiemu.studies.collectives", "issue 8 (nccl-tests, NCCL's model)",
+              "all-reduce / all-gather / reduce-scatter busbw on DGX A100 / H100, 1-16 nodes"),
     StudyInfo("nmc_optimizer", "mpiemu.studies.nmc_optimizer", "003 (thesis ch. 6)",
               "LAMB / Adam updates on near-bank compute vs the GPU, BERT end to end"),
 )}

@@ -155,7 +155,7 @@ def _dp_bw(rows: list[Row]) -> str:
     return (f"the smallest DP all-reduce (H = {_k(r['hidden'])}, about "
             f"{nbytes / 2**20:.1f} MiB of gradients over {n} ranks) reaches a bus bandwidth "
             f"of {bus / 1e9:.0f} GB/s in our ring model (network {net.name}: base latency "
-            f"{net.base('simple') * 1e6:.1f} us per call, "
+            f"{net.base('ring', 'simple') * 1e6:.1f} us per call, "
             f"{net.intra.latency('simple') * 1e6:.1f} us per step)")
 
 

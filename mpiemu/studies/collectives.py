@@ -1,0 +1,143 @@
+"""`mpiemu report collectives`: NCCL collectives on DGX-class machines, emulated beside
+published nccl-tests measurements (issue 8).
+
+Each setup of `collectives.toml` is one emulated job (`mpiexec -n N mpiemu run
+workloads/collectives.toml`, timing only) sweeping all-reduce / all-gather / reduce-scatter
+from 1 KiB to 4 GiB on a network preset; its algbw and busbw (nccl-tests' definitions) are
+compared size by size with the measured rows of `collectives_measured.csv` (sources in
+`collectives_sources.toml`). Nothing is fitted: every network number is a preset's, sourced
+to NCCL's own model or vendor documentation. The golden test reruns the 8-GPU DGX H100 setup.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from ..run.schema import parse_size
+from .common import Golden, Row, geomean, load_figures, read_csv, write_csv
+from .runs import run
+
+MiB = 1 << 20
+
+
+def setups() -> list[dict[str, Any]]:
+    return list(load_figures("collectives")["setups"].value)
+
+
+def sizes(every: int = 1) -> list[int]:
+    """1 KiB .. 4 GiB in steps of 2x (every n-th kept)."""
+    lo, hi = (parse_size("sizes", s) for s in load_figures("collectives")["sizes"].value)
+    out, s = [], lo
+    while s <= hi:
+        out.append(s)
+        s *= 2
+    return out[::every]
+
+
+def measured() -> list[dict[str, str]]:
+    """The published rows, as copied (collectives_measured.csv)."""
+    text = (resources.files("mpiemu.studies") / "collectives_measured.csv").read_text()
+    import csv  # noqa: PLC0415
+    import io  # noqa: PLC0415
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+def sources() -> dict[str, dict[str, Any]]:
+    text = (resources.files("mpiemu.studies") / "collectives_sources.toml").read_text()
+    return dict(tomllib.loads(text)["datasets"])
+
+
+def emulate(setup: dict[str, Any], tmp: Path) -> list[Row]:
+    """One setup's sweep, run as a user would; its rows (time in us, GB/s)."""
+    size_list = sizes(int(setup.get("every", 1)))
+    sets = [f"device.preset={setup['device']!r}", f"parallel.tp={setup['ranks']}",
+            "run.numerics=off", "run.emulated_dtype=fp32",
+            f"collectives.ops={list(setup['ops'])!r}", f"collectives.sizes={size_list!r}",
+            *setup["sets"]]
+    out = tmp / setup["key"]
+    run(int(setup["ranks"]), "workloads/collectives.toml", sets, out, timeout=3000)
+    rows = []
+    for r in read_csv(out / "collectives.csv"):
+        t = float(r["emulated_s"])
+        rows.append({"setup": setup["key"], "op": r["op"], "ranks": int(r["ranks"]),
+                     "bytes": int(r["bytes"]), "algorithm": r["algorithm"],
+                     "protocol": r["protocol"], "time_us": t * 1e6,
+                     "algbw_GBps": float(r["algbw_GBps"]), "busbw_GBps": float(r["busbw_GBps"])})
+    return rows
+
+
+def compare(ours: list[Row], setup_list: list[dict[str, Any]]) -> list[Row]:
+    """Ours beside every measured row of the setups' datasets, with the busbw error."""
+    by_key = {(r["setup"], r["op"], r["bytes"]): r for r in ours}
+    out = []
+    for st in setup_list:
+        for m in measured():
+            if m["dataset"] not in st["datasets"] or int(m["bytes"]) < 1024:
+                continue
+            r = by_key.get((st["key"], m["collective"], int(m["bytes"])))
+            if r is None or not m["busbw_GBps"] or float(m["busbw_GBps"]) <= 0:
+                continue
+            meas = float(m["busbw_GBps"])
+            out.append({"setup": st["key"], "dataset": m["dataset"], "op": r["op"],
+                        "bytes": r["bytes"], "algorithm": r["algorithm"],
+                        "protocol": r["protocol"], "ours_busbw_GBps": r["busbw_GBps"],
+                        "measured_busbw_GBps": meas,
+                        "error": r["busbw_GBps"] / meas - 1})
+    return out
+
+
+def summarize(cmp: list[Row]) -> list[Row]:
+    """Geometric mean of |busbw error| per dataset, over all sizes and from 1 MiB up."""
+    out = []
+    for ds in dict.fromkeys(r["dataset"] for r in cmp):
+        rows = [r for r in cmp if r["dataset"] == ds]
+        big = [r for r in rows if r["bytes"] >= MiB]
+        out.append({"dataset": ds, "setup": rows[0]["setup"], "points": len(rows),
+                    "geomean_abs_error_all": geomean(max(abs(r["error"]), 1e-6) for r in rows),
+                    "geomean_abs_error_1MiB_up": geomean(max(abs(r["error"]), 1e-6)
+                                                         for r in big) if big else None,
+                    "mean_signed_error": sum(r["error"] for r in rows) / len(rows)})
+    return out
+
+
+def _args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="mpiemu report collectives", description=__doc__)
+    ap.add_argument("--only", nargs="*", help="setup keys to run (default: all)")
+    ap.add_argument("--out", help="output directory (default results/collectives)")
+    return ap.parse_args(argv)
+
+
+def sweep(keys: list[str] | None) -> list[Row]:
+    chosen = [s for s in setups() if not keys or s["key"] in keys]
+    with tempfile.TemporaryDirectory() as tmp:
+        return [r for st in chosen for r in emulate(st, Path(tmp))]
+
+
+def golden() -> list[Golden]:
+    """The 8-GPU DGX H100 setup (8 ranks, timing only) against its committed rows."""
+    return [Golden("emulated.csv", sweep(["h100x8"]), lambda r: r["setup"] == "h100x8")]
+
+
+def main(out_dir: Path, argv: list[str]) -> int:
+    """Run the setups, compare, write the report; returns a process exit code."""
+    from .collectives_report import markdown, plot  # noqa: PLC0415
+    args = _args(argv)
+    out_dir = Path(args.out) if args.out else out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ours = sweep(args.only)
+    cmp = compare(ours, setups())
+    summ = summarize(cmp)
+    write_csv(out_dir / "emulated.csv", ours)
+    write_csv(out_dir / "comparison.csv", cmp)
+    write_csv(out_dir / "summary.csv", summ)
+    plot(ours, cmp, out_dir / "busbw.png")
+    (out_dir / "README.md").write_text("\n".join(markdown(ours, cmp, summ)) + "\n")
+    sys.stdout.write(f"wrote {out_dir}/README.md, emulated.csv, comparison.csv, summary.csv, "
+                     "busbw.png\n")
+    return 0
+
