@@ -59,6 +59,9 @@ def test_same_workload_gives_identical_emulated_times(tmp_path: Path) -> None:
     ("parallel.tp=3", "parallel.tp*parallel.dp"),
     ("collectives.sizes=[-5]", "collectives.sizes[0]=-5"),
     ("collectives.bogus=1", "collectives.bogus=1"),
+    ("network.topology=torus", "network.topology='torus'"),
+    ("network.intra.bw_GBps=0", "bw=0"),
+    ("network.intra.latency_s.simple=-1", "latency_simple=-1"),
 ])
 def test_config_error_is_one_line_and_exits_nonzero(tmp_path: Path, override: str,
                                                     needle: str) -> None:
@@ -94,3 +97,31 @@ def test_analyze_prints_rank_and_op_tables(tmp_path: Path) -> None:
 def test_analyze_of_missing_dir_is_one_line_error(tmp_path: Path) -> None:
     res = mpiemu("analyze", str(tmp_path / "none"))
     assert res.returncode == 2 and "does not exist" in res.stderr
+
+
+def test_devices_per_node_that_does_not_divide_the_job_is_one_line(tmp_path: Path) -> None:
+    res = run_mpi(4, ["run", "workloads/collectives.toml", "--set", "network.devices_per_node=3",
+                      "--set", "network.preset=dgx-a100", "--out", str(tmp_path)], timeout=60)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode != 0 and len(lines) == 1, res.stderr
+    assert "network.devices_per_node=3" in lines[0] and "divisor of 4" in lines[0]
+
+
+def test_analyze_shows_a_two_node_dp_all_reduce_bounded_by_its_nics(tmp_path: Path) -> None:
+    """2 nodes x 4 devices, DP = 8: the all-reduce's busiest port is a NIC."""
+    sets = ["device.preset=a100-sxm4-80gb", "network.devices_per_node=4", "parallel.tp=1",
+            "parallel.dp=8", "collectives.group=dp", "collectives.ops=['all_reduce']",
+            "collectives.sizes=['64MiB']", "run.numerics=off"]
+    res = run_mpi(8, ["run", "workloads/collectives.toml", *(f"--set={s}" for s in sets),
+                      "--out", str(tmp_path)], timeout=120)
+    assert res.returncode == 0, res.stderr
+    out = run_mpi(1, ["analyze", str(tmp_path)]).stdout
+    assert "collectives bounded by: inter-node (NIC)" in out
+
+
+def test_an_algorithm_the_network_cannot_run_is_one_line(tmp_path: Path) -> None:
+    res = run_mpi(2, ["run", "workloads/collectives.toml", "--set", "parallel.tp=2", "--set",
+                      "collectives.algorithm=nvls", "--out", str(tmp_path)], timeout=60)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode != 0 and len(lines) == 1, res.stderr
+    assert "collectives.algorithm='nvls'" in lines[0] and "can run ['ring']" in lines[0]

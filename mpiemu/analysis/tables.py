@@ -102,6 +102,8 @@ def format_tables(run: Run, top: int = 25) -> list[str]:
                      f"{r.bytes / 1e6:>11.3f}{r.flops / 1e9:>10.3f}{r.dram_bytes / 1e6:>10.3f}")
     lines.append("")
     from .breakdown import format_breakdown  # noqa: PLC0415 (breakdown imports this module)
+    from .network import format_network  # noqa: PLC0415 (network imports this module)
+    lines += format_network(run)
     if rows := format_breakdown(run):
         lines += ["per iteration (rank 0; exp = exposed):", *rows, ""]
     lines += path_summary(critical_path(run), top=min(top, 12))

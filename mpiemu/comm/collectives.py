@@ -69,6 +69,7 @@ def _start(tc: TimedComm, op: str, nbytes: float, itemsize: int, bidirectional: 
     ch = choose(tc, op, nbytes, itemsize, tc.algorithm if op == "all_reduce" else "",
                 tc.protocol, bidirectional)
     tc.proto = ch.protocol
+    tc.share = tc.net.spec.channel_share(ch.protocol, nbytes, tc.size)
     return ch, t0 + tc.net.spec.base(ch.algorithm, ch.protocol)
 
 
@@ -122,6 +123,7 @@ def _hierarchical_ar(tc: TimedComm, flat: np.ndarray | None, buf: np.ndarray | N
     intra = tc.split("node", tc.net.node_of(tc.device))
     rail = tc.split("rail", intra.rank)
     intra.proto = rail.proto = tc.proto
+    intra.share = rail.share = tc.share
     segs = [(a * unit, b * unit) for a, b in chunk_bounds(n // unit,
                                                           pipeline_depth(n * itemsize))]
 

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
+from ..net import Network
 from .p2p import TimedComm
 from .ring import ring_orders
 
@@ -57,31 +59,36 @@ def ring_steps_s(n: int, chunk_bytes: float, rate: float, lat: float, red_s: flo
     return {"reduce_scatter": rs, "all_gather": ag, "all_reduce": rs + ag}[op]
 
 
-def node_groups(tc: TimedComm) -> list[list[int]]:
-    """Ranks of the communicator grouped by node, in rank order."""
+def node_groups(net: Network, devices: Sequence[int]) -> list[list[int]]:
+    """Ranks of a group (its devices in rank order) grouped by node, in rank order."""
     by: dict[int, list[int]] = {}
-    for r, d in enumerate(tc.devices):
-        by.setdefault(tc.net.node_of(d), []).append(r)
+    for r, d in enumerate(devices):
+        by.setdefault(net.node_of(d), []).append(r)
     return list(by.values())
 
 
-def allowed(tc: TimedComm, op: str) -> list[str]:
-    """Algorithms this group and network can run for `op`."""
+def allowed_on(net: Network, devices: Sequence[int], op: str) -> list[str]:
+    """Algorithms a group of these devices can run for `op` on this network."""
     out = ["ring"]
     if op != "all_reduce":
         return out
-    groups = node_groups(tc)
+    groups = node_groups(net, devices)
     k = len(groups[0])
     if len(groups) > 1 and k > 1 and all(len(g) == k for g in groups):
         out.append("hierarchical")
-    if len(groups) == 1 and tc.size > 2 and tc.size == tc.net.per_node \
-            and tc.net.spec.nvls_efficiency > 0 and tc.net.spec.fabric == "switch":
+    if len(groups) == 1 and len(devices) > 2 and len(devices) == net.per_node \
+            and net.spec.nvls_efficiency > 0 and net.spec.fabric == "switch":
         out.append("nvls")     # more than 2 GPUs (NCCL nvls.cc:241), a whole node's switch
     return out
 
 
+def allowed(tc: TimedComm, op: str) -> list[str]:
+    """Algorithms this group and network can run for `op`."""
+    return allowed_on(tc.net, tc.devices, op)
+
+
 def ring_estimate_s(tc: TimedComm, op: str, nbytes: float, itemsize: int, proto: str,
-                    bidirectional: bool = False) -> float:
+                    bidirectional: bool = False, share: float | None = None) -> float:
     """Ring time without the base latency: exact for one lane whose ports carry nothing
     else, else an estimate from the most loaded port's busy time per step."""
     n = tc.size
@@ -89,6 +96,8 @@ def ring_estimate_s(tc: TimedComm, op: str, nbytes: float, itemsize: int, proto:
         return 0.0
     orders = ring_orders(tc, bidirectional)
     n_lanes = len(orders)
+    if share is None:           # the channels NCCL gives a call of this size
+        share = tc.net.spec.channel_share(proto, nbytes, tc.size)
     elems = nbytes / itemsize
     c = math.ceil(math.ceil(elems / n) / n_lanes) * itemsize
     red = tc.model.reduction_s(math.ceil(math.ceil(elems / n) / n_lanes), itemsize)
@@ -98,7 +107,7 @@ def ring_estimate_s(tc: TimedComm, op: str, nbytes: float, itemsize: int, proto:
         for i, a in enumerate(o):
             b = o[(i + 1) % n]
             hop = tc.net.hop(tc.devices[a], tc.devices[b])
-            rate = tc.net.rate(hop, proto)
+            rate = tc.net.rate(hop, proto, share)
             for port in (hop.egress, hop.ingress):
                 if port is not None:
                     load[port] = load.get(port, 0.0) + c / rate
@@ -120,9 +129,11 @@ def estimate_s(tc: TimedComm, op: str, nbytes: float, itemsize: int, ch: Choice,
     rail = tc.split("rail", intra.rank)
     k = pipeline_depth(nbytes)
     seg = nbytes / k
-    s_rs = ring_estimate_s(intra, "reduce_scatter", seg, itemsize, ch.protocol)
-    s_ar = ring_estimate_s(rail, "all_reduce", seg / intra.size, itemsize, ch.protocol)
-    s_ag = ring_estimate_s(intra, "all_gather", seg, itemsize, ch.protocol)
+    share = tc.net.spec.channel_share(ch.protocol, nbytes, tc.size)
+    s_rs = ring_estimate_s(intra, "reduce_scatter", seg, itemsize, ch.protocol, share=share)
+    s_ar = ring_estimate_s(rail, "all_reduce", seg / intra.size, itemsize, ch.protocol,
+                           share=share)
+    s_ag = ring_estimate_s(intra, "all_gather", seg, itemsize, ch.protocol, share=share)
     return base + s_rs + s_ar + s_ag + (k - 1) * max(s_rs + s_ag, s_ar)
 
 

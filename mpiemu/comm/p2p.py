@@ -104,6 +104,7 @@ class TimedComm:
         self.prev = (self.rank - 1) % self.size
         self.stream = f"comm.{name}"
         self.proto = "simple"
+        self.share = 1.0               # of the port's channels the current call drives
         self.algorithm = ""            # [collectives] algorithm / protocol: "" = choose
         self.protocol = ""
         self._pool: dict[tuple[str, str], np.ndarray] = {}
@@ -135,7 +136,8 @@ class TimedComm:
     # ---- time ----------------------------------------------------------------------------
     def rate(self, dest: int) -> float:
         """Bytes/s a message to rank `dest` moves (the hop's rate for this protocol)."""
-        return self.net.rate(self.net.hop(self.device, self.devices[dest]), self.proto)
+        return self.net.rate(self.net.hop(self.device, self.devices[dest]), self.proto,
+                             self.share)
 
     def latency(self, dest: int) -> float:
         return self.net.latency(self.net.hop(self.device, self.devices[dest]), self.proto)
@@ -146,7 +148,7 @@ class TimedComm:
         """Time a message to rank `dest` (no MPI): returns its header (`net.message`)."""
         return send(self.tl, self.net, self.device, self.devices[dest], nbytes, after,
                     self.proto, label=label, peer=dest, stage=stage, dram_bytes=dram_bytes,
-                    feed=feed)
+                    feed=feed, share=self.share)
 
     def arrival(self, source: int, header: np.ndarray) -> SimTime:
         """When a message from rank `source` with this header is here (ingress reserved)."""

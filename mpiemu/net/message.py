@@ -34,11 +34,11 @@ Feed = Callable[[SimTime], SimTime]      # start -> the least wire time the send
 
 def send(tl: Timeline, net: Network, src: int, dst: int, nbytes: float, ready: SimTime,
          proto: str, *, label: str, peer: int, stage: int = -1, dram_bytes: float = 0.0,
-         feed: Feed | None = None) -> np.ndarray:
+         feed: Feed | None = None, share: float = 1.0) -> np.ndarray:
     """Place a message on the sender's port and record it; returns its header."""
     hop = net.hop(src, dst)
     start = tl.port_idle(hop.egress, ready)
-    wire = nbytes / net.rate(hop, proto) if nbytes > 0 else 0.0
+    wire = nbytes / net.rate(hop, proto, share) if nbytes > 0 else 0.0
     if feed is not None:
         wire = max(wire, feed(start))
     t0, t_out = tl.occupy(hop.egress, start, wire)

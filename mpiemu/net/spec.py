@@ -26,6 +26,13 @@ TOPOLOGIES = (*FABRICS, "hierarchical")                  # hierarchical: nodes +
 ALGO_PROTO = (*(f"ring_{p}" for p in PROTOCOLS), "nvls_simple")
 
 
+# NCCL v2.21.5-1: threads per channel (src/include/device.h:55-57,74) and the bytes each
+# thread must have before a call uses more channels (src/include/comm.h:35-37; ring LL x the
+# ranks, src/graph/tuning.cc:381); `NetworkSpec.channel_share` applies enqueue.cc:1590-1606.
+NCCL_THREADS = {"ll": 512, "ll128": 640, "simple": 512}
+NCCL_THREAD_THRESHOLD = {"ll": 8, "ll128": 8, "simple": 64}
+
+
 @dataclass(frozen=True)
 class NetScale:
     """What-if knob (thesis 5.3.3.6): every network rate multiplied by `bw`."""
@@ -82,6 +89,7 @@ class NetworkSpec:
     node_topology: str = "switch"
     devices_per_node: int = field(default=0, metadata=cap(section="node"))
     nvls_efficiency: float = field(default=0.0, metadata=cap(section="collectives"))
+    channels: int = field(default=0, metadata=cap(section="collectives"))
     inter: Transport | None = None
     scale: NetScale = field(default=NetScale(), metadata=cap(preset=False))
     description: str = ""
@@ -94,6 +102,8 @@ class NetworkSpec:
         if self.node_topology not in FABRICS:
             raise ValueError(f"network.node_topology={self.node_topology!r}; choose one of "
                              f"{list(FABRICS)}")
+        if self.channels < 0:
+            raise ValueError(f"network.channels={self.channels} must be >= 0 (0: no rule)")
         if self.devices_per_node < 0:
             raise ValueError(f"network.devices_per_node={self.devices_per_node} must be >= 0 "
                              "(0: one node)")
@@ -125,6 +135,20 @@ class NetworkSpec:
     def protocols(self) -> tuple[str, ...]:
         """Protocols this network runs, in NCCL's order."""
         return tuple(p for p in PROTOCOLS if p in self.efficiency)
+
+    def channel_share(self, proto: str, nbytes: float, nranks: int) -> float:
+        """Share of the port a call of nbytes drives: NCCL gives a small call fewer channels
+        (and a single channel fewer threads) until each thread has its threshold of bytes
+        (enqueue.cc:1590-1606); 1 when the network names no channel count."""
+        if not self.channels:
+            return 1.0
+        thr = NCCL_THREAD_THRESHOLD[proto] * (nranks if proto == "ll" else 1)
+        nc, nt = self.channels, NCCL_THREADS[proto]
+        while nc >= 2 and nbytes < nc * nt * thr:
+            nc -= 1
+        while nbytes < nc * nt * thr and nt % 128 == 0:
+            nt //= 2
+        return nc / self.channels * nt / NCCL_THREADS[proto]
 
     def base(self, algorithm: str, proto: str) -> float:
         """Fixed cost of one collective call (launch, setup; NCCL's baseLat; the

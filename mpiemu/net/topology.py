@@ -94,13 +94,13 @@ class Network:
         first = self.node_of(src) * g + (a + step) % g
         return Hop(f"link.{src}>{first}", None, intra, False, hops=min(fwd, g - fwd))
 
-    def rate(self, hop: Hop, proto: str) -> float:
+    def rate(self, hop: Hop, proto: str, share: float = 1.0) -> float:
         """Bytes/s a message of protocol `proto` moves on this hop (port rate x efficiency,
-        capped by the protocol's ceiling), with the what-if scale applied."""
+        capped by the protocol's ceiling) when its call drives `share` of the channels."""
         s = self.spec
         r = hop.transport.bw_bytes_per_s * s.efficiency[proto]
         cap = s.max_bw_bytes_per_s.get(proto)
-        return min(r, cap) if cap else r
+        return (min(r, cap) if cap else r) * share
 
     def latency(self, hop: Hop, proto: str) -> float:
         return hop.transport.latency(proto) * hop.hops

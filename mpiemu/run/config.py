@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 from ..hw.caps import CapError, apply_overrides, check_path
 from ..hw.presets import PresetError, list_presets, load_device
 from ..hw.specs import DTYPE_BYTES, DeviceSpec
+from ..comm.cost import allowed_on
 from ..net import (ALGORITHMS, PROTOCOLS, TOPOLOGIES, Network, NetworkSpec, list_networks,
                    load_network)
 from .errors import ConfigError
@@ -201,6 +202,7 @@ class Workload:
 
     def check_world(self, world_size: int) -> None:
         """tp * dp must equal the number of ranks the job was launched with."""
+        resolve_network(self, resolve_device(self, 0))      # its values first: any world
         tp, dp = self.parallel.tp, self.parallel.dp
         if tp * dp != world_size:
             raise ConfigError("parallel.tp*parallel.dp", f"{tp}*{dp}={tp * dp}",
@@ -223,11 +225,30 @@ class Workload:
         spec = resolve_network(self, resolve_device(self, 0))
         g = spec.devices_per_node
         try:
-            return Network(spec, world_size)
+            net = Network(spec, world_size)
         except ValueError as exc:
             field = "network.devices_per_node" if g and world_size % g else "network.topology"
             value = g if field.endswith("node") else spec.topology
             raise ConfigError(field, value, str(exc).split("; ", 1)[-1]) from None
+        self._check_algorithm(net, world_size)
+        return net
+
+    def _check_algorithm(self, net: Network, world_size: int) -> None:
+        """`collectives.algorithm` must run on every group that all-reduces with it."""
+        algo = self.collectives.algorithm
+        if not algo:
+            return
+        tp = self.parallel.tp
+        groups = {"tp": [list(range(d * tp, (d + 1) * tp)) for d in range(world_size // tp)],
+                  "dp": [list(range(t, world_size, tp)) for t in range(tp)]}
+        names = [self.collectives.group] if self.run.kind == "collectives" else ["tp", "dp"]
+        for name in names:
+            for devs in groups[name]:
+                ok = allowed_on(net, devs, "all_reduce")
+                if len(devs) > 1 and algo not in ok:
+                    raise ConfigError("collectives.algorithm", algo,
+                                      f"the {name} group {devs[:4]}{'...' if len(devs) > 4 else ''}"
+                                      f" on network {net.spec.name} can run {ok}")
 
     def as_dict(self) -> dict[str, Any]:
         return as_table(self)  # type: ignore[no-any-return]
