@@ -132,9 +132,9 @@ def main(out_dir: Path, argv: list[str]) -> int:
     ours = sweep(args.only)
     cmp = compare(ours, setups())
     summ = summarize(cmp)
-    write_csv(out_dir / "emulated.csv", ours)
-    write_csv(out_dir / "comparison.csv", cmp)
-    write_csv(out_dir / "summary.csv", summ)
+    for name, rows in (("emulated", ours), ("comparison", cmp), ("summary", summ)):
+        if rows:
+            write_csv(out_dir / f"{name}.csv", rows)
     plot(ours, cmp, out_dir / "busbw.png")
     (out_dir / "README.md").write_text("\n".join(markdown(ours, cmp, summ)) + "\n")
     sys.stdout.write(f"wrote {out_dir}/README.md, emulated.csv, comparison.csv, summary.csv, "

@@ -96,6 +96,9 @@ def markdown(ours: list[Row], cmp: list[Row], summ: list[Row]) -> list[str]:
     fig = load_figures("collectives")
     lo, hi = (float(x) for x in fig["targets"].value)
     big = [r for r in cmp if r["bytes"] >= MiB]
+    if not cmp:
+        return ["# Collectives (emulated only: no measured data set in this selection)", "",
+                *_emulated_only(ours)]
     g_big = geomean(max(abs(r["error"]), 1e-6) for r in big)
     g_all = geomean(max(abs(r["error"]), 1e-6) for r in cmp)
     out = ["# Collectives on DGX-class machines: emulated vs published nccl-tests", "",
@@ -119,7 +122,10 @@ def markdown(ours: list[Row], cmp: list[Row], summ: list[Row]) -> list[str]:
 
 def plot(ours: list[Row], cmp: list[Row], path: Path) -> None:
     pyplot = plt()
-    sts = [s for s in setups() if s["datasets"]]
+    keys = {r["setup"] for r in ours}
+    sts = [s for s in setups() if s["datasets"] and s["key"] in keys]
+    if not sts:
+        return
     fig, axes = pyplot.subplots(1, len(sts), figsize=(4 * len(sts), 3.6), sharey=False)
     for ax, st in zip(axes, sts):
         for op in st["ops"]:
