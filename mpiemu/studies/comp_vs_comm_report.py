@@ -173,9 +173,12 @@ def markdown(tp_rows: list[Row], dp_rows: list[Row], tps: Iterable[int]) -> list
         f"of each point made {', '.join(f'{s}x' for s in f['compute_scales'])} faster with "
         "`device.scale.compute` (matrix, vector "
         "and SFU peaks, clock, L2 feed; DRAM and network unchanged, 5.3.3.6). Network "
-        f"assumption: {net} (`comp_vs_comm.toml` gives its source); the TP and DP shares "
-        "will move when the network layer gets RCCL/NCCL-like costs, and regenerating is "
-        "this one command. The thesis's figures are in `mpiemu/studies/comp_vs_comm.toml`.",
+        f"assumption: {net} (`comp_vs_comm.toml` gives its source) on the device's network "
+        "preset, which charges each collective RCCL's (NCCL's) base latency per call and "
+        "hop latency per step (`mpiemu devices --network mi210-node`): since issue 8 the "
+        "serialized TP shares of the small layers grew by those fixed costs, which the "
+        "previous alpha-beta links lacked. The thesis's figures are in "
+        "`mpiemu/studies/comp_vs_comm.toml`.",
         "",
         f"TP jobs: one `mpiexec -n TP` per TP in {sorted(set(tps))} (`tp.csv`); serialized TP "
         "share = TP all-reduce time not under compute over the layer's time. DP job: "

@@ -103,6 +103,16 @@ def _knee(grain: list[Row], n: int) -> float:
     return min(ok) if ok else math.nan
 
 
+def _peer(device: str) -> str:
+    """The GPU-to-GPU hop the runtime model uses, as the network preset states it."""
+    from ..hw.presets import load_device  # noqa: PLC0415
+    from ..net import load_network  # noqa: PLC0415
+    net = load_network(load_device(device).network)
+    return (f"`{net.name}`: {net.intra.bw_bytes_per_s / 1e9:g} GB/s per pair and "
+            f"{net.intra.latency('simple') * 1e6:g} us per transfer, NCCL's counted NVLink "
+            "rate and hop latency since issue 8, where the link's line rate was used before")
+
+
 def markdown(rows: list[Row], st: list[Row], grain: list[Row]) -> list[str]:
     fig = load_figures("fusion")
     thr = float(fig["threshold_s"])
@@ -117,7 +127,9 @@ def markdown(rows: list[Row], st: list[Row], grain: list[Row]) -> list[str]:
         "fused (cuBLASLt-style epilogue in the last K-step's task). Kernel times come from "
         "the GEMM and memory-bound kernel models of the V100 preset, the per-task runtime "
         f"cost ({float(fig['starpu_submit_us'])} us through StarPU's submitting thread) and "
-        "the CUDA launch from their sources in `fusion.toml` and the preset. The report's "
+        "the CUDA launch from their sources in `fusion.toml` and the preset; tiles move "
+        f"between GPUs over its network preset ({_peer(str(fig['device'].value))}). The "
+        "report's "
         "figures carry no numbers, so each of its statements is checked against the number "
         "of our runs that decides it.", "",
         "## The report's statements beside our runs", "",

@@ -1,0 +1,72 @@
+"""Every algorithm on every fabric: the payload equals MPI's own collective, and NVLS's time
+equals its closed form (comm.cost)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from mpiemu.comm.collectives import all_gather, all_reduce, chunk_bounds, reduce_scatter
+from tests.timed import network, timed_comm
+
+SETUPS = [  # (network, fields, algorithm) runnable at 4 ranks
+    ("dgx-a100", {"devices_per_node": 2}, "ring"),          # two rails across 2 nodes
+    ("dgx-a100", {"devices_per_node": 2}, "hierarchical"),
+    ("dgx-h100", {}, "nvls"),
+    ("dgx1-v100", {}, "ring"),
+]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("preset, fields, algo", SETUPS)
+@pytest.mark.parametrize("count", [1, 1003, 1 << 20])
+def test_all_reduce_equals_mpi_on_every_algorithm(preset: str, fields: dict, algo: str,
+                                                  count: int) -> None:
+    comm = MPI.COMM_WORLD
+    if comm.size != 4:
+        pytest.skip("setups are for 4 ranks")
+    tc = timed_comm(preset="a100-sxm4-80gb", net=network(preset, **fields))
+    tc.algorithm = algo
+    x = np.random.default_rng(comm.rank).standard_normal(count)
+    got, span = all_reduce(tc, x, wire_itemsize=2)
+    want = np.empty_like(x)
+    comm.Allreduce(x, want)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    assert span.duration > 0
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("count", [7, 4096 + 3])
+def test_rail_lanes_scatter_and_gather_like_mpi(count: int) -> None:
+    """Across 2 nodes the ring runs one lane per rail; chunks still land on their owners."""
+    comm = MPI.COMM_WORLD
+    if comm.size != 4:
+        pytest.skip("2 nodes x 2 devices")
+    tc = timed_comm(preset="a100-sxm4-80gb", net=network("dgx-a100", devices_per_node=2))
+    x = np.random.default_rng(10 + comm.rank).standard_normal(count)
+    bounds = chunk_bounds(count, comm.size)
+    mine, _ = reduce_scatter(tc, x, wire_itemsize=4)
+    want = np.empty(bounds[comm.rank][1] - bounds[comm.rank][0])
+    comm.Reduce_scatter(x, want, [hi - lo for lo, hi in bounds])
+    np.testing.assert_allclose(mine, want, rtol=1e-12, atol=1e-12)
+    full, _ = all_gather(tc, mine, total=count, wire_itemsize=4)
+    every = np.empty(count)
+    comm.Allreduce(x, every)
+    np.testing.assert_allclose(full, every, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.mpi
+def test_nvls_time_is_its_closed_form() -> None:
+    """base(nvls) + S (N+1)/N / (B x e_nvls): both ports busy at once."""
+    comm = MPI.COMM_WORLD
+    if comm.size < 3:
+        pytest.skip("NVLS needs more than 2 GPUs")
+    tc = timed_comm(preset="h100-sxm5", net=network("dgx-h100"))
+    tc.algorithm = "nvls"
+    count, itemsize = 1 << 22, 2
+    _, span = all_reduce(tc, None, count=count, wire_itemsize=itemsize)
+    spec, n, s = tc.net.spec, comm.size, count * itemsize
+    want = spec.base("nvls", "simple") + s * (n + 1) / n / (
+        spec.intra.bw_bytes_per_s * spec.nvls_efficiency)
+    assert span.duration == pytest.approx(want, rel=1e-9, abs=0.0)
+    assert tc.proto == "simple"
