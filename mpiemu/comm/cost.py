@@ -156,4 +156,6 @@ def choose(tc: TimedComm, op: str, nbytes: float, itemsize: int, algorithm: str 
     if not cands:
         raise ValueError(f"collectives.protocol={protocol!r}: nvls runs the simple protocol "
                          "only")
+    if len(cands) == 1:
+        return cands[0]
     return min(cands, key=lambda ch: estimate_s(tc, op, nbytes, itemsize, ch, bidirectional))

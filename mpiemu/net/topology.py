@@ -19,7 +19,7 @@ NICs is non-blocking (a rail-optimised fat tree), so only the NICs are shared re
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .spec import NetworkSpec, Transport
 
@@ -46,6 +46,7 @@ class Network:
 
     spec: NetworkSpec
     size: int
+    _hops: dict[tuple[int, int], Hop] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         g = self.spec.devices_per_node
@@ -76,7 +77,14 @@ class Network:
         return device % self.per_node
 
     def hop(self, src: int, dst: int) -> Hop:
-        """The route of a message from device src to device dst."""
+        """The route of a message from device src to device dst (cached per pair)."""
+        key = (src, dst)
+        hop = self._hops.get(key)
+        if hop is None:
+            hop = self._hops[key] = self._route(src, dst)
+        return hop
+
+    def _route(self, src: int, dst: int) -> Hop:
         if src == dst:
             raise ValueError(f"device {src} sends to itself")
         if self.node_of(src) != self.node_of(dst):

@@ -18,6 +18,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..comm.cost import choose
 from ..comm.p2p import TimedComm
 from ..hw.contention import T3Params
 from ..hw.specs import DeviceSpec, dtype_bytes
@@ -55,6 +56,16 @@ def overlap_params(spec: DeviceSpec, ov: Overlap) -> T3Params | None:
     return spec.t3
 
 
+def _protocol(tc: TimedComm, op: str, nbytes: float, itemsize: int, fused: bool) -> SimTime:
+    """Set the ring's protocol and channel share as NCCL's tuner would for this size
+    (`comm.cost.choose`, the ring only: the fused schedules are rings); returns the call's
+    base latency, paid by the strategies that issue a separate collective (not fused)."""
+    ch = choose(tc, op, nbytes, itemsize, "ring", tc.protocol)
+    tc.proto = ch.protocol
+    tc.share = tc.net.spec.channel_share(ch.protocol, nbytes, tc.size)
+    return 0.0 if fused else tc.net.spec.base("ring", ch.protocol)
+
+
 def _dram(stats: OverlapStats, op: str, before: dict[str, float]) -> float:
     """DRAM bytes of one op (`rs`/`ag`) during this call (stats may be reused across calls)."""
     return sum(stats.dram[f"{op}_{d}"] - before[f"{op}_{d}"] for d in ("read", "write"))
@@ -85,13 +96,14 @@ def overlapped_gemm_then_reduce(tc: TimedComm, x: np.ndarray | None, w: np.ndarr
         return _single(tc, x, w, shape, dtype, after, name, stats)
     itemsize, t = dtype_bytes(dtype), overlap.traits
     before = dict(stats.dram)
+    base = _protocol(tc, mode, shape.m * shape.n * itemsize, itemsize, t.fused)
     s = rs.setup(tc, overlap, shape.m, shape.n, shape.k, dtype, itemsize, latest(after),
                  overlap_params(tc.model.spec, overlap), stats, name)
     y, gemm_end = None, -np.inf
     if not t.fused:
         y = _matmul(x, w)
         gemm_end = rs.place_gemm(s, stats, name, s.t0)
-        s.ready_all = s.t0 if t.concurrent else gemm_end
+        s.ready_all = (s.t0 if t.concurrent else gemm_end) + base
     run, out = rs.run(s, x, w, y)
     if t.fused:
         gemm_end = s.clock.gemm_end()
@@ -129,6 +141,7 @@ def overlapped_gather_then_gemm(tc: TimedComm, x_shard: np.ndarray | None,
     before = dict(stats.dram)
     params = overlap_params(tc.model.spec, overlap)
     total = shape.m * shape.k * itemsize
+    base = _protocol(tc, "all_gather", total, itemsize, t.fused)
     if t.fused:
         fused = AgGemm(tc, overlap, shape.m, shape.n, shape.k, dtype, itemsize, latest(after),
                        params, stats, name)
@@ -139,7 +152,7 @@ def overlapped_gather_then_gemm(tc: TimedComm, x_shard: np.ndarray | None,
         return y, Span(min(a0, fused.t0), end)
     t_ag = latest(after)
     full, a0, ag_end = ring_all_gather(tc, x_shard, m=shape.m, n=shape.k, itemsize=itemsize,
-                                       start=t_ag, ov=overlap, name=name, stats=stats,
+                                       start=t_ag + base, ov=overlap, name=name, stats=stats,
                                        out=gathered_out)
     tc.tl.summary(f"{name}.ag", Span(a0, ag_end), resource=f"coll.{tc.name}", nbytes=total,
                   dram_bytes=_dram(stats, "ag", before))
