@@ -125,3 +125,17 @@ def test_an_algorithm_the_network_cannot_run_is_one_line(tmp_path: Path) -> None
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert res.returncode != 0 and len(lines) == 1, res.stderr
     assert "collectives.algorithm='nvls'" in lines[0] and "can run ['ring']" in lines[0]
+
+
+def test_a_failed_reference_check_exits_nonzero(tmp_path: Path) -> None:
+    res = run_mpi(2, ["run", "workloads/quickstart.toml", "--set", "parallel.tp=2", "--set",
+                      "parallel.dp=1", "--set", "run.iterations=1", "--set",
+                      "train.reference_rtol=1e-300", "--out", str(tmp_path)], timeout=120)
+    assert res.returncode == 3 and "FAIL" in res.stdout, res.stdout + res.stderr
+
+
+def test_nan_never_passes_the_reference_check() -> None:
+    from mpiemu.nn.check import rel_err
+    import numpy as np
+    assert rel_err(np.array([1.0, np.nan]), np.array([1.0, 2.0])) == float("inf")
+    assert rel_err(np.array([1.0, 2.0]), np.array([1.0, 2.0])) == 0.0

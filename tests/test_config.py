@@ -36,6 +36,13 @@ def test_overrides_are_parsed_as_toml_values(root) -> None:
     ("network.nope=1", "network.nope"),
     ("collectives.algorithm=tree", "collectives.algorithm"),
     ("collectives.protocol=ll64", "collectives.protocol"),
+    ("optimizer.lr=nan", "optimizer.lr"),
+    ("train.dp_bucket_MiB=inf", "train.dp_bucket_MiB"),
+    ("network.intra.bw_GBps=inf", "network.intra"),
+    ("device.dram_bw_GBps=nan", "device.dram_bw"),
+    ("parallel..tp=2", "--set"),
+    ("debug.fail_rank=5", "debug.fail_rank"),
+    ("debug.fail_rank=-2", "debug.fail_rank"),
 ])
 def test_bad_values_name_the_field_and_value(override: str, field: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -97,3 +104,22 @@ def test_mixing_gpu_and_sunway_ranks_is_refused_in_one_line() -> None:
         w.check_world(2)
     assert "GPU and Sunway ranks cannot share a job" in str(info.value)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (["debug.fail_rank=0", "debug.fail_iteration=-1"], "debug.fail_iteration"),
+    (["debug.fail_rank=0", "run.kind=train", "debug.fail_iteration=3"], "debug.fail_iteration"),
+])
+def test_a_fault_the_run_would_never_reach_is_refused(overrides: list[str], field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_workload(None, [*overrides, "model.preset=tiny"]).check_world(1)
+    assert str(info.value).startswith(field)
+
+
+@pytest.mark.parametrize("override", ["model.layers=1000000007", "model.hidden=1000000007"])
+def test_absurd_model_sizes_are_refused_at_once(override: str) -> None:
+    """Validation does not walk the layers: a billion of them is refused, not looped over."""
+    from mpiemu.run.runner import validate
+    with pytest.raises(ConfigError) as info:
+        validate(None, ["run.kind=train", "model.preset=tiny", override], 1)
+    assert str(info.value).startswith(override.split("=")[0])

@@ -61,16 +61,22 @@ def _pick(rt: RankTrace, cands: np.ndarray, resource: str) -> int | None:
     return int(same[0] if same else cands[0])
 
 
-def _other_rank(index: dict[int, _Index], rank: int, peer: int, t: float, tol: float
-                ) -> tuple[int, int] | None:
+def _other_rank(index: dict[int, _Index], rank: int, peer: int, t: float, tol: float,
+                seen: set[tuple[int, int]]) -> tuple[int, int] | None:
     """An op on another rank (the recorded peer first) that ends exactly at t."""
     order = ([peer] if peer in index and peer != rank else []) + \
         [r for r in sorted(index) if r not in (rank, peer)]
     for r in order:
-        hit = _pick(index[r].rt, index[r].ending_at(t, tol), "")
+        hit = _pick(index[r].rt, _fresh(index[r].ending_at(t, tol), r, seen), "")
         if hit is not None:
             return r, hit
     return None
+
+
+def _fresh(cands: np.ndarray, rank: int, seen: set[tuple[int, int]]) -> np.ndarray:
+    """Candidates not on the path yet: an op shorter than the tolerance ends 'at' its own
+    start, and must not become its own predecessor (the walk would never end)."""
+    return np.array([c for c in cands if (rank, int(c)) not in seen], dtype=np.int64)
 
 
 def critical_path(run: Run, tol_rel: float = 1e-9) -> list[PathStep]:
@@ -84,15 +90,19 @@ def critical_path(run: Run, tol_rel: float = 1e-9) -> list[PathStep]:
     cur: int | None = int(ix.idx[np.argmax(ix.ends)])
     tol = tol_rel * max(run.makespan, 1e-30)
     path: list[PathStep] = []
+    seen: set[tuple[int, int]] = set()
     while cur is not None:
         rt = index[rank].rt
         step = _step(rt, cur)
         path.append(step)
+        seen.add((rank, cur))
         if step.t_start <= tol:
             break
-        nxt = _pick(rt, index[rank].ending_at(step.t_start, tol), step.resource)
+        nxt = _pick(rt, _fresh(index[rank].ending_at(step.t_start, tol), rank, seen),
+                    step.resource)
         if nxt is None:                                   # a message: look at other ranks
-            hop = _other_rank(index, rank, int(rt.events["peer"][cur]), step.t_start, tol)
+            hop = _other_rank(index, rank, int(rt.events["peer"][cur]), step.t_start, tol,
+                              seen)
             if hop is not None:
                 rank, cur = hop
                 continue

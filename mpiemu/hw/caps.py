@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, fields, replace
@@ -167,6 +168,8 @@ def _coerce(tp: Any, v: Any, where: str) -> Any:
         return v
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise CapError(where, v, "a number")
+    if not math.isfinite(v):
+        raise CapError(where, v, "a finite number")
     if tp is int:
         if float(v) != int(v):
             raise CapError(where, v, "an integer")

@@ -6,6 +6,8 @@ paper states (the reasoning follows in the same string).
 """
 from __future__ import annotations
 
+import math
+
 import tomllib
 from dataclasses import replace
 from importlib import resources
@@ -39,7 +41,13 @@ def _quantities(section: Mapping[str, Any], where: str) -> dict[str, Quantity]:
         if "value" not in entry or not str(entry.get("source", "")).strip():
             raise PresetError(f"{where}.{key}: every number needs a value and a source")
         base, scale = _split_unit(key)
-        out[base] = Quantity(float(entry["value"]) * scale, str(entry["source"]))
+        try:
+            value = float(entry["value"]) * scale
+        except (TypeError, ValueError):
+            raise PresetError(f"{where}.{key}={entry['value']!r}: a number") from None
+        if not math.isfinite(value):
+            raise PresetError(f"{where}.{key}={entry['value']!r}: a finite number")
+        out[base] = Quantity(value, str(entry["source"]))
     return out
 
 

@@ -41,7 +41,10 @@ class ReferenceCheck:
 
 
 def rel_err(ours: np.ndarray, ref: np.ndarray) -> float:
-    """max |ours - ref| / max |ref| (absolute where the reference is all zero)."""
+    """max |ours - ref| / max |ref| (absolute where the reference is all zero); infinite
+    when either holds a NaN or an inf, so a diverged run can never pass."""
+    if not (np.all(np.isfinite(ours)) and np.all(np.isfinite(ref))):
+        return float("inf")
     scale = float(np.abs(ref).max()) if ref.size else 0.0
     diff = float(np.abs(ours - ref).max()) if ref.size else 0.0
     return diff / scale if scale > 0 else diff
@@ -64,6 +67,8 @@ def check_against_reference(world: MPI.Comm, cfg: ModelConfig, opt: OptimizerCon
                 e = rel_err(ours, cuts[r_tp][name])
                 if e > worst:
                     worst, where = e, name
-        loss_err = max((abs(a - b) / abs(b) for a, b in zip(losses, ref_losses)), default=0.0)
+        loss_err = max((abs(a - b) / abs(b) if np.isfinite(a) and np.isfinite(b) and b
+                        else (0.0 if a == b == 0 else float("inf"))
+                        for a, b in zip(losses, ref_losses)), default=0.0)
         result = ReferenceCheck(worst, loss_err, where, tolerance, world.Get_size())
     return world.bcast(result, root=0)

@@ -25,6 +25,13 @@ ATTENTIONS = ("baseline", "sd", "sdf", "flash")
 ATTENTION_ALIASES = {"dense": "baseline", "blockwise": "flash"}   # the names before issue 10
 
 
+# Bounds on what a run could ever build or emulate (10x the largest published models:
+# PaLM 118 layers, H = 18432, FFN 73728, 256K vocabularies, 1M-token contexts).
+MAX_SIZE = {"hidden": 1 << 20, "layers": 10_000, "heads": 1 << 16, "ffn_hidden": 1 << 22,
+            "vocab": 1 << 24, "seq_len": 1 << 24, "attention_block": 1 << 24,
+            "vocab_multiple": 1 << 16}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """A GPT- or BERT-style transformer; every size in elements."""
@@ -52,8 +59,9 @@ class ModelConfig:
                            ATTENTION_ALIASES.get(self.attention, self.attention))
         for key in ("hidden", "layers", "heads", "ffn_hidden", "vocab", "seq_len",
                     "attention_block", "vocab_multiple"):
-            if getattr(self, key) < 1:
-                raise ModelConfigError(f"model.{key}", getattr(self, key), "must be >= 1")
+            if not 1 <= getattr(self, key) <= MAX_SIZE[key]:
+                raise ModelConfigError(f"model.{key}", getattr(self, key),
+                                       f"must be in 1..{MAX_SIZE[key]}")
         if self.hidden % self.heads:
             raise ModelConfigError("model.heads", self.heads,
                                    f"does not divide model.hidden={self.hidden}; choose heads "

@@ -9,7 +9,7 @@ column-parallel GEMMs are kept instead of gathered again in backward.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .config import ModelConfig
 from .engine import Dims
@@ -89,7 +89,11 @@ class MemoryReport:
 
 
 def local_param_count(cfg: ModelConfig, tp: int) -> int:
-    return sum(lp.size for lp in local_params(cfg, tp))
+    """Elements a TP rank holds: one layer's count times the layers, plus the rest (its
+    cost does not grow with the layer count)."""
+    one = [lp for lp in local_params(replace(cfg, layers=1), tp)]
+    per_layer = sum(lp.size for lp in one if lp.layer == 0)
+    return sum(lp.size for lp in one if lp.layer != 0) + per_layer * cfg.layers
 
 
 def memory_report(cfg: ModelConfig, d: Dims, e: int, capacity_bytes: float) -> MemoryReport:

@@ -17,8 +17,9 @@ def _command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a workload under MPI (every rank)."""
     from .runner import run_workload  # noqa: PLC0415 - MPI starts only for `run`
-    run_workload(args.workload, args.set or [], args.out, sys.argv)
-    return 0
+    summary = run_workload(args.workload, args.set or [], args.out, sys.argv)
+    check = summary.get("reference")
+    return 3 if isinstance(check, dict) and not check.get("passed", True) else 0
 
 
 @_command

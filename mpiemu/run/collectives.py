@@ -8,6 +8,7 @@ estimate otherwise), with nccl-tests' algbw and busbw.
 from __future__ import annotations
 
 import csv
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,7 @@ from ..comm.cost import choose, estimate_s
 from ..comm.p2p import TimedComm
 from ..comm.collectives import all_gather, all_reduce, chunk_bounds, reduce_scatter
 from .config import Workload
+from .errors import ConfigError
 from .context import RankContext
 
 
@@ -84,8 +86,31 @@ def _run_one(ctx: RankContext, tc: TimedComm, op: str, nbytes: int, t0: float) -
     return span.t_end
 
 
+def host_memory_bytes() -> float:
+    """Physical memory of this host (what every rank of a one-host job shares)."""
+    return float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
 def validate(w: Workload, world_size: int) -> None:
-    """Nothing beyond the section's own checks."""
+    """With numerics on, the largest point's buffers on every rank must fit the host: each
+    rank holds its input, its output and ring buffers of a chunk, about 3 copies."""
+    if w.run.numerics != "on":
+        return
+    real = 8 if w.run.numeric_dtype == "fp64" else 4
+    biggest = max(w.collectives.size_bytes)
+    need = 3 * biggest / ctx_itemsize(w) * real * world_size
+    have = host_memory_bytes()
+    if need > 0.8 * have:
+        raise ConfigError("collectives.sizes", f"{biggest} bytes",
+                          f"needs about {need / 2**30:.1f} GiB of host memory with numerics on "
+                          f"({world_size} ranks), this host has {have / 2**30:.1f} GiB; use "
+                          "run.numerics='off' (same emulated times) or smaller sizes")
+
+
+def ctx_itemsize(w: Workload) -> int:
+    """Bytes per element the model charges (run.emulated_dtype)."""
+    from ..hw.specs import dtype_bytes  # noqa: PLC0415
+    return dtype_bytes(w.run.emulated_dtype)
 
 
 def run(ctx: RankContext) -> dict[str, Any]:

@@ -203,6 +203,7 @@ class Workload:
     def check_world(self, world_size: int) -> None:
         """tp * dp must equal the number of ranks the job was launched with."""
         resolve_network(self, resolve_device(self, 0))      # its values first: any world
+        self._check_debug(world_size)
         tp, dp = self.parallel.tp, self.parallel.dp
         if tp * dp != world_size:
             raise ConfigError("parallel.tp*parallel.dp", f"{tp}*{dp}={tp * dp}",
@@ -219,6 +220,22 @@ class Workload:
                               "use presets of one kind")
 
         self.network_of(world_size)
+
+    def _check_debug(self, world_size: int) -> None:
+        """An injected fault must name a rank of the job and a point the run reaches."""
+        d = self.debug
+        if d.fail_rank == -1:
+            return
+        if not 0 <= d.fail_rank < world_size:
+            raise ConfigError("debug.fail_rank", d.fail_rank,
+                              f"-1 (none) or a rank of this job, 0..{world_size - 1}")
+        points = {"train": self.run.iterations,
+                  "collectives": len(self.collectives.ops) * len(self.collectives.sizes)
+                  }.get(self.run.kind)
+        if d.fail_iteration < 0 or (points is not None and d.fail_iteration >= points):
+            allowed = f"0..{points - 1}" if points is not None else ">= 0"
+            raise ConfigError("debug.fail_iteration", d.fail_iteration,
+                              f"a point the run reaches: {allowed}")
 
     def network_of(self, world_size: int) -> Network:
         """The job's network over its devices (rank 0's device names the default preset)."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import tomllib
 import types
@@ -57,6 +58,8 @@ def _coerce(tp: Any, value: Any, field: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(field, value, "a number")
+        if not math.isfinite(value):
+            raise ConfigError(field, value, "a finite number (not nan or inf)")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
@@ -84,9 +87,10 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if "=" not in item:
         raise ConfigError("--set", item, "key=value with a dotted key, e.g. parallel.tp=2")
     key, raw = item.split("=", 1)
-    path = [p for p in key.strip().split(".") if p]
-    if not path:
-        raise ConfigError("--set", item, "key=value with a dotted key, e.g. parallel.tp=2")
+    path = key.strip().split(".")
+    if not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", p) for p in path):
+        raise ConfigError("--set", item, "key=value with a dotted key of names, e.g. "
+                          "parallel.tp=2")
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
