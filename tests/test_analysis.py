@@ -81,3 +81,21 @@ def test_select_filters_events_for_notebooks(run_dir: Path) -> None:
     sends = rt.select(cat="comm", prefix="rs.")
     assert sends.any() and set(rt.names[sends]) <= {"rs.send", "rs.reduce"}
     assert not rt.select(cat="compute").any()
+
+
+def test_every_message_has_one_flow_arrow_and_ports_have_counters(run_dir: Path) -> None:
+    """Perfetto: a flow pair from each sender slice to its receiver's `in:` slice; a
+    utilisation counter per port; thread 0 named."""
+    run = load(run_dir)
+    doc = chrome_trace(run)["traceEvents"]
+    sends = sum(1 for rt in run.ranks for i, res in enumerate(rt.resources)
+                if rt.cats[i] == "comm" and res.split(".")[0] in ("port", "link", "nic"))
+    starts = [e for e in doc if e["ph"] == "s"]
+    ends = [e for e in doc if e["ph"] == "f"]
+    assert sends > 0 and len(starts) == len(ends) == sends
+    assert {e["id"] for e in starts} == {e["id"] for e in ends}
+    assert all(s["pid"] != f["pid"] for s, f in zip(sorted(starts, key=lambda e: e["id"]),
+                                                    sorted(ends, key=lambda e: e["id"])))
+    counters = [e for e in doc if e["ph"] == "C"]
+    assert counters and all(0.0 <= e["args"]["busy"] <= 1.0 + 1e-9 for e in counters)
+    assert any(e["ph"] == "M" and e["tid"] == 0 and e["name"] == "thread_name" for e in doc)

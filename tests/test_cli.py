@@ -85,6 +85,7 @@ def test_failing_rank_ends_job_quickly_and_leaves_readable_traces(tmp_path: Path
     run = load(tmp_path)
     assert len(run.ranks) == 2 and not run.complete
     assert all(not r.complete for r in run.ranks)
+    assert run.manifest["status"] == "failed" and run.manifest["failed_rank"] == 1
 
 
 def test_analyze_prints_rank_and_op_tables(tmp_path: Path) -> None:

@@ -5,7 +5,8 @@ message route `port.0.out>port.1.in`, ...), so overlapping compute and communica
 nest badly (Perfetto's nesting rule); events of one resource that overlap without nesting
 (flows sharing a port) go to numbered sub-threads (`port.0.out>port.1.in #1`). Each network
 port gets a counter track of its utilisation (busy share per time bin, from the messages
-leaving through it). Times are emulated, in microseconds. Collective summaries sit on
+leaving through it), and each message a flow arrow from its sender's slice to the receiver's
+`in:` slice. Times are emulated, in microseconds. Collective summaries sit on
 their own `coll.<group>` thread. Per iteration a `ProfilerStep#<n>` span is added, and communication
 kernels get an `nccl`-style name prefix, as HTA expects (reference/conventions.md B.4).
 """
@@ -84,6 +85,8 @@ def _union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
 def _meta(rank: int, tids: dict[str, int]) -> Iterator[dict[str, Any]]:
     yield {"ph": "M", "pid": rank, "tid": 0, "name": "process_name",
            "args": {"name": f"rank {rank}"}}
+    yield {"ph": "M", "pid": rank, "tid": 0, "name": "thread_name",
+           "args": {"name": "iterations (ProfilerStep)"}}
     yield {"ph": "M", "pid": rank, "tid": 0, "name": "process_sort_index",
            "args": {"sort_index": rank}}
     for res, tid in tids.items():
@@ -130,18 +133,53 @@ def _steps(rt: RankTrace) -> Iterator[dict[str, Any]]:
                "cat": "user_annotation", "ts": t0 * US, "dur": (t1 - t0) * US}
 
 
-def rank_events(rt: RankTrace, hta: bool = False) -> list[dict[str, Any]]:
+def rank_events(rt: RankTrace, hta: bool = False,
+                threads: tuple[dict[str, int], list[int]] | None = None
+                ) -> list[dict[str, Any]]:
     """All trace events of one rank."""
-    tids, per_event = _threads(rt)
+    tids, per_event = threads or _threads(rt)
     return [*_meta(rt.rank, tids), *_steps(rt), *_slices(rt, per_event, hta),
             *([] if hta else _ports(rt))]
+
+
+def _flows(run: Run, threads: dict[int, list[int]]) -> Iterator[dict[str, Any]]:
+    """Perfetto flow arrows, one per message: from the sender's slice on its route to the
+    receiver's `in:<route>` slice. Both carry the message's start time (`net.message`), so
+    (route, start) pairs them; equal keys pair in order."""
+    inbox: dict[tuple[str, float], list[tuple[int, int]]] = {}
+    for rt in run.ranks:
+        t0 = rt.events["t_start"]
+        for i, res in enumerate(rt.resources):
+            if res.startswith("in:"):
+                inbox.setdefault((res[3:], float(t0[i])), []).append((rt.rank, i))
+    k = 0
+    for rt in run.ranks:
+        t0 = rt.events["t_start"]
+        for i, res in enumerate(rt.resources):
+            if rt.cats[i] != "comm" or res.split(".")[0] not in ("port", "nic", "link"):
+                continue
+            match = inbox.get((res, float(t0[i])))
+            if not match:
+                continue
+            r, j = match.pop(0)
+            k += 1
+            ts = float(t0[i]) * US
+            yield {"ph": "s", "id": k, "pid": rt.rank, "tid": threads[rt.rank][i],
+                   "ts": ts, "name": "message", "cat": "flow"}
+            yield {"ph": "f", "bp": "e", "id": k, "pid": r, "tid": threads[r][j], "ts": ts,
+                   "name": "message", "cat": "flow"}
 
 
 def chrome_trace(run: Run, hta: bool = False) -> dict[str, Any]:
     """The whole run as one trace-event document (all ranks as processes)."""
     events: list[dict[str, Any]] = []
+    per_rank: dict[int, list[int]] = {}
     for rt in run.ranks:
-        events += rank_events(rt, hta)
+        threads = _threads(rt)
+        per_rank[rt.rank] = threads[1]
+        events += rank_events(rt, hta, threads)
+    if not hta:
+        events += _flows(run, per_rank)
     return {"traceEvents": events, "displayTimeUnit": "ns",
             "otherData": {"clock": "emulated", "run": str(run.path),
                           "workload": run.manifest.get("config", {}).get("name", "")}}

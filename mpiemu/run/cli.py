@@ -109,6 +109,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mpiemu", description="Emulate accelerators with MPI ranks.")
+    from .. import __version__  # noqa: PLC0415
+    p.add_argument("--version", action="version", version=f"mpiemu {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run a workload (launch with mpiexec -n N)")
     r.add_argument("workload", help="workload TOML file")

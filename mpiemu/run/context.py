@@ -80,7 +80,7 @@ def _now() -> str:
 
 def write_manifest(out: Path, data: dict[str, Any]) -> None:
     """Atomically (re)write manifest.json."""
-    tmp = out / "manifest.json.tmp"
+    tmp = out / f"manifest.json.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
     os.replace(tmp, out / "manifest.json")
 
@@ -111,6 +111,21 @@ def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str]) -> RankCo
     tp.algorithm, tp.protocol = w.collectives.algorithm, w.collectives.protocol
     dp = tp.sibling(grid.dp_comm, "dp")
     return RankContext(w, world, grid, spec, model, tl, tp, dp, out, writer)
+
+
+def mark_failed(out: Path, rank: int, t_emulated: float) -> None:
+    """The failing rank's last act: the manifest says `failed`, which rank, when, and the
+    emulated time it had reached (rank 0 may be blocked in communication; writes are atomic)."""
+    path = out / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if manifest.get("status") == "failed":
+        return
+    manifest.update({"status": "failed", "failed_rank": rank, "end": _now(),
+                     "failed_at_emulated_s": t_emulated})
+    write_manifest(out, manifest)
 
 
 def close_run(ctx: RankContext, summary: dict[str, Any]) -> None:

@@ -8,7 +8,7 @@ from typing import Any, Protocol, Sequence
 from mpi4py import MPI
 
 from .config import Workload, load_workload, resolve_device
-from .context import RankContext, close_run, open_run
+from .context import RankContext, close_run, mark_failed, open_run
 from .errors import ConfigError
 from .mpi import AbortOnError, exit_on_error
 
@@ -60,6 +60,7 @@ def run_workload(path: str | None, overrides: Sequence[str], out: str | None,
     ctx = open_run(w, world, out_dir, argv)
     guard.log_dir = out_dir
     guard.on_fail.append(lambda: ctx.writer.close(complete=False))
+    guard.on_fail.append(lambda: mark_failed(out_dir, world.Get_rank(), ctx.tl.now()))
     summary = kind_module(w.run.kind).run(ctx)
     close_run(ctx, summary)
     guard.uninstall()
