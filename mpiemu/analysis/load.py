@@ -80,11 +80,12 @@ def _attr(v: Any) -> Any:
     return v
 
 
-def read_rank(path: Path) -> RankTrace:
-    """Read one `rank-NNNNN.h5` (complete or not)."""
+def read_rank(path: Path, first_event: int = 0) -> RankTrace:
+    """Read one `rank-NNNNN.h5` (complete or not), from event `first_event` on (a running
+    job reads back only what its last iteration appended)."""
     with h5py.File(path, "r") as f:
         attrs = {k: _attr(v) for k, v in f.attrs.items()}
-        events = f["events"][()]
+        events = f["events"][first_event:]
         strings = np.array([s.decode() if isinstance(s, bytes) else s
                             for s in f["strings"][()]], dtype=object)
     if len(strings) == 0:

@@ -1,4 +1,8 @@
-"""Gantt chart of a run: one row per (rank, resource stream), coloured by category."""
+"""Gantt chart of a run: one row per (rank, resource stream), coloured by category.
+
+A rank's network messages share two rows, `net out` (every route leaving its ports) and
+`net in` (what it received), so every rank fits; `ranks` picks some explicitly, and the
+title says so. Times on the axis and in the window options are milliseconds."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,20 +15,27 @@ COLOURS = {"compute": "#4C72B0", "comm": "#DD8452", "memory": "#55A868", "wait":
            "collective": "#C44E52"}
 
 
-def gantt(run: Run, path: Path, *, t_min: float | None = None, t_max: float | None = None,
-          max_rows: int = 48) -> Path:
+def _row(res: str) -> str:
+    if res.startswith("in:"):
+        return "net in"
+    return "net out" if res.split(".")[0] in ("port", "nic", "link") else res
+
+
+def gantt(run: Run, path: Path, *, t_min_ms: float | None = None,
+          t_max_ms: float | None = None, ranks: list[int] | None = None) -> Path:
     """Write a PNG timeline (matplotlib, Agg backend); long runs belong in Perfetto."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     rows: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = []
-    for rt in run.ranks:
-        for res in sorted(set(rt.resources) - {"-"}, key=lambda r: (r != "compute", r)):
-            m = rt.resources == res
+    shown = [rt for rt in run.ranks if ranks is None or rt.rank in ranks]
+    for rt in shown:
+        kind = np.array([_row(str(r)) for r in rt.resources], dtype=object)
+        for res in sorted(set(kind) - {"-"}, key=lambda r: (r != "compute", r)):
+            m = kind == res
             rows.append((f"r{rt.rank} {res}", rt.events["t_start"][m], rt.events["t_end"][m],
                          rt.cats[m]))
-    rows = rows[:max_rows]
     fig, ax = plt.subplots(figsize=(12, 0.32 * len(rows) + 1.2))
     for y, (_, t0, t1, cats) in enumerate(rows):
         for cat, colour in COLOURS.items():
@@ -36,11 +47,12 @@ def gantt(run: Run, path: Path, *, t_min: float | None = None, t_max: float | No
     ax.set_yticks(range(len(rows)), labels=[r[0] for r in rows], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("emulated time (ms)")
-    if t_min is not None or t_max is not None:
-        ax.set_xlim(None if t_min is None else t_min * 1e3, None if t_max is None else t_max * 1e3)
+    if t_min_ms is not None or t_max_ms is not None:
+        ax.set_xlim(t_min_ms, t_max_ms)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLOURS.values()]
     ax.legend(handles, list(COLOURS), loc="upper right", fontsize=7, ncol=len(COLOURS))
-    ax.set_title(f"{run.path.name}: {len(run.ranks)} ranks, makespan "
+    which = "" if ranks is None else f" (ranks {sorted(r.rank for r in shown)} shown)"
+    ax.set_title(f"{run.path.name}: {len(run.ranks)} ranks{which}, makespan "
                  f"{run.makespan * 1e3:.3f} ms", fontsize=9)
     fig.tight_layout()
     path = Path(path)

@@ -76,7 +76,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from ..analysis.plot import gantt  # noqa: PLC0415
     run = load(args.run_dir)
     out = Path(args.out) if args.out else run.path / "timeline.png"
-    sys.stdout.write(f"wrote {gantt(run, out, t_min=args.t_min, t_max=args.t_max)}\n")
+    png = gantt(run, out, t_min_ms=args.t_min, t_max_ms=args.t_max, ranks=args.ranks)
+    sys.stdout.write(f"wrote {png}\n")
     return 0
 
 
@@ -138,8 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plot", help="Gantt PNG of a run")
     pl.add_argument("run_dir")
     pl.add_argument("--out", help="PNG path (default RUN_DIR/timeline.png)")
-    pl.add_argument("--t-min", type=float, help="start of the window (emulated seconds)")
-    pl.add_argument("--t-max", type=float, help="end of the window (emulated seconds)")
+    pl.add_argument("--t-min", type=float, help="start of the window (emulated ms)")
+    pl.add_argument("--t-max", type=float, help="end of the window (emulated ms)")
+    pl.add_argument("--ranks", type=int, nargs="+", help="only these ranks (default: all)")
     cal = sub.add_parser("calibrate", help="measure this host as a device preset")
     cal.add_argument("--out", default="host.toml", help="preset file to write")
     rep = sub.add_parser("report", help="regenerate a study under results/ (--list to see them)")

@@ -137,4 +137,6 @@ def close_run(ctx: RankContext, summary: dict[str, Any]) -> None:
         manifest = json.loads((ctx.out / "manifest.json").read_text())
         manifest.update({"status": "complete", "end": _now(), "summary": summary})
         write_manifest(ctx.out, manifest)
+    ctx.say(f"traces in {ctx.out}/ (mpiemu analyze {ctx.out}; mpiemu export {ctx.out} "
+            "--chrome trace.json.gz)")
     ctx.grid.free()

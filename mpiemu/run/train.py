@@ -159,8 +159,10 @@ def run(ctx: RankContext) -> dict[str, Any]:
     mem = memory_report(cfg, dims, eng.e, ctx.spec.dram_capacity_bytes)
     _header(ctx, cfg, gb, dims, mem.line())
     rows: list[dict[str, Any]] = []
+    t_run = time.perf_counter()
     for it in range(w.run.iterations):
         ctx.maybe_fail(it)
+        first_event = ctx.writer.n_events
         wall0 = time.perf_counter()
         with ctx.tl.labelled(iteration=it):
             loss_share = model.train_step(it)
@@ -169,7 +171,8 @@ def run(ctx: RankContext) -> dict[str, Any]:
         ctx.writer.flush()
         loss = grid.dp_comm.allreduce(loss_share, op=MPI.SUM)   # reporting only, not emulated
         wall = ctx.world.allreduce(time.perf_counter() - wall0, op=MPI.MAX)
-        rows.append(_report_iteration(ctx, it, loss, wall))
+        rows.append(_report_iteration(ctx, it, loss, wall, first_event,
+                                      _eta(t_run, it + 1, w.run.iterations)))
     summary: dict[str, Any] = {"model": cfg.name, "params": cfg.param_count(),
                                "global_batch": gb, "tp": grid.tp, "dp": grid.dp,
                                "sequence_parallel": dims.sp, "iterations": rows,
@@ -236,20 +239,28 @@ def _header(ctx: RankContext, cfg: ModelConfig, gb: int, dims: Dims, mem: str) -
             f"memory per rank: {mem}",
             f"{'iter':>4} {'loss':>10} {'iteration ms':>13} {'compute ms':>11} "
             f"{'TP comm ms':>11} {'DP comm ms':>11} {'DP total ms':>12} {'idle ms':>9} "
-            f"{'wall s':>8}   (rank 0; comm = exposed)")
+            f"{'wall s':>8}   progress (rank 0; comm = exposed)")
 
 
-def _report_iteration(ctx: RankContext, it: int, loss: float, wall: float) -> dict[str, Any]:
-    """Rank 0 reads its own trace back for the breakdown (the same code as `analyze`)."""
+def _eta(t_run: float, done: int, total: int) -> str:
+    """Progress: i / N and the wall time left at the pace so far."""
+    left = (time.perf_counter() - t_run) / done * (total - done)
+    return f"{done}/{total} eta {left:.0f}s" if done < total else f"{done}/{total} done"
+
+
+def _report_iteration(ctx: RankContext, it: int, loss: float, wall: float,
+                      first_event: int, progress: str) -> dict[str, Any]:
+    """Rank 0 reads back what this iteration appended to its trace, for the breakdown (the
+    same code as `analyze`; the cost per iteration stays flat over a long run)."""
     b: IterationBreakdown | None = None
     if ctx.rank == 0:
-        b = iteration_breakdown(read_rank(rank_file(ctx.out, 0)), it)
+        b = iteration_breakdown(read_rank(rank_file(ctx.out, 0), first_event), it)
     b = ctx.world.bcast(b, root=0)
     ms = 1e3
     loss_txt = f"{loss:>10.5f}" if ctx.numerics else f"{'-':>10}"
     ctx.say(f"{it:>4} {loss_txt} {b.iteration_s * ms:>13.4f} {b.compute_s * ms:>11.4f} "
             f"{b.tp_exposed_s * ms:>11.4f} {b.dp_exposed_s * ms:>11.4f} "
-            f"{b.dp_total_s * ms:>12.4f} {b.idle_s * ms:>9.4f} {wall:>8.2f}")
+            f"{b.dp_total_s * ms:>12.4f} {b.idle_s * ms:>9.4f} {wall:>8.2f}   {progress}")
     return {"loss": loss if ctx.numerics else None, "wall_s": wall} | asdict(b)
 
 
