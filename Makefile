@@ -17,7 +17,7 @@ export MPLBACKEND ?= Agg
 PYTEST     := $(BIN)/python -m pytest -q -p no:cacheprovider
 MPI_PYTEST := $(BIN)/python -m mpi4py -m pytest -q -p no:cacheprovider --only-mpi
 
-.PHONY: install run test lint test-serial test-mpi bench reports install-site-mpi clean
+.PHONY: install run test lint test-serial test-mpi bench reports goldens install-site-mpi clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,10 @@ bench: $(STAMP)
 	$(MPIEXEC) -n 4 $(BIN)/python -m mpi4py benchmarks/collectives.py
 	$(MPIEXEC) -n 4 $(BIN)/python -m mpi4py benchmarks/overlap.py
 	$(BIN)/python benchmarks/emulation_tax.py
+
+## make goldens: regenerate tests/golden/ (the emulated timelines the tests compare against)
+goldens: $(STAMP)
+	$(BIN)/python -m tests.golden_timelines
 
 ## make reports: regenerate every study under results/ (mpiemu report --list)
 reports: $(STAMP)
