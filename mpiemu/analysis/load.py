@@ -9,7 +9,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from ..sim.events import CATS, PHASES
+from ..sim.events import CATS, EVENT_DTYPE, PHASES
 
 CAT_NAMES = {v: k for k, v in CATS.items()}
 PHASE_NAMES = {v: k for k, v in PHASES.items()}
@@ -46,13 +46,18 @@ class RankTrace:
         return mask
 
 
+class TraceError(ValueError):
+    """A run directory that cannot be analysed as it is: names the file and the problem."""
+
+
 @dataclass
 class Run:
-    """A whole run directory."""
+    """A whole run directory; `problems` lists what `allow_incomplete` left out."""
 
     path: Path
     manifest: dict[str, Any]
     ranks: list[RankTrace] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -97,14 +102,75 @@ def read_rank(path: Path, first_event: int = 0) -> RankTrace:
                      cats[events["cat"].astype(int)], phases[events["phase"].astype(int)])
 
 
-def load(run_dir: str | Path) -> Run:
-    """Load a run directory written by `mpiemu run` (for notebooks and the CLI)."""
+def _check(rt: RankTrace, path: Path, expected_rank: int) -> str | None:
+    """What is wrong with a trace that did open (None: sound)."""
+    ev = rt.events
+    if rt.rank != expected_rank:
+        return f"{path}: holds rank {rt.rank}, its name says {expected_rank}"
+    if len(ev) and not (np.all(np.isfinite(ev["t_start"])) and np.all(np.isfinite(ev["t_end"]))):
+        return f"{path}: events with non-finite times (NaN or inf)"
+    if len(ev) and np.any(ev["t_end"] < ev["t_start"]):
+        return f"{path}: events that end before they start"
+    return None
+
+
+def _read(path: Path, expected_rank: int) -> tuple[RankTrace | None, str | None]:
+    try:
+        rt = read_rank(path)
+    except (OSError, KeyError, ValueError, TypeError, IndexError) as exc:
+        return None, f"{path}: unreadable ({' '.join(str(exc).split()) or type(exc).__name__})"
+    missing = set(EVENT_DTYPE.names or ()) - set(rt.events.dtype.names or ())
+    if missing:
+        return None, f"{path}: /events lacks fields {sorted(missing)}"
+    return rt, _check(rt, path, expected_rank)
+
+
+def load(run_dir: str | Path, allow_incomplete: bool = False) -> Run:
+    """Load a run directory written by `mpiemu run` (for notebooks and the CLI).
+
+    Refuses, with a `TraceError` naming the file and the problem, a directory whose
+    manifest is not JSON, whose rank files do not open or hold impossible events, or that
+    lacks ranks its manifest names; `allow_incomplete=True` keeps what is sound instead
+    and lists the rest in `Run.problems`."""
     path = Path(run_dir)
     if not path.is_dir():
         raise FileNotFoundError(f"run directory {path} does not exist")
+    problems: list[str] = []
     mpath = path / "manifest.json"
-    manifest = json.loads(mpath.read_text()) if mpath.exists() else {}
+    manifest: dict[str, Any] = {}
+    if mpath.exists():
+        try:
+            manifest = json.loads(mpath.read_text())
+            if not isinstance(manifest, dict):
+                raise ValueError("not a JSON object")
+        except (OSError, ValueError) as exc:
+            problems.append(f"{mpath}: not a readable JSON manifest ({exc})")
+            manifest = {}
     files = sorted(path.glob("rank-*.h5"))
     if not files:
-        raise FileNotFoundError(f"{path} holds no rank-*.h5 traces")
-    return Run(path, manifest, [read_rank(f) for f in files])
+        raise TraceError(f"{path} holds no rank-*.h5 traces (not a run directory?)")
+    ranks = []
+    for f in files:
+        try:
+            want = int(f.stem.split("-")[1])
+        except (IndexError, ValueError):
+            problems.append(f"{f}: not a rank-NNNNN.h5 name")
+            continue
+        rt, problem = _read(f, want)
+        if problem:
+            problems.append(problem)
+        elif rt is not None:
+            ranks.append(rt)
+    world = manifest.get("world_size")
+    if isinstance(world, int):
+        have = {int(f.stem.split("-")[1]) for f in files if f.stem.split("-")[1].isdigit()}
+        gone = sorted(set(range(world)) - have)
+        if gone:
+            problems.append(f"{path}: rank files missing for ranks {gone} of the manifest's "
+                            f"{world}")
+    if problems and not allow_incomplete:
+        raise TraceError(f"{problems[0]}; --allow-incomplete analyses what is sound"
+                         + (f" ({len(problems) - 1} more problems)" if len(problems) > 1 else ""))
+    if not ranks:
+        raise TraceError(f"{path}: no rank trace is readable ({problems[0]})")
+    return Run(path, manifest, ranks, problems)

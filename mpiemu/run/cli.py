@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
@@ -34,20 +34,29 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load(args: argparse.Namespace, run_dir: str) -> Any:
+    """A run directory, refused in one line if damaged, or (--allow-incomplete) what is
+    sound, with a note on stderr for each part left out."""
+    from ..analysis import load  # noqa: PLC0415
+    run = load(run_dir, allow_incomplete=getattr(args, "allow_incomplete", False))
+    for p in run.problems:
+        sys.stderr.write(f"mpiemu {args.command}: note: left out {p}\n")
+    return run
+
+
 @_command
 def cmd_analyze(args: argparse.Namespace) -> int:
     """Per-rank and per-op tables of a run directory."""
-    from ..analysis import format_tables, load  # noqa: PLC0415
-    sys.stdout.write("\n".join(format_tables(load(args.run_dir), top=args.top)) + "\n")
+    from ..analysis import format_tables  # noqa: PLC0415
+    sys.stdout.write("\n".join(format_tables(_load(args, args.run_dir), top=args.top)) + "\n")
     return 0
 
 
 @_command
 def cmd_export(args: argparse.Namespace) -> int:
     """Chrome/Perfetto JSON of a run (and per-rank files for Holistic Trace Analysis)."""
-    from ..analysis import load  # noqa: PLC0415
     from ..analysis.export import write_chrome, write_hta  # noqa: PLC0415
-    run = load(args.run_dir)
+    run = _load(args, args.run_dir)
     if not args.chrome and not args.hta:
         raise ValueError("export needs --chrome FILE and/or --hta DIR")
     if args.chrome:
@@ -60,9 +69,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 @_command
 def cmd_compare(args: argparse.Namespace) -> int:
     """Makespan speedup and per-op differences of run B over run A."""
-    from ..analysis import load  # noqa: PLC0415
     from ..analysis.compare import compare_lines  # noqa: PLC0415
-    lines = compare_lines(load(args.a), load(args.b), top=args.top)
+    lines = compare_lines(_load(args, args.a), _load(args, args.b), top=args.top)
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
 
@@ -72,9 +80,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
     """Gantt PNG of a run's emulated timeline."""
     from pathlib import Path  # noqa: PLC0415
 
-    from ..analysis import load  # noqa: PLC0415
     from ..analysis.plot import gantt  # noqa: PLC0415
-    run = load(args.run_dir)
+    run = _load(args, args.run_dir)
     out = Path(args.out) if args.out else run.path / "timeline.png"
     png = gantt(run, out, t_min_ms=args.t_min, t_max_ms=args.t_max, ranks=args.ranks)
     sys.stdout.write(f"wrote {png}\n")
@@ -126,17 +133,25 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--set", action="append", metavar="device.PATH=VALUE",
                    help="show the preset with a capability overridden (repeatable)")
     a = sub.add_parser("analyze", help="tables of a run directory")
+    a.add_argument("--allow-incomplete", action="store_true",
+                   help="analyse what is sound in a damaged run (notes on stderr)")
     a.add_argument("run_dir")
     a.add_argument("--top", type=int, default=25, help="rows of the per-op table")
     e = sub.add_parser("export", help="Chrome/Perfetto JSON of a run")
+    e.add_argument("--allow-incomplete", action="store_true",
+                   help="analyse what is sound in a damaged run (notes on stderr)")
     e.add_argument("run_dir")
     e.add_argument("--chrome", help="output .json or .json.gz (all ranks, for Perfetto)")
     e.add_argument("--hta", help="output directory: one file per rank for HTA")
     c = sub.add_parser("compare", help="speedup and per-op differences of run B over run A")
+    c.add_argument("--allow-incomplete", action="store_true",
+                   help="analyse what is sound in a damaged run (notes on stderr)")
     c.add_argument("a")
     c.add_argument("b")
     c.add_argument("--top", type=int, default=20)
     pl = sub.add_parser("plot", help="Gantt PNG of a run")
+    pl.add_argument("--allow-incomplete", action="store_true",
+                   help="analyse what is sound in a damaged run (notes on stderr)")
     pl.add_argument("run_dir")
     pl.add_argument("--out", help="PNG path (default RUN_DIR/timeline.png)")
     pl.add_argument("--t-min", type=float, help="start of the window (emulated ms)")
