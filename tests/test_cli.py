@@ -140,3 +140,27 @@ def test_nan_never_passes_the_reference_check() -> None:
     import numpy as np
     assert rel_err(np.array([1.0, np.nan]), np.array([1.0, 2.0])) == float("inf")
     assert rel_err(np.array([1.0, 2.0]), np.array([1.0, 2.0])) == 0.0
+
+
+def test_sigint_to_the_launcher_ends_the_job_and_marks_it_interrupted(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    from tests.conftest import ROOT, child_env, mpiexec_path
+    cmd = [mpiexec_path(), "-n", "2", sys.executable, "-m", "mpiemu", "run",
+           "workloads/quickstart.toml", "--set", "parallel.tp=2", "--set", "parallel.dp=1",
+           "--set", "run.iterations=100000", "--set", "train.check_reference=false",
+           "--out", str(tmp_path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=child_env(MPIEXEC_TIMEOUT="120"), cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("rank-*.h5")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGINT)
+    t0 = time.monotonic()
+    _, err = proc.communicate(timeout=30)
+    assert time.monotonic() - t0 < 10 and proc.returncode != 0
+    assert "interrupted" in err
+    run = load(tmp_path, allow_incomplete=True)
+    assert run.manifest["status"] == "interrupted" and len(run.ranks) == 2

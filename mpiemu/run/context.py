@@ -113,17 +113,18 @@ def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str]) -> RankCo
     return RankContext(w, world, grid, spec, model, tl, tp, dp, out, writer)
 
 
-def mark_failed(out: Path, rank: int, t_emulated: float) -> None:
-    """The failing rank's last act: the manifest says `failed`, which rank, when, and the
-    emulated time it had reached (rank 0 may be blocked in communication; writes are atomic)."""
+def mark_failed(out: Path, rank: int, t_emulated: float, status: str = "failed") -> None:
+    """The failing rank's last act: the manifest says `failed` (or `interrupted` on SIGINT /
+    SIGTERM), which rank, when, and the emulated time it had reached (rank 0 may be blocked
+    in communication; writes are atomic)."""
     path = out / "manifest.json"
     try:
         manifest = json.loads(path.read_text())
     except (OSError, ValueError):
         return
-    if manifest.get("status") == "failed":
+    if manifest.get("status") in ("failed", "interrupted"):
         return
-    manifest.update({"status": "failed", "failed_rank": rank, "end": _now(),
+    manifest.update({"status": status, "failed_rank": rank, "end": _now(),
                      "failed_at_emulated_s": t_emulated})
     write_manifest(out, manifest)
 

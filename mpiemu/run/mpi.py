@@ -7,6 +7,7 @@ naming the rank, lets the caller mark its trace incomplete, and calls MPI_Abort.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -49,6 +50,11 @@ def exit_on_error(comm: MPI.Comm, err: BaseException | None) -> None:
     raise SystemExit(EXIT_CONFIG)
 
 
+def _raise_interrupt(signum: int, frame: object) -> None:
+    """SIGTERM (Slurm's scancel, a time limit) ends the rank as Ctrl-C does."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 class AbortOnError:
     """Installs an excepthook that records the failure and aborts the whole job."""
 
@@ -56,10 +62,12 @@ class AbortOnError:
         self.comm = comm
         self.on_fail: list[Callable[[], None]] = []
         self.log_dir: Path | None = None
+        self.interrupted = False          # SIGINT / SIGTERM rather than a failure
         self._prev = sys.excepthook
 
     def install(self) -> "AbortOnError":
         sys.excepthook = self._hook
+        signal.signal(signal.SIGTERM, _raise_interrupt)   # SIGINT already raises
         return self
 
     def uninstall(self) -> None:
@@ -68,6 +76,7 @@ class AbortOnError:
     def _hook(self, tp: type[BaseException], val: BaseException,
               tb: TracebackType | None) -> None:
         rank = self.comm.Get_rank()
+        self.interrupted = issubclass(tp, KeyboardInterrupt)
         for cb in self.on_fail:
             try:
                 cb()
@@ -82,7 +91,8 @@ class AbortOnError:
                 where = f" (traceback in {path})"
             except OSError:
                 pass
-        sys.stderr.write(f"mpiemu: rank {rank} failed: {tp.__name__}: {one_line(val)}{where}\n")
+        what = "interrupted" if self.interrupted else f"failed: {tp.__name__}: {one_line(val)}"
+        sys.stderr.write(f"mpiemu: rank {rank} {what}{where}\n")
         if os.environ.get("MPIEMU_DEBUG"):
             sys.stderr.write(text)
         sys.stderr.flush()

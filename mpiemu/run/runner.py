@@ -60,7 +60,8 @@ def run_workload(path: str | None, overrides: Sequence[str], out: str | None,
     ctx = open_run(w, world, out_dir, argv)
     guard.log_dir = out_dir
     guard.on_fail.append(lambda: ctx.writer.close(complete=False))
-    guard.on_fail.append(lambda: mark_failed(out_dir, world.Get_rank(), ctx.tl.now()))
+    guard.on_fail.append(lambda: mark_failed(out_dir, world.Get_rank(), ctx.tl.now(),
+                                             "interrupted" if guard.interrupted else "failed"))
     summary = kind_module(w.run.kind).run(ctx)
     close_run(ctx, summary)
     guard.uninstall()
