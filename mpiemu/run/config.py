@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -39,10 +40,14 @@ class RunSection:
     numerics: str = "on"             # "on": real values; "off": shapes and timestamps only
     numeric_dtype: str = "fp32"      # dtype of the real values when numerics are on
     emulated_dtype: str = "fp16"     # dtype the timing and byte model charges
+    numerics_budget_tflop: float = 2.0   # real math a rank may do before a run is refused
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ConfigError("run.kind", self.kind, KINDS)
+        if not self.numerics_budget_tflop > 0:
+            raise ConfigError("run.numerics_budget_tflop", self.numerics_budget_tflop,
+                              "a budget > 0 (TFLOP of real math per rank)")
         if self.iterations < 1:
             raise ConfigError("run.iterations", self.iterations, "an integer >= 1")
         if self.numerics not in ("on", "off"):
@@ -199,6 +204,11 @@ class Workload:
     sunway: SunwaySection = field(default_factory=SunwaySection)
     layer_sweep: LayerSweepSection = field(default_factory=LayerSweepSection)
     debug: DebugSection = field(default_factory=DebugSection)
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9._+-][A-Za-z0-9._+ -]{0,99}", self.name):
+            raise ConfigError("name", self.name, "1-100 letters, digits, '._+-' or spaces "
+                              "(it names the run directory)")
 
     def check_world(self, world_size: int) -> None:
         """tp * dp must equal the number of ranks the job was launched with."""

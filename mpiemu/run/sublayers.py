@@ -40,6 +40,16 @@ def validate(w: Workload, world_size: int) -> None:
                                   f"{SUBLAYER_K[sub]}*hidden must be divisible by "
                                   f"parallel.tp={tp} for {sub}")
     check_overlap_devices(w, cfg.strategies, "sublayers.strategies")
+    if w.run.numerics == "on":
+        runs = sum(len(cfg.sw_comm_cus) if s == "sw-overlap" else 1 for s in cfg.strategies)
+        flop = runs * sum(2.0 * m.tokens * m.hidden * SUBLAYER_K[sub] * m.hidden / tp
+                          for m in cfg.models for sub in cfg.sublayers)
+        if flop > w.run.numerics_budget_tflop * 1e12:
+            raise ConfigError("run.numerics", "on",
+                              f"the sweep's real GEMMs need about {flop / 1e12:.1f} TFLOP per "
+                              f"rank (run.numerics_budget_tflop = "
+                              f"{w.run.numerics_budget_tflop:g}); use run.numerics='off' (the "
+                              "same emulated times) or smaller sublayers.models")
 
 
 def _data(ctx: RankContext, m: SublayerModel, k: int, seed: int

@@ -1,0 +1,102 @@
+"""Fuzzing the workload loader (issue 14): mutated `--set` overrides of every bundled workload
+either validate into a workload with only finite numbers, or are refused with one line naming
+the field; never another exception, never a hang (a Hypothesis deadline per case)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from pathlib import Path
+from typing import Any, Iterator
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mpiemu.run.errors import ConfigError
+from mpiemu.run.runner import validate
+from tests.conftest import ROOT
+
+WORKLOADS = sorted((ROOT / "workloads").glob("*.toml"))
+
+
+def _leaves(table: dict[str, Any], prefix: str = "") -> Iterator[str]:
+    for k, v in table.items():
+        if isinstance(v, dict):
+            yield from _leaves(v, f"{prefix}{k}.")
+        else:
+            yield prefix + k
+
+
+KEYS = sorted({k for p in WORKLOADS for k in _leaves(tomllib.loads(p.read_text()))}
+              | {"network.intra.bw_GBps", "network.devices_per_node", "network.preset",
+                 "network.scale.bw", "collectives.algorithm", "collectives.protocol",
+                 "debug.fail_rank", "debug.fail_iteration", "device.scale.compute",
+                 "model.layers", "model.hidden", "model.heads", "model.seq_len",
+                 "train.global_batch", "optimizer.lr", "overlap.pieces", "name",
+                 "run.kind", "run.numerics", "run.numerics_budget_tflop",
+                 "collectives.sizes"})
+VALUES = st.one_of(
+    st.sampled_from(["nan", "inf", "-inf", "0", "-1", "1", "2", "3", "1e308", "1e-308",
+                     "1000000007", "18446744073709551617", "true", "''", "'x'", "[]", "{}",
+                     "[1, 2]", "'16GiB'", "'ring'", "'nvls'", "'hierarchical'", "'ll'",
+                     "'dgx-a100'", "'a\\nb'", "0.5", "-0.0", "'train'", "'sublayers'",
+                     "'layer_sweep'", "'on'", "'off'", "['16GiB']", "['1KiB', 5]",
+                     "'../x'", "'a/b'"]),
+    st.integers(min_value=-2**40, max_value=2**40).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(
+        lambda f: "nan" if math.isnan(f) else ("inf" if f == math.inf else
+                                               "-inf" if f == -math.inf else repr(f))),
+)
+OVERRIDE = st.tuples(st.sampled_from(KEYS + ["bogus.key", "model.bogus", "parallel"]),
+                     VALUES).map(lambda kv: f"{kv[0]}={kv[1]}")
+
+
+def _finite(obj: Any, where: str = "") -> None:
+    """Every number of an accepted workload is finite."""
+    if dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            _finite(getattr(obj, f.name), f"{where}.{f.name}")
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _finite(v, f"{where}.{k}")
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            _finite(v, f"{where}[{i}]")
+    elif isinstance(obj, float):
+        assert math.isfinite(obj), f"accepted a non-finite {where}={obj}"
+
+
+@settings(max_examples=2000, deadline=5000, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(workload=st.sampled_from(WORKLOADS), overrides=st.lists(OVERRIDE, max_size=3),
+       world=st.sampled_from([1, 2, 4, 8]))
+def test_mutated_workloads_validate_or_refuse_in_one_line(workload: Path,
+                                                         overrides: list[str],
+                                                         world: int) -> None:
+    try:
+        w = validate(str(workload), overrides, world)
+    except ConfigError as exc:
+        msg = str(exc)
+        assert msg and "\n" not in msg and "=" in msg, msg
+        return
+    _finite(w)
+
+
+@settings(max_examples=12, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(overrides=st.lists(OVERRIDE, max_size=2))
+def test_mutated_runs_finish_cleanly_under_mpiexec(overrides: list[str]) -> None:
+    """A real 2-rank job (timing only, small sizes): exit 0, or a one-line refusal; never a
+    traceback, never a hang (MPIEXEC_TIMEOUT 60 s)."""
+    import tempfile
+    from tests.conftest import run_mpi
+    base = ["run.numerics=off", "collectives.sizes=['4KiB']", "parallel.tp=2"]
+    with tempfile.TemporaryDirectory() as tmp:
+        args = ["run", "workloads/collectives.toml", "--out", f"{tmp}/run"]
+        for o in [*base, *overrides]:
+            args += ["--set", o]
+        res = run_mpi(2, args, timeout=60)
+    assert "Traceback" not in res.stderr + res.stdout, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 0 or (len(lines) == 1 and lines[0].startswith("mpiemu")), \
+        (overrides, res.returncode, res.stderr[-500:])
