@@ -164,3 +164,25 @@ def test_sigint_to_the_launcher_ends_the_job_and_marks_it_interrupted(tmp_path: 
     assert "interrupted" in err
     run = load(tmp_path, allow_incomplete=True)
     assert run.manifest["status"] == "interrupted" and len(run.ranks) == 2
+
+
+@pytest.mark.parametrize("case", ["dir-workload", "utf8", "out-is-file", "out-unwritable",
+                                  "out-too-long"])
+def test_bad_paths_are_one_line_naming_the_argument(tmp_path: Path, case: str) -> None:
+    workload, out, needle = "workloads/collectives.toml", str(tmp_path / "run"), ""
+    if case == "dir-workload":
+        workload, needle = "workloads", "workload='workloads': a .toml file"
+    elif case == "utf8":
+        bad = tmp_path / "bad.toml"
+        bad.write_bytes(b"\xff\xfe garbage")
+        workload, needle = str(bad), "a UTF-8 TOML file"
+    elif case == "out-is-file":
+        (tmp_path / "f").write_text("x")
+        out, needle = str(tmp_path / "f"), "(this is a file)"
+    elif case == "out-unwritable":
+        out, needle = "/proc/mpiemu-run", "a directory we can create and write into"
+    else:
+        out, needle = str(tmp_path / ("x" * 300)), "a directory we can create and write into"
+    res = run_mpi(2, ["run", workload, "--set", "parallel.tp=2", "--out", out], timeout=60)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2 and len(lines) == 1 and needle in lines[0], res.stderr

@@ -292,11 +292,18 @@ def load_workload(path: str | Path | None, overrides: Sequence[str] = ()) -> Wor
         p = Path(path)
         if not p.exists():
             raise ConfigError("workload", str(path), "an existing .toml file")
+        if not p.is_file():
+            raise ConfigError("workload", str(path), "a .toml file (this is a directory)")
         try:
             with p.open("rb") as f:
                 table = tomllib.load(f)
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError("workload", str(path), f"valid TOML ({exc})") from None
+        except UnicodeDecodeError:
+            raise ConfigError("workload", str(path), "a UTF-8 TOML file") from None
+        except (OSError, RecursionError) as exc:
+            raise ConfigError("workload", str(path),
+                              f"a readable TOML file ({type(exc).__name__})") from None
         table.setdefault("name", p.stem)
     for item in overrides:
         keys, value = parse_override(item)

@@ -39,6 +39,21 @@ def validate(path: str | None, overrides: Sequence[str], world_size: int) -> Wor
     return w
 
 
+def check_out_dir(out: Path, field: str) -> None:
+    """The run directory exists as a directory we can write into (created if need be)."""
+    try:
+        if out.exists() and not out.is_dir():
+            raise ConfigError(field, str(out), "a directory for the run's traces (this is a "
+                              "file)")
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".mpiemu-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(field, str(out), f"a directory we can create and write into "
+                          f"({exc.strerror or exc})") from None
+
+
 def default_out(w: Workload) -> Path:
     return Path("runs") / w.name
 
@@ -50,13 +65,16 @@ def run_workload(path: str | None, overrides: Sequence[str], out: str | None,
     guard = AbortOnError(world).install()
     err: ConfigError | None = None
     w: Workload | None = None
+    out_dir = Path(out) if out else Path("runs")
     try:
         w = validate(path, overrides, world.Get_size())
+        out_dir = Path(out) if out else default_out(w)
+        if world.Get_rank() == 0:
+            check_out_dir(out_dir, "--out" if out else "name")
     except ConfigError as exc:
         err = exc
     exit_on_error(world, err)
     assert w is not None
-    out_dir = Path(out) if out else default_out(w)
     ctx = open_run(w, world, out_dir, argv)
     guard.log_dir = out_dir
     guard.on_fail.append(lambda: ctx.writer.close(complete=False))
