@@ -12,6 +12,8 @@ from tests.timed import network, timed_comm
 SETUPS = [  # (network, fields, algorithm) runnable at 4 ranks
     ("dgx-a100", {"devices_per_node": 2}, "ring"),          # two rails across 2 nodes
     ("dgx-a100", {"devices_per_node": 2}, "hierarchical"),
+    ("dgx-a100", {"devices_per_node": 2}, "tree"),
+    ("dgx-a100", {"devices_per_node": 1}, "tree"),
     ("dgx-h100", {}, "nvls"),
     ("dgx1-v100", {}, "ring"),
 ]
@@ -70,3 +72,23 @@ def test_nvls_time_is_its_closed_form() -> None:
         spec.intra.bw_bytes_per_s * spec.nvls_efficiency)
     assert span.duration == pytest.approx(want, rel=1e-9, abs=0.0)
     assert tc.proto == "simple"
+
+
+@pytest.mark.mpi
+def test_tree_time_is_its_closed_form_on_two_nodes() -> None:
+    """One device per node, two nodes, one segment: 2 (h/B + a) + t_red(h), h = S/2."""
+    comm = MPI.COMM_WORLD
+    if comm.size != 2:
+        pytest.skip("two nodes of one device")
+    tc = timed_comm(preset="a100-sxm4-80gb", net=network("dgx-a100", devices_per_node=1))
+    tc.algorithm, tc.protocol = "tree", "simple"
+    count, itemsize = 1 << 18, 2                                    # 512 KiB: one segment
+    _, span = all_reduce(tc, None, count=count, wire_itemsize=itemsize)
+    h = count // 2
+    want = (tc.net.spec.base("tree", "simple") + 2 * (h * itemsize / tc.rate(tc.next)
+                                                      + tc.latency(tc.next))
+            + tc.reduce_s(h, itemsize))
+    assert span.duration == pytest.approx(want, rel=1e-9, abs=0.0)
+    from mpiemu.comm.cost import Choice, estimate_s
+    est = estimate_s(tc, "all_reduce", count * itemsize, itemsize, Choice("tree", "simple"))
+    assert est == pytest.approx(want, rel=1e-9, abs=0.0)

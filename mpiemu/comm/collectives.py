@@ -8,6 +8,8 @@ setup, independent of the number of steps) and then runs its algorithm:
 * `hierarchical` (all-reduce across nodes): reduce-scatter inside each node, all-reduce of
   each shard on its rail ring across nodes, all-gather inside each node (sub-communicators
   split once and cached), pipelined over up to 8 segments;
+* `tree` (all-reduce across nodes, `comm.tree`): NCCL's double binary tree, a chain inside
+  each node, pipelined over up to 8 segments;
 * `nvls` (all-reduce inside one NVSwitch node with NVLink SHARP): the switch reduces; each
   device's two ports carry S (N+1)/N at the NVLS rate (`net.message.switch_reduce`). The
   payload's sum is MPI's own `Allreduce`, standing for the switch's arithmetic.
@@ -22,10 +24,11 @@ import numpy as np
 
 from ..net.message import switch_reduce
 from ..sim.timeline import SimTime, Span, latest
-from .cost import Choice, choose, pipeline_depth
+from .cost import Choice, choose, node_groups, pipeline_depth
 from .p2p import TimedComm
 from .ring import AllGather, PlainGather, PlainReduce, ReduceScatter, ring_orders
 from .schedule import chunk_bounds, lanes, plan
+from .tree import tree_all_reduce
 
 __all__ = ["all_gather", "all_reduce", "chunk_bounds", "reduce_scatter"]
 
@@ -68,7 +71,7 @@ def _start(tc: TimedComm, op: str, nbytes: float, itemsize: int, bidirectional: 
     """Choose (algorithm, protocol), set the protocol, pay the call's base latency."""
     ch = choose(tc, op, nbytes, itemsize, tc.algorithm if op == "all_reduce" else "",
                 tc.protocol, bidirectional)
-    tc.proto = ch.protocol
+    tc.proto, tc.algo = ch.protocol, ch.algorithm
     tc.share = tc.net.spec.channel_share(ch.protocol, nbytes, tc.size)
     return ch, t0 + tc.net.spec.base(ch.algorithm, ch.protocol)
 
@@ -123,6 +126,7 @@ def _hierarchical_ar(tc: TimedComm, flat: np.ndarray | None, buf: np.ndarray | N
     intra = tc.split("node", tc.net.node_of(tc.device))
     rail = tc.split("rail", intra.rank)
     intra.proto = rail.proto = tc.proto
+    intra.algo = rail.algo = "ring"
     intra.share = rail.share = tc.share
     segs = [(a * unit, b * unit) for a, b in chunk_bounds(n // unit,
                                                           pipeline_depth(n * itemsize))]
@@ -211,6 +215,9 @@ def all_reduce(tc: TimedComm, x: np.ndarray | None, *, after: SimTime = 0.0,
     ch, t = _start(tc, "all_reduce", n * itemsize, itemsize, bidirectional, t0)
     if ch.algorithm == "hierarchical":
         end = _hierarchical_ar(tc, flat, buf, n, itemsize, unit, t)
+    elif ch.algorithm == "tree":
+        end = tree_all_reduce(tc, node_groups(tc.net, tc.devices), flat, buf, n, itemsize, t,
+                              pipeline_depth(n * itemsize / 2))
     elif ch.algorithm == "nvls":
         if flat is not None:
             tc.comm.Allreduce(flat, buf)

@@ -74,8 +74,10 @@ def allowed_on(net: Network, devices: Sequence[int], op: str) -> list[str]:
         return out
     groups = node_groups(net, devices)
     k = len(groups[0])
-    if len(groups) > 1 and k > 1 and all(len(g) == k for g in groups):
-        out.append("hierarchical")
+    if len(groups) > 1 and all(len(g) == k for g in groups):
+        out.append("tree")     # NCCL: the tree crosses nodes (a chain inside each)
+        if k > 1:
+            out.append("hierarchical")
     if len(groups) == 1 and len(devices) > 2 and len(devices) == net.per_node \
             and net.spec.nvls_efficiency > 0 and net.spec.fabric == "switch":
         out.append("nvls")     # more than 2 GPUs (NCCL nvls.cc:241), a whole node's switch
@@ -116,6 +118,31 @@ def ring_estimate_s(tc: TimedComm, op: str, nbytes: float, itemsize: int, proto:
     return ring_steps_s(n, max(load.values(), default=0.0), 1.0, lat, red * ports, op)
 
 
+def tree_estimate_s(tc: TimedComm, nbytes: float, itemsize: int, proto: str) -> float:
+    """Two trees, half the data each, k segments: one segment's climb and descent (chain
+    hops inside the node, tree hops between nodes, a reduction per level) plus k-1 times the
+    busiest port's share of a segment (a head's NIC carries two segments each way). Exact
+    for one device per node, two nodes and k = 1: 2 (h/B + a) + t_red(h), h = S/2."""
+    groups = node_groups(tc.net, tc.devices)
+    g, nodes = len(groups[0]), len(groups)
+    k = pipeline_depth(nbytes / 2)
+    seg = nbytes / 2 / k
+    share = tc.net.spec.channel_share(proto, nbytes, tc.size)
+    depth = max(1, math.ceil(math.log2(nodes + 1)) - 1)
+    inter = tc.net.hop(tc.devices[groups[0][0]], tc.devices[groups[1][0]])
+    r_ib, a_ib = tc.net.rate(inter, proto, share), tc.net.latency(inter, proto, "tree")
+    red = tc.model.reduction_s(math.ceil(seg / itemsize), itemsize)
+    climb = depth * (seg / r_ib + a_ib + red)
+    busiest = (2 if nodes > 2 else 1) * seg / r_ib
+    if g > 1:
+        intra = tc.net.hop(tc.devices[groups[0][0]], tc.devices[groups[0][1]])
+        r_nv, a_nv = tc.net.rate(intra, proto, share), tc.net.latency(intra, proto, "tree")
+        climb += (g - 1) * (seg / r_nv + a_nv + red)
+        busiest = max(busiest, 2 * seg / r_nv)
+    levels = depth + (g - 1)                     # one reduction per level, climbing only
+    return 2 * climb - levels * red + (k - 1) * busiest
+
+
 def estimate_s(tc: TimedComm, op: str, nbytes: float, itemsize: int, ch: Choice,
                bidirectional: bool = False) -> float:
     """The predicted time of one call (base latency included)."""
@@ -125,6 +152,8 @@ def estimate_s(tc: TimedComm, op: str, nbytes: float, itemsize: int, ch: Choice,
     if ch.algorithm == "nvls":
         n, spec = tc.size, tc.net.spec
         return base + nbytes * (n + 1) / n / (spec.intra.bw_bytes_per_s * spec.nvls_efficiency)
+    if ch.algorithm == "tree":
+        return base + tree_estimate_s(tc, nbytes, itemsize, ch.protocol)
     intra = tc.split("node", tc.net.node_of(tc.device))
     rail = tc.split("rail", intra.rank)
     k = pipeline_depth(nbytes)

@@ -105,6 +105,7 @@ class TimedComm:
         self.stream = f"comm.{name}"
         self.proto = "simple"
         self.share = 1.0               # of the port's channels the current call drives
+        self.algo = "ring"             # the algorithm of the current call (hop latencies)
         self.algorithm = ""            # [collectives] algorithm / protocol: "" = choose
         self.protocol = ""
         self._pool: dict[tuple[str, str], np.ndarray] = {}
@@ -140,7 +141,8 @@ class TimedComm:
                              self.share)
 
     def latency(self, dest: int) -> float:
-        return self.net.latency(self.net.hop(self.device, self.devices[dest]), self.proto)
+        return self.net.latency(self.net.hop(self.device, self.devices[dest]), self.proto,
+                                self.algo)
 
     def place(self, dest: int, nbytes: float, after: SimTime, *, label: str = "send",
               stage: int = -1, feed: Feed | None = None, dram_bytes: float = 0.0
@@ -148,7 +150,7 @@ class TimedComm:
         """Time a message to rank `dest` (no MPI): returns its header (`net.message`)."""
         return send(self.tl, self.net, self.device, self.devices[dest], nbytes, after,
                     self.proto, label=label, peer=dest, stage=stage, dram_bytes=dram_bytes,
-                    feed=feed, share=self.share)
+                    feed=feed, share=self.share, algorithm=self.algo)
 
     def arrival(self, source: int, header: np.ndarray) -> SimTime:
         """When a message from rank `source` with this header is here (ingress reserved)."""

@@ -34,7 +34,8 @@ Feed = Callable[[SimTime], SimTime]      # start -> the least wire time the send
 
 def send(tl: Timeline, net: Network, src: int, dst: int, nbytes: float, ready: SimTime,
          proto: str, *, label: str, peer: int, stage: int = -1, dram_bytes: float = 0.0,
-         feed: Feed | None = None, share: float = 1.0) -> np.ndarray:
+         feed: Feed | None = None, share: float = 1.0, algorithm: str = "ring"
+         ) -> np.ndarray:
     """Place a message on the sender's port and record it; returns its header."""
     hop = net.hop(src, dst)
     start = tl.port_idle(hop.egress, ready)
@@ -42,7 +43,7 @@ def send(tl: Timeline, net: Network, src: int, dst: int, nbytes: float, ready: S
     if feed is not None:
         wire = max(wire, feed(start))
     t0, t_out = tl.occupy(hop.egress, start, wire)
-    lat = net.latency(hop, proto)
+    lat = net.latency(hop, proto, algorithm)
     tl.record(label, "comm", hop.label, t0, t_out, 0.0, int(nbytes), dram_bytes,
               peer, stage, None)
     return np.array([t0, t_out, wire, lat, float(nbytes)])

@@ -20,10 +20,10 @@ from typing import Mapping
 from ..hw.caps import CapError, cap
 
 PROTOCOLS = ("ll", "ll128", "simple")
-ALGORITHMS = ("ring", "hierarchical", "nvls")
+ALGORITHMS = ("ring", "tree", "hierarchical", "nvls")
 FABRICS = ("ring", "switch", "fully-connected")          # inside one node
 TOPOLOGIES = (*FABRICS, "hierarchical")                  # hierarchical: nodes + a network
-ALGO_PROTO = (*(f"ring_{p}" for p in PROTOCOLS), "nvls_simple")
+ALGO_PROTO = (*(f"{a}_{p}" for a in ("ring", "tree") for p in PROTOCOLS), "nvls_simple")
 
 
 # NCCL v2.21.5-1: threads per channel (src/include/device.h:55-57,74) and the bytes each
@@ -52,15 +52,20 @@ class Transport:
 
     bw_bytes_per_s: float = field(metadata=cap(scale="bw"))
     latency_s: Mapping[str, float] = field(metadata=cap(key="latency_{}", entries=PROTOCOLS))
+    tree_latency_s: Mapping[str, float] = field(default_factory=dict, metadata=cap(
+        key="tree_latency_{}", entries=PROTOCOLS))     # NCCL's hwLat of the tree, if given
 
     def __post_init__(self) -> None:
         if not self.bw_bytes_per_s > 0:
             raise ValueError(f"bw={self.bw_bytes_per_s} must be > 0 (bytes/s)")
-        for p, v in self.latency_s.items():
+        for p, v in (*self.latency_s.items(), *self.tree_latency_s.items()):
             if not v >= 0:
                 raise ValueError(f"latency_{p}={v} must be >= 0 (seconds)")
 
-    def latency(self, proto: str) -> float:
+    def latency(self, proto: str, algorithm: str = "ring") -> float:
+        """One hop's latency for a protocol (the tree's own where the preset gives it)."""
+        if algorithm == "tree" and proto in self.tree_latency_s:
+            return self.tree_latency_s[proto]
         try:
             return self.latency_s[proto]
         except KeyError:
@@ -152,6 +157,6 @@ class NetworkSpec:
 
     def base(self, algorithm: str, proto: str) -> float:
         """Fixed cost of one collective call (launch, setup; NCCL's baseLat; the
-        hierarchical form is rings, so it pays the ring's)."""
-        algo = "nvls" if algorithm == "nvls" else "ring"
+        hierarchical form is rings, so it pays the ring's; tree and nvls their own)."""
+        algo = algorithm if algorithm in ("nvls", "tree") else "ring"
         return self.base_latency_s.get(f"{algo}_{proto}", 0.0)

@@ -110,8 +110,8 @@ class Network:
         cap = s.max_bw_bytes_per_s.get(proto)
         return (min(r, cap) if cap else r) * share
 
-    def latency(self, hop: Hop, proto: str) -> float:
-        return hop.transport.latency(proto) * hop.hops
+    def latency(self, hop: Hop, proto: str, algorithm: str = "ring") -> float:
+        return hop.transport.latency(proto, algorithm) * hop.hops
 
     def spans_nodes(self, devices: list[int]) -> bool:
         return len({self.node_of(d) for d in devices}) > 1

@@ -61,7 +61,7 @@ def _protocol(tc: TimedComm, op: str, nbytes: float, itemsize: int, fused: bool)
     (`comm.cost.choose`, the ring only: the fused schedules are rings); returns the call's
     base latency, paid by the strategies that issue a separate collective (not fused)."""
     ch = choose(tc, op, nbytes, itemsize, "ring", tc.protocol)
-    tc.proto = ch.protocol
+    tc.proto, tc.algo = ch.protocol, "ring"
     tc.share = tc.net.spec.channel_share(ch.protocol, nbytes, tc.size)
     return 0.0 if fused else tc.net.spec.base("ring", ch.protocol)
 

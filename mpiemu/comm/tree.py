@@ -1,0 +1,120 @@
+"""NCCL's tree all-reduce across nodes: a chain inside each node, a binary tree between nodes,
+two trees at once (NCCL's double binary tree), pipelined in segments.
+
+Each tree carries half the buffer. Tree A chains a node's devices towards its local rank 0
+(the head, whose NIC joins the tree across nodes, node 0 at the root, parent of node i =
+(i-1)//2); tree B chains them towards the last local rank and mirrors the node order, so its
+heads and its interior nodes are other devices and NICs (NCCL's `ncclGetDtree` builds the two
+trees so that a node's interior in one is a leaf in the other; the mirrored heap is a
+simpler shape with the same load spread, stated in docs/network.md).
+Reduce: every device adds what its chain and tree children sent to its own data (one
+reduction each) and sends the sum up; broadcast: the root's sum travels back down the same
+edges. Segments (`cost.pipeline_depth`) are issued one after the other, so a later segment
+climbs while an earlier one descends (ports are calendars). Every message is a real message
+through `TimedComm` (header, and payload with numerics on).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from ..sim.timeline import SimTime
+from .p2p import RecvHandle, TimedComm
+from .schedule import chunk_bounds
+
+TAG_UP, TAG_DOWN = 500, 600
+
+
+@dataclass(frozen=True)
+class TreeRole:
+    """A rank's place in one tree: whom it hears from going up, whom it sends to."""
+
+    up_from: tuple[int, ...]         # chain child and, for a head, the node-tree children
+    up_to: int                       # -1: the root of the whole tree
+    tree: int                        # 0 (A) or 1 (B): tags and payload halves
+
+    @property
+    def down_from(self) -> int:
+        return self.up_to
+
+    @property
+    def down_to(self) -> tuple[int, ...]:
+        return self.up_from
+
+
+def roles(groups: list[list[int]], rank: int) -> list[TreeRole]:
+    """This rank's role in tree A and tree B (`groups`: ranks by node, equal sizes)."""
+    out = []
+    for tree in (0, 1):
+        nodes = groups if tree == 0 else groups[::-1]
+        chains = [g if tree == 0 else g[::-1] for g in nodes]    # head first
+        where = next((i, c.index(rank)) for i, c in enumerate(chains) if rank in c)
+        i, p = where
+        chain = chains[i]
+        ups = [chain[p + 1]] if p + 1 < len(chain) else []
+        up_to = chain[p - 1] if p > 0 else -1
+        if p == 0:                                                # a head: the node tree
+            ups += [chains[k][0] for k in (2 * i + 1, 2 * i + 2) if k < len(chains)]
+            up_to = chains[(i - 1) // 2][0] if i > 0 else -1
+        out.append(TreeRole(tuple(ups), up_to, tree))
+    return out
+
+
+def tree_all_reduce(tc: TimedComm, groups: list[list[int]], flat: np.ndarray | None,
+                    buf: np.ndarray | None, n: int, itemsize: int, t0: SimTime,
+                    depth: int) -> SimTime:
+    """Sum n elements over the group by the two trees in `depth` segments each; returns
+    when this rank holds the whole result (`buf`, numerics on)."""
+    halves = chunk_bounds(n, 2)
+    if buf is not None and flat is not None:
+        buf[:] = flat                                 # sums accumulate in place
+    ends: list[SimTime] = []
+    sreqs: list[MPI.Request] = []
+    plans = [(role, seg) for role in roles(groups, tc.rank)
+             for seg in chunk_bounds(halves[role.tree][1] - halves[role.tree][0], depth,
+                                     halves[role.tree][0])]
+    ready: list[SimTime] = []
+    for role, (lo, hi) in plans:                      # every segment climbs first ...
+        ready.append(_up(tc, role, buf, lo, hi, itemsize, t0, sreqs))
+    for (role, (lo, hi)), t in zip(plans, ready):     # ... then comes back down
+        ends.append(_down(tc, role, buf, lo, hi, itemsize, t, sreqs))
+    MPI.Request.Waitall(sreqs)
+    return max(ends, default=t0)
+
+
+def _up(tc: TimedComm, role: TreeRole, buf: np.ndarray | None, lo: int, hi: int,
+        itemsize: int, t0: SimTime, sreqs: list[MPI.Request]) -> SimTime:
+    """Add the children's partial sums of [lo, hi) to ours and send the sum to the parent."""
+    nbytes = (hi - lo) * itemsize
+    t = t0
+    for src in role.up_from:
+        tmp = None if buf is None else np.empty(hi - lo, buf.dtype)
+        h: RecvHandle = tc.irecv(tmp, src, TAG_UP + role.tree, t0)
+        t_arrive = h.wait()
+        red = tc.reduce_s(hi - lo, itemsize)
+        t = tc.tl.reserve("tree.reduce", [tc.stream], red, max(t, t_arrive), cat="comm",
+                          flops=hi - lo, dram_bytes=3 * nbytes, peer=src).t_end
+        if buf is not None and tmp is not None:
+            np.add(buf[lo:hi], tmp, out=buf[lo:hi])
+    if role.up_to >= 0:
+        sh = tc.isend(None if buf is None else buf[lo:hi], role.up_to, TAG_UP + role.tree,
+                      nbytes, t, label="tree.up")
+        sreqs += sh.reqs
+    return t
+
+
+def _down(tc: TimedComm, role: TreeRole, buf: np.ndarray | None, lo: int, hi: int,
+          itemsize: int, t: SimTime, sreqs: list[MPI.Request]) -> SimTime:
+    """Receive the whole sum of [lo, hi) from the parent (the root has it) and pass it on."""
+    nbytes = (hi - lo) * itemsize
+    if role.down_from >= 0:
+        h = tc.irecv(None if buf is None else buf[lo:hi], role.down_from,
+                     TAG_DOWN + role.tree, t)
+        t = h.wait()
+    for dst in role.down_to:
+        sh = tc.isend(None if buf is None else buf[lo:hi], dst, TAG_DOWN + role.tree,
+                      nbytes, t, label="tree.down")
+        sreqs += sh.reqs
+    return t
