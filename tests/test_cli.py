@@ -186,3 +186,40 @@ def test_bad_paths_are_one_line_naming_the_argument(tmp_path: Path, case: str) -
     res = run_mpi(2, ["run", workload, "--set", "parallel.tp=2", "--out", out], timeout=60)
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert res.returncode == 2 and len(lines) == 1 and needle in lines[0], res.stderr
+
+
+def test_sigkill_of_a_rank_ends_the_job_and_every_trace_still_opens(tmp_path: Path) -> None:
+    """A rank killed outright: the launcher ends the job within seconds; committed events
+    (part files, `sim.trace`) of every rank read back."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from tests.conftest import ROOT, child_env, mpiexec_path
+    cmd = [mpiexec_path(), "-n", "2", sys.executable, "-m", "mpiemu", "run",
+           "workloads/quickstart.toml", "--set", "parallel.tp=2", "--set", "parallel.dp=1",
+           "--set", "run.iterations=100000", "--set", "train.check_reference=false",
+           "--out", str(tmp_path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=child_env(MPIEXEC_TIMEOUT="120"), cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("rank-00001.h5.part-*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    ranks = []                  # the Python processes of this job (not mpiexec, not hydra)
+    for pid in subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True,
+                              text=True).stdout.split():
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[0].decode() == sys.executable and b"mpiemu" in argv:
+            ranks.append(int(pid))
+    assert len(ranks) == 2, ranks
+    os.kill(max(ranks), signal.SIGKILL)
+    t0 = time.monotonic()
+    proc.communicate(timeout=30)
+    assert time.monotonic() - t0 < 10 and proc.returncode != 0
+    run = load(tmp_path, allow_incomplete=True)
+    assert len(run.ranks) == 2 and all(len(r.events) > 0 for r in run.ranks)
+    res = run_mpi(1, ["analyze", str(tmp_path), "--allow-incomplete"])
+    assert res.returncode == 0 and "Traceback" not in res.stderr

@@ -34,7 +34,7 @@ def test_overrides_are_parsed_as_toml_values(root) -> None:
     ("network.topology=torus", "network.topology"),
     ("network.preset=nope", "network.preset"),
     ("network.nope=1", "network.nope"),
-    ("collectives.algorithm=tree", "collectives.algorithm"),
+    ("collectives.algorithm=butterfly", "collectives.algorithm"),
     ("collectives.protocol=ll64", "collectives.protocol"),
     ("optimizer.lr=nan", "optimizer.lr"),
     ("train.dp_bucket_MiB=inf", "train.dp_bucket_MiB"),

@@ -10,6 +10,7 @@ import h5py
 import numpy as np
 
 from ..sim.events import CATS, EVENT_DTYPE, PHASES
+from ..sim.trace import part_files
 
 CAT_NAMES = {v: k for k, v in CATS.items()}
 PHASE_NAMES = {v: k for k, v in PHASES.items()}
@@ -85,21 +86,36 @@ def _attr(v: Any) -> Any:
     return v
 
 
-def read_rank(path: Path, first_event: int = 0) -> RankTrace:
-    """Read one `rank-NNNNN.h5` (complete or not), from event `first_event` on (a running
-    job reads back only what its last iteration appended)."""
-    with h5py.File(path, "r") as f:
-        attrs = {k: _attr(v) for k, v in f.attrs.items()}
-        events = f["events"][first_event:]
-        strings = np.array([s.decode() if isinstance(s, bytes) else s
-                            for s in f["strings"][()]], dtype=object)
-    if len(strings) == 0:
-        strings = np.array([""], dtype=object)
+def make_trace(attrs: dict[str, Any], events: np.ndarray, strings: list[Any]) -> RankTrace:
+    """A RankTrace from raw rows and the rank's string table (codes decoded)."""
+    table = np.array([x.decode() if isinstance(x, bytes) else x for x in strings] or [""],
+                     dtype=object)
     cats = np.array([CAT_NAMES[int(c)] for c in range(len(CATS))], dtype=object)
     phases = np.array([PHASE_NAMES[int(p)] for p in range(len(PHASES))], dtype=object)
-    return RankTrace(int(attrs.get("rank", -1)), attrs, events,
-                     strings[events["name"]], strings[events["resource"]],
-                     cats[events["cat"].astype(int)], phases[events["phase"].astype(int)])
+    return RankTrace(int(attrs.get("rank", -1)), attrs, events, table[events["name"]],
+                     table[events["resource"]], cats[events["cat"].astype(int)],
+                     phases[events["phase"].astype(int)])
+
+
+def read_rank(path: Path, first_event: int = 0) -> RankTrace:
+    """Read one `rank-NNNNN.h5` and the part files a running or killed rank left beside it
+    (`sim.trace`), from event `first_event` on."""
+    blocks: list[np.ndarray] = []
+    with h5py.File(path, "r") as f:
+        attrs = {k: _attr(v) for k, v in f.attrs.items()}
+        blocks.append(f["events"][first_event:])
+        strings = list(f["strings"][()])
+    merged = int(attrs.get("parts_merged", 0))
+    for k, part in part_files(path):
+        if k <= merged:
+            continue
+        with h5py.File(part, "r") as g:
+            strings += list(g["strings"][()])
+            first, ev = int(g.attrs["first_event"]), g["events"]
+            if first + ev.shape[0] > first_event:
+                blocks.append(ev[max(0, first_event - first):])
+    events = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
+    return make_trace(attrs, events, strings)
 
 
 def _check(rt: RankTrace, path: Path, expected_rank: int) -> str | None:

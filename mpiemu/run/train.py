@@ -16,7 +16,7 @@ from typing import Any
 from mpi4py import MPI
 
 from ..analysis.breakdown import IterationBreakdown, iteration_breakdown
-from ..analysis.load import read_rank
+from ..analysis.load import make_trace
 from ..hw.presets import list_presets, load_device
 from ..hw.specs import dtype_bytes
 from ..nn.check import check_against_reference
@@ -28,7 +28,6 @@ from ..nn.optim import ShardedOptimizer
 from ..nn.sunway_layer import SunwayLayerPlan
 from ..overlap.api import STRATEGY_IMPLS
 from ..sim.timeline import Timeline
-from ..sim.trace import rank_file
 from .config import Workload, resolve_device
 from .context import RankContext
 from .errors import ConfigError
@@ -162,17 +161,17 @@ def run(ctx: RankContext) -> dict[str, Any]:
     t_run = time.perf_counter()
     for it in range(w.run.iterations):
         ctx.maybe_fail(it)
-        first_event = ctx.writer.n_events
+        ctx.writer.mark()
         wall0 = time.perf_counter()
         with ctx.tl.labelled(iteration=it):
             loss_share = model.train_step(it)
             with ctx.tl.labelled(phase="optim"):
                 opt.step(model.P, model.G)
-        ctx.writer.flush()
+        ctx.writer.tick()
         loss = grid.dp_comm.allreduce(loss_share, op=MPI.SUM)   # reporting only, not emulated
         wall = ctx.world.allreduce(time.perf_counter() - wall0, op=MPI.MAX)
-        rows.append(_report_iteration(ctx, it, loss, wall, first_event,
-                                      _eta(t_run, it + 1, w.run.iterations)))
+        rows.append(_report_iteration(ctx, it, loss, wall, _eta(t_run, it + 1,
+                                                                 w.run.iterations)))
     summary: dict[str, Any] = {"model": cfg.name, "params": cfg.param_count(),
                                "global_batch": gb, "tp": grid.tp, "dp": grid.dp,
                                "sequence_parallel": dims.sp, "iterations": rows,
@@ -249,12 +248,13 @@ def _eta(t_run: float, done: int, total: int) -> str:
 
 
 def _report_iteration(ctx: RankContext, it: int, loss: float, wall: float,
-                      first_event: int, progress: str) -> dict[str, Any]:
-    """Rank 0 reads back what this iteration appended to its trace, for the breakdown (the
-    same code as `analyze`; the cost per iteration stays flat over a long run)."""
+                      progress: str) -> dict[str, Any]:
+    """Rank 0's breakdown of what this iteration committed to its trace (the same code as
+    `analyze`, on the writer's blocks in memory: the cost per iteration stays flat)."""
     b: IterationBreakdown | None = None
     if ctx.rank == 0:
-        b = iteration_breakdown(read_rank(rank_file(ctx.out, 0), first_event), it)
+        events, strings = ctx.writer.since_mark()
+        b = iteration_breakdown(make_trace({"rank": 0}, events, strings), it)
     b = ctx.world.bcast(b, root=0)
     ms = 1e3
     loss_txt = f"{loss:>10.5f}" if ctx.numerics else f"{'-':>10}"

@@ -1,12 +1,21 @@
-"""Per-rank HDF5 trace: events buffered in memory, appended in blocks, crash-tolerant.
+"""Per-rank HDF5 trace, crash-safe: a committed block of events is never rewritten.
 
-The file is opened only while a block is appended and closed in between, so a rank that dies
-leaves a file that opens and says `complete = False` (DESIGN.md, Traces). `complete` becomes
-true only in `close(complete=True)` at a clean end.
+`rank-00003.h5` is created at the start (attributes, empty tables). Each flush commits the
+buffered events and the strings new since the last one as a part file
+`rank-00003.h5.part-000001`, written under a temporary name and renamed into place (atomic on
+POSIX), so a rank killed mid-write, or a full disk, loses at most the block being written and
+never one already committed. A flush happens every `block_events` events, at the end of each
+iteration (the runners call `flush`) and at least every `flush_interval_s` of wall time, so
+a killed rank loses at most that much. A clean `close(complete=True)` compacts the parts into
+the rank file (written under a temporary name, renamed, then the parts deleted; the file's
+`parts_merged` attribute says which parts it holds, so a kill between the rename and the
+deletes counts nothing twice). `read_trace` is the reader's side (DESIGN.md, Traces).
 """
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -17,6 +26,7 @@ from .events import EVENT_DTYPE, SCHEMA_VERSION, StringTable
 
 STRING_DTYPE = h5py.string_dtype("utf-8")
 CHUNK_EVENTS = 4096   # ~400 KiB per chunk of the compound dtype (h5py guide: 10 KiB-1 MiB)
+FLUSH_INTERVAL_S = 2.0
 
 
 def rank_file(run_dir: Path, rank: int) -> Path:
@@ -24,25 +34,53 @@ def rank_file(run_dir: Path, rank: int) -> Path:
     return Path(run_dir) / f"rank-{rank:05d}.h5"
 
 
-class TraceWriter:
-    """Append-only writer of one rank's `/events` table and `/strings` table."""
+def part_files(path: Path) -> list[tuple[int, Path]]:
+    """Committed part files of a rank file, in order (temporary files are not parts)."""
+    out = []
+    for p in Path(path).parent.glob(Path(path).name + ".part-*"):
+        tail = p.name.rsplit(".part-", 1)[1]
+        if tail.isdigit():
+            out.append((int(tail), p))
+    return sorted(out)
 
-    def __init__(self, path: Path, attrs: Mapping[str, Any], block_events: int = 8192) -> None:
+
+def _tables(f: h5py.File) -> None:
+    f.create_dataset("events", shape=(0,), maxshape=(None,), dtype=EVENT_DTYPE,
+                     chunks=(CHUNK_EVENTS,), compression="gzip", compression_opts=4, shuffle=True)
+    f.create_dataset("strings", shape=(0,), maxshape=(None,), dtype=STRING_DTYPE,
+                     chunks=(256,))
+
+
+def _append(ds: h5py.Dataset, data: Any) -> None:
+    n = ds.shape[0]
+    ds.resize((n + len(data),))
+    ds[n:] = data
+
+
+class TraceWriter:
+    """Append-only writer of one rank's `/events` and `/strings` tables (see the module)."""
+
+    def __init__(self, path: Path, attrs: Mapping[str, Any], block_events: int = 8192,
+                 flush_interval_s: float = FLUSH_INTERVAL_S) -> None:
         self.path = Path(path)
         self.block_events = block_events
+        self.flush_interval_s = flush_interval_s
         self.strings = StringTable()
         self._rows: list[tuple[Any, ...]] = []
         self._n = 0
+        self._part = 0
+        self._last_flush = time.monotonic()
+        self._mark = 0                                  # n_events at the last mark()
+        self._since_mark: list[tuple[int, np.ndarray]] = []  # (first event, block)
+        for _, old in part_files(self.path):        # a rerun into the same directory
+            old.unlink()
         with h5py.File(self.path, "w") as f:
-            f.create_dataset("events", shape=(0,), maxshape=(None,), dtype=EVENT_DTYPE,
-                             chunks=(CHUNK_EVENTS,), compression="gzip", compression_opts=4,
-                             shuffle=True)
-            f.create_dataset("strings", shape=(0,), maxshape=(None,), dtype=STRING_DTYPE,
-                             chunks=(256,))
+            _tables(f)
             f.attrs["schema_version"] = SCHEMA_VERSION
             f.attrs["time_unit"] = "s"
             f.attrs["clock"] = "emulated"
             f.attrs["complete"] = False
+            f.attrs["parts_merged"] = 0
             for key, value in attrs.items():
                 f.attrs[key] = _attr(value)
 
@@ -51,32 +89,74 @@ class TraceWriter:
         self._rows.append(row)
         if len(self._rows) >= self.block_events:
             self.flush()
+        else:
+            self.tick()
+
+    def tick(self) -> None:
+        """Commit if the last commit is older than the flush interval (runners call it at
+        the end of each iteration: bounded loss, not one file per iteration)."""
+        if time.monotonic() - self._last_flush >= self.flush_interval_s:
+            self.flush()
 
     def flush(self) -> None:
-        """Append buffered rows and new strings to the file, then close it."""
+        """Commit buffered rows and new strings as the next part file (atomic rename)."""
+        self._last_flush = time.monotonic()
         new_strings = self.strings.take_new()
         if not self._rows and not new_strings:
             return
         block = np.array(self._rows, dtype=EVENT_DTYPE)
         self._rows.clear()
-        with h5py.File(self.path, "r+") as f:
-            if new_strings:
-                s = f["strings"]
-                s.resize((s.shape[0] + len(new_strings),))
-                s[-len(new_strings):] = new_strings
-            if len(block):
-                ev = f["events"]
-                ev.resize((self._n + len(block),))
-                ev[self._n:] = block
-                self._n += len(block)
+        self._part += 1
+        final = self.path.with_name(f"{self.path.name}.part-{self._part:06d}")
+        tmp = final.with_name(final.name + ".tmp")
+        with h5py.File(tmp, "w") as f:
+            f.create_dataset("events", data=block)
+            f.create_dataset("strings", data=np.array(new_strings, dtype=object),
+                             dtype=STRING_DTYPE)
+            f.attrs["first_event"] = self._n
+        os.replace(tmp, final)
+        self._since_mark.append((self._n, block))
+        self._n += len(block)
+
+    def mark(self) -> None:
+        """Remember where the events of the next iteration start (`since_mark`)."""
+        self._mark = self.n_events
+        self._since_mark = []
+
+    def since_mark(self) -> tuple[np.ndarray, list[str]]:
+        """Events recorded since `mark` (committed or still buffered) and the whole string
+        table, from memory (no file is read)."""
+        first = self._since_mark[0][0] if self._since_mark else self._n
+        blocks = [b for _, b in self._since_mark] + [np.array(self._rows, dtype=EVENT_DTYPE)]
+        return np.concatenate(blocks)[self._mark - first:], list(self.strings._codes)
 
     def close(self, complete: bool, attrs: Mapping[str, Any] | None = None) -> None:
-        """Flush and set the final attributes; `complete` only at a clean end."""
+        """Commit what is buffered; at a clean end (`complete`) compact the parts into the
+        rank file with the final attributes. A failing rank leaves its parts as they are."""
         self.flush()
-        with h5py.File(self.path, "r+") as f:
-            for key, value in (attrs or {}).items():
-                f.attrs[key] = _attr(value)
-            f.attrs["complete"] = bool(complete)
+        if complete:
+            self._compact(attrs or {})
+
+    def _compact(self, attrs: Mapping[str, Any]) -> None:
+        parts = part_files(self.path)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with h5py.File(self.path, "r") as src, h5py.File(tmp, "w") as dst:
+            _tables(dst)
+            for key, value in src.attrs.items():
+                dst.attrs[key] = value
+            _append(dst["events"], src["events"][()])
+            _append(dst["strings"], src["strings"][()])
+            for _, p in parts:
+                with h5py.File(p, "r") as f:
+                    _append(dst["events"], f["events"][()])
+                    _append(dst["strings"], f["strings"][()])
+            for key, value in attrs.items():
+                dst.attrs[key] = _attr(value)
+            dst.attrs["complete"] = True
+            dst.attrs["parts_merged"] = parts[-1][0] if parts else 0
+        os.replace(tmp, self.path)
+        for _, p in parts:
+            p.unlink()
 
     @property
     def n_events(self) -> int:
