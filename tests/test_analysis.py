@@ -99,3 +99,16 @@ def test_every_message_has_one_flow_arrow_and_ports_have_counters(run_dir: Path)
     counters = [e for e in doc if e["ph"] == "C"]
     assert counters and all(0.0 <= e["args"]["busy"] <= 1.0 + 1e-9 for e in counters)
     assert any(e["ph"] == "M" and e["tid"] == 0 and e["name"] == "thread_name" for e in doc)
+
+
+def test_json_outputs_and_dataframe(run_dir: Path) -> None:
+    """`analyze --json`, `compare --json` parse; `to_pandas` holds every event, in seconds."""
+    out = run_mpi(1, ["analyze", str(run_dir), "--json"])
+    data = json.loads(out.stdout)
+    assert data["status"] == "complete" and len(data["ranks"]) == 2 and data["ops"]
+    cmp = json.loads(run_mpi(1, ["compare", str(run_dir), str(run_dir), "--json"]).stdout)
+    assert cmp["speedup"] == pytest.approx(1.0)
+    run = load(run_dir)
+    df = run.to_pandas()
+    assert len(df) == sum(len(rt.events) for rt in run.ranks)
+    assert df["t_end_s"].max() == pytest.approx(run.makespan)

@@ -5,6 +5,18 @@ from .load import Run
 from .tables import op_totals
 
 
+def compare_dict(a: Run, b: Run, top: int = 20) -> dict[str, object]:
+    """The comparison as JSON-ready data (seconds)."""
+    ta = {(r.name, r.cat): r.total_s for r in op_totals(a)}
+    tb = {(r.name, r.cat): r.total_s for r in op_totals(b)}
+    keys = sorted(set(ta) | set(tb), key=lambda k: (-abs(tb.get(k, 0.0) - ta.get(k, 0.0)), k))
+    return {"a": str(a.path), "b": str(b.path), "makespan_a_s": a.makespan,
+            "makespan_b_s": b.makespan,
+            "speedup": a.makespan / b.makespan if b.makespan > 0 else None,
+            "ops": [{"name": n, "cat": c, "a_s": ta.get((n, c), 0.0), "b_s": tb.get((n, c), 0.0)}
+                    for n, c in keys[:top]]}
+
+
 def compare_lines(a: Run, b: Run, top: int = 20) -> list[str]:
     """A (baseline) vs B: makespan speedup and the ops whose total time changed most."""
     speed = a.makespan / b.makespan if b.makespan > 0 else float("inf")

@@ -117,3 +117,21 @@ def format_tables(run: Run, top: int = 25) -> list[str]:
         lines += ["per iteration (rank 0; exp = exposed):", *rows, ""]
     lines += path_summary(critical_path(run), top=min(top, 12))
     return lines
+
+
+def summary_dict(run: Run, top: int = 25) -> dict[str, object]:
+    """What `mpiemu analyze` prints, as JSON-ready data (times in seconds, `_s`)."""
+    from dataclasses import asdict  # noqa: PLC0415
+
+    from .critical_path import critical_path  # noqa: PLC0415
+    from .network import busiest_ports  # noqa: PLC0415
+    path = critical_path(run)
+    by_cat: dict[str, float] = defaultdict(float)
+    for p in path:
+        by_cat[p.cat] += p.t_end - p.t_start
+    return {"run": str(run.path), "status": run.manifest.get("status"),
+            "makespan_s": run.makespan, "problems": run.problems,
+            "ranks": [asdict(rank_budget(rt)) for rt in run.ranks],
+            "ops": [asdict(r) for r in op_totals(run)[:top]],
+            "ports": [asdict(p) | {"share": p.share} for p in busiest_ports(run)],
+            "critical_path_s": dict(by_cat)}

@@ -48,7 +48,14 @@ def _load(args: argparse.Namespace, run_dir: str) -> Any:
 def cmd_analyze(args: argparse.Namespace) -> int:
     """Per-rank and per-op tables of a run directory."""
     from ..analysis import format_tables  # noqa: PLC0415
-    sys.stdout.write("\n".join(format_tables(_load(args, args.run_dir), top=args.top)) + "\n")
+    run = _load(args, args.run_dir)
+    if args.json:
+        import json  # noqa: PLC0415
+
+        from ..analysis.tables import summary_dict  # noqa: PLC0415
+        sys.stdout.write(json.dumps(summary_dict(run, args.top), indent=1, default=float) + "\n")
+        return 0
+    sys.stdout.write("\n".join(format_tables(run, top=args.top)) + "\n")
     return 0
 
 
@@ -69,8 +76,13 @@ def cmd_export(args: argparse.Namespace) -> int:
 @_command
 def cmd_compare(args: argparse.Namespace) -> int:
     """Makespan speedup and per-op differences of run B over run A."""
-    from ..analysis.compare import compare_lines  # noqa: PLC0415
-    lines = compare_lines(_load(args, args.a), _load(args, args.b), top=args.top)
+    from ..analysis.compare import compare_dict, compare_lines  # noqa: PLC0415
+    a, b = _load(args, args.a), _load(args, args.b)
+    if args.json:
+        import json  # noqa: PLC0415
+        sys.stdout.write(json.dumps(compare_dict(a, b, args.top), indent=1) + "\n")
+        return 0
+    lines = compare_lines(a, b, top=args.top)
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
 
@@ -133,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--set", action="append", metavar="device.PATH=VALUE",
                    help="show the preset with a capability overridden (repeatable)")
     a = sub.add_parser("analyze", help="tables of a run directory")
+    a.add_argument("--json", action="store_true", help="JSON instead of tables")
     a.add_argument("--allow-incomplete", action="store_true",
                    help="analyse what is sound in a damaged run (notes on stderr)")
     a.add_argument("run_dir")
@@ -144,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--chrome", help="output .json or .json.gz (all ranks, for Perfetto)")
     e.add_argument("--hta", help="output directory: one file per rank for HTA")
     c = sub.add_parser("compare", help="speedup and per-op differences of run B over run A")
+    c.add_argument("--json", action="store_true", help="JSON instead of tables")
     c.add_argument("--allow-incomplete", action="store_true",
                    help="analyse what is sound in a damaged run (notes on stderr)")
     c.add_argument("a")
