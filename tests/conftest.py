@@ -15,6 +15,43 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
+# Under mpiexec every rank runs pytest: only rank 0 reports, unless a rank fails (then its
+# whole report follows on stderr). MPICH's and Open MPI's launchers say which rank we are.
+MPI_RANK = int(os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or 0)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    expect = os.environ.get("MPIEMU_EXPECT_RANKS")
+    if expect:                  # `make test-mpi`: a launcher / mpi4py mismatch runs N singletons
+        from mpi4py import MPI
+        if MPI.COMM_WORLD.Get_size() != int(expect):
+            raise pytest.UsageError(
+                f"MPI tests asked for {expect} ranks but this process is one of "
+                f"{MPI.COMM_WORLD.Get_size()}: mpiexec and mpi4py belong to different MPIs "
+                "(make install-site-mpi, or the wheel's .venv/bin/mpiexec)")
+    if MPI_RANK > 0:
+        import io
+        config._mpiemu_report = io.StringIO()  # type: ignore[attr-defined]
+        tr = config.pluginmanager.get_plugin("terminalreporter")
+        if tr is not None:
+            tr._tw = _pytest_terminal_writer(config._mpiemu_report)  # type: ignore[attr-defined]
+
+
+def _pytest_terminal_writer(buf: object) -> object:
+    from _pytest._io import TerminalWriter
+    return TerminalWriter(file=buf)  # type: ignore[arg-type]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    buf = getattr(config, "_mpiemu_report", None)
+    if buf is not None and getattr(config, "_mpiemu_failed", False):
+        sys.stderr.write(f"--- rank {MPI_RANK} ---\n{buf.getvalue()}")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config._mpiemu_failed = exitstatus not in (0, 5)  # type: ignore[attr-defined]
+
 
 def mpiexec_path() -> str:
     """The launcher that belongs to this environment's MPI (venv bin first)."""
