@@ -10,7 +10,8 @@ import pytest
 
 from mpiemu.analysis import load, rank_budget, union_length
 from mpiemu.analysis.compare import compare_lines
-from mpiemu.analysis.export import chrome_trace, write_hta
+from mpiemu.analysis.export import chrome_trace
+from mpiemu.analysis.hta import write_hta
 from mpiemu.analysis.plot import gantt
 from tests.conftest import run_mpi
 
@@ -54,6 +55,43 @@ def test_hta_files_carry_their_rank_where_hta_looks(run_dir: Path, tmp_path: Pat
         assert int(re.search(r'"rank":\s+(\d+)', text).group(1)) == i
         assert any(e.get("name", "").startswith("ncclKernel_")
                    for e in json.loads(text)["traceEvents"])
+
+
+@pytest.fixture(scope="module")
+def train_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("train") / "run"
+    res = run_mpi(2, ["run", "workloads/quickstart.toml", "--set", "parallel.tp=2", "--set",
+                      "parallel.dp=1", "--set", "run.iterations=3", "--out", str(out)])
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+def test_every_hta_kernel_has_a_launch_inside_its_profiler_step(train_dir: Path,
+                                                                tmp_path: Path) -> None:
+    """HTA assigns a kernel to an iteration through its launch (same correlation) and the
+    ProfilerStep around the launch: every kernel of a 3-iteration run has both."""
+    for p in write_hta(load(train_dir), tmp_path):
+        ev = json.loads(gzip.open(p, "rt").read())["traceEvents"]
+        steps = [(e["ts"], e["ts"] + e["dur"]) for e in ev
+                 if e.get("cat") == "user_annotation"]
+        launches = {e["args"]["correlation"]: e["ts"] for e in ev
+                    if e.get("cat") == "cuda_runtime"}
+        kernels = [e for e in ev if e.get("cat") == "kernel"]
+        assert len(steps) == 3 and kernels and all(isinstance(e["ts"], int) for e in kernels)
+        for k in kernels:
+            t = launches[k["args"]["correlation"]]
+            assert t <= k["ts"] and any(a <= t <= b for a, b in steps)
+
+
+def test_hta_itself_analyses_the_export(train_dir: Path, tmp_path: Path) -> None:
+    """Runs when HTA is installed (pip install HolisticTraceAnalysis)."""
+    hta = pytest.importorskip("hta.trace_analysis")
+    write_hta(load(train_dir), tmp_path)
+    a = hta.TraceAnalysis(trace_dir=str(tmp_path))
+    assert len(a.get_temporal_breakdown(visualize=False)) == 2
+    assert len(a.get_gpu_kernel_breakdown(visualize=False)[0]) > 0
+    a.get_comm_comp_overlap(visualize=False)
+    a.get_idle_time_breakdown(visualize=False)
 
 
 def test_compare_of_a_run_with_itself_is_no_change(run_dir: Path) -> None:

@@ -200,18 +200,3 @@ def write_chrome(run: Run, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     _dump(chrome_trace(run), path)
     return path
-
-
-def write_hta(run: Run, out_dir: Path) -> list[Path]:
-    """One file per rank with `distributedInfo`, the layout HTA's TraceAnalysis reads."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for rt in run.ranks:
-        doc = {"distributedInfo": {"backend": "mpiemu", "rank": rt.rank,
-                                   "world_size": len(run.ranks)},
-               "traceEvents": rank_events(rt, hta=True)}
-        p = out_dir / f"rank-{rt.rank:05d}.json.gz"
-        _dump(doc, p)
-        paths.append(p)
-    return paths

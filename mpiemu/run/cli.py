@@ -62,7 +62,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 @_command
 def cmd_export(args: argparse.Namespace) -> int:
     """Chrome/Perfetto JSON of a run (and per-rank files for Holistic Trace Analysis)."""
-    from ..analysis.export import write_chrome, write_hta  # noqa: PLC0415
+    from ..analysis.export import write_chrome  # noqa: PLC0415
+    from ..analysis.hta import write_hta  # noqa: PLC0415
     run = _load(args, args.run_dir)
     if not args.chrome and not args.hta:
         raise ValueError("export needs --chrome FILE and/or --hta DIR")
