@@ -223,3 +223,27 @@ def test_sigkill_of_a_rank_ends_the_job_and_every_trace_still_opens(tmp_path: Pa
     assert len(run.ranks) == 2 and all(len(r.events) > 0 for r in run.ranks)
     res = run_mpi(1, ["analyze", str(tmp_path), "--allow-incomplete"])
     assert res.returncode == 0 and "Traceback" not in res.stderr
+
+
+def test_slurm_template_runs_as_shipped_with_a_stand_in_srun(tmp_path: Path) -> None:
+    """launch/slurm.sbatch, with Slurm's variables set and `srun` played by mpiexec, runs and
+    analyses a workload: the template cannot rot without this failing."""
+    import os
+    import subprocess
+    import sys
+    from tests.conftest import ROOT, child_env, mpiexec_path
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text(f"#!/bin/bash\nshift\nexec {mpiexec_path()} -n $SLURM_NTASKS "
+                               "\"$@\"\n")
+    (fake / "srun").chmod(0o755)
+    env = child_env(PATH=f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+                    SLURM_NTASKS="2", SLURM_NTASKS_PER_NODE="2", SLURM_JOB_ID=tmp_path.name,
+                    SLURM_JOB_NAME="mpiemu-test", SLURM_CPUS_PER_TASK="1")
+    res = subprocess.run(["bash", "launch/slurm.sbatch", "workloads/collectives.toml", "--set",
+                          "collectives.sizes=['4KiB']", "--set", "run.numerics=off"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-1500:]
+    assert "collectives bounded by" in res.stdout or "makespan" in res.stdout
+    import shutil
+    shutil.rmtree(ROOT / "runs" / f"mpiemu-test-{tmp_path.name}", ignore_errors=True)
