@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -94,3 +95,28 @@ def test_gpt3_175b_on_eight_h100_does_not_fit_and_tiny_does() -> None:
     assert rep.params_bytes + rep.grads_bytes + rep.optimizer_bytes == pytest.approx(16 * n)
     tiny = TINY.for_tp(2)
     assert memory_report(tiny, make_dims(tiny, 2, 2, 8, True), 2, cap).fits
+
+
+@pytest.mark.parametrize("sets", [
+    ["parallel.tp=1", "parallel.dp=2", "model.hidden=768", "model.layers=3",
+     "model.seq_len=384"],
+    ["parallel.tp=2", "parallel.dp=1", "model.hidden=1536", "model.layers=2",
+     "model.seq_len=256", "parallel.sequence_parallel=true"],
+    ["parallel.tp=2", "parallel.dp=1", "model.hidden=1024", "model.layers=2",
+     "model.seq_len=256", "model.attention=flash"],
+])
+def test_host_estimate_is_within_20_percent_of_the_measured_peak(sets: list[str],
+                                                                  tmp_path: Path) -> None:
+    """Shapes the estimate's two calibrated counts were not fitted on (nn/memory.py)."""
+    import json
+    from tests.conftest import run_mpi
+    args = ["run", "workloads/quickstart.toml", "--set", "model.preset=tiny", "--set",
+            "train.check_reference=false", "--set", "run.iterations=1", "--out",
+            str(tmp_path)]
+    for s in sets:
+        args += ["--set", s]
+    res = run_mpi(2, args, timeout=180)
+    assert res.returncode == 0, res.stderr
+    mem = json.loads((tmp_path / "manifest.json").read_text())["summary"]["host_memory"]
+    ratio = mem["estimate_bytes"] / max(mem["peak_bytes"])
+    assert 0.8 <= ratio <= 1.2, ratio

@@ -180,6 +180,12 @@ def run(ctx: RankContext) -> dict[str, Any]:
         first = rows[0]
         summary["overlap"] = _against_sequential(ctx, cfg, gb, dims,
                                                  first["t_end"] - first["t_start"])
+    if ctx.numerics:                # the estimate the run was admitted with, and the truth
+        import resource  # noqa: PLC0415
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        summary["host_memory"] = {
+            "estimate_bytes": host_bytes(cfg, dims, 8 if w.run.numeric_dtype == "fp64" else 4),
+            "peak_bytes": ctx.world.gather(peak, root=0)}
     if w.train.check_reference and ctx.numerics:
         chk = check_against_reference(ctx.world, cfg, w.optimizer.to_config(), w.run.seed, gb,
                                       grid.tp, grid.tp_rank, model.P,  # type: ignore[arg-type]
