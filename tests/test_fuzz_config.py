@@ -100,3 +100,50 @@ def test_mutated_runs_finish_cleanly_under_mpiexec(overrides: list[str]) -> None
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert res.returncode == 0 or (len(lines) == 1 and lines[0].startswith("mpiemu")), \
         (overrides, res.returncode, res.stderr[-500:])
+
+
+PRESETS = sorted((ROOT / "mpiemu" / "hw" / "presets").glob("*.toml")) + \
+    sorted((ROOT / "mpiemu" / "net" / "presets").glob("*.toml"))
+DAMAGE = st.sampled_from(["nan", "inf", "-1", "0", "1e400", "'x'", "true", "[]", "{}",
+                          "{ value = 1.0 }", "{ value = 'x', source = 's' }",
+                          "{ value = nan, source = 's' }", "{ value = -5, source = 's' }",
+                          "{ value = 1e308, source = 's' }"])
+
+
+def _mutate(text: str, line: int, value: str) -> str:
+    """Replace the right-hand side of the line-th `key = ...` line (or add a junk key)."""
+    lines = text.splitlines()
+    keyed = [i for i, ln in enumerate(lines) if "=" in ln and not ln.lstrip().startswith("#")]
+    if not keyed:
+        return text
+    i = keyed[line % len(keyed)]
+    key = lines[i].split("=", 1)[0]
+    lines[i] = f"{key}= {value}"
+    return "\n".join(lines) + "\n"
+
+
+@settings(max_examples=300, deadline=5000, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(preset=st.sampled_from(PRESETS), line=st.integers(0, 200), value=DAMAGE)
+def test_damaged_presets_are_refused_in_one_line(preset: Path, line: int, value: str,
+                                                 tmp_path_factory: Any) -> None:
+    """A preset file whose numbers were damaged loads to finite values or is refused with
+    one line naming the entry; never another exception."""
+    from mpiemu.hw.presets import PresetError, load_device
+    from mpiemu.net import load_network
+    d = tmp_path_factory.mktemp("p")
+    f = d / preset.name
+    f.write_text(_mutate(preset.read_text(), line, value))
+    loader = load_network if preset.parent.name == "presets" and \
+        preset.parent.parent.name == "net" else load_device
+    try:
+        spec = loader(str(f))
+    except (PresetError, ValueError) as exc:
+        assert str(exc) and "\n" not in str(exc), str(exc)
+        return
+    from mpiemu.hw.caps import walk
+    unlimited = {p for p, v in walk(loader(str(preset)))          # defaults meaning "no
+                 if isinstance(v, float) and not math.isfinite(v)}  # limit" stay infinite
+    bad = [p for p, v in walk(spec) if isinstance(v, float) and not math.isfinite(v)
+           and p not in unlimited]
+    assert not bad, f"accepted non-finite {bad}"

@@ -37,7 +37,8 @@ def _quantities(section: Mapping[str, Any], where: str) -> dict[str, Quantity]:
     out: dict[str, Quantity] = {}
     for key, entry in section.items():
         if not isinstance(entry, dict):
-            continue
+            raise PresetError(f"{where}.{key}={entry!r}: every number is a table "
+                              "{ value = ..., source = \"...\" }")
         if "value" not in entry or not str(entry.get("source", "")).strip():
             raise PresetError(f"{where}.{key}: every number needs a value and a source")
         base, scale = _split_unit(key)
