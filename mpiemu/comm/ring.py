@@ -119,6 +119,15 @@ class PlainGather(PlainReduce):
         return self.tc.place(dst, nbytes, ready, label="ag.send", stage=p.step)
 
 
+def _add(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> None:
+    """out = x + y, on flat views when all three are contiguous (numpy adds [n, 1] rows
+    about 1.8x slower than the same n elements flat)."""
+    if x.flags.c_contiguous and y.flags.c_contiguous and out.flags.c_contiguous:
+        np.add(x.reshape(-1), y.reshape(-1), out=out.reshape(-1))
+    else:
+        np.add(x, y, out=out)
+
+
 def _subs(rows: tuple[int, int], row_bytes: int) -> list[tuple[int, int]]:
     """A piece's rows in sub-pieces of at most PIECE_BYTES (at least one row each)."""
     lo, hi = rows
@@ -247,8 +256,8 @@ class ReduceScatter(_Ring):
         base = p.rows[0]
         for req, (a, b) in zip(preqs, _subs(p.rows, target[0:1].nbytes or 1)):
             req.Wait()
-            np.add(local[a - base:b - base], recv[a - base:b - base],  # type: ignore[index]
-                   out=target[a - base:b - base])
+            _add(local[a - base:b - base], recv[a - base:b - base],  # type: ignore[index]
+                 target[a - base:b - base])
             if not last:
                 self.sreqs[(p.lane, p.step % 2)].append(
                     self.tc.comm.Isend(target[a - base:b - base], dst, RS_DATA + p.lane))
