@@ -3,7 +3,12 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-MPIEXEC := $(BIN)/mpiexec
+SITE   := $(VENV)/.site-mpi
+# After `make install-site-mpi` the site's launcher (on PATH) runs the jobs; else the wheel's.
+MPIEXEC := $(if $(wildcard $(SITE)),mpiexec,$(BIN)/mpiexec)
+# Everything mpiemu needs besides MPI itself (a site install keeps the site's MPI).
+TOOLS  := numpy h5py matplotlib 'pytest>=8' 'pytest-mpi>=0.6' 'mypy==2.4.1' 'pyflakes==4.1.0' \
+          'hypothesis>=6.100' 'pandas>=2.1'
 NP ?= 4
 
 # One BLAS thread per rank: the MPI tests put up to 8 ranks on 2 cores.
@@ -20,9 +25,13 @@ MPI_PYTEST := $(BIN)/python -m mpi4py -m pytest -q -p no:cacheprovider --only-mp
 .PHONY: install run test lint test-serial test-mpi bench reports goldens install-site-mpi clean
 
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,plot]'
+	@if [ -f $(SITE) ]; then \
+	  echo "site-MPI install: refreshing mpiemu and its tools, keeping the site's mpi4py"; \
+	  $(BIN)/python -m pip install -q $(TOOLS) && $(BIN)/python -m pip install -q --no-deps -e .; \
+	else \
+	  $(PYTHON) -m venv $(VENV) && $(BIN)/python -m pip install -q --upgrade pip && \
+	  $(BIN)/python -m pip install -q -e '.[test,plot]'; \
+	fi
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -62,12 +71,21 @@ goldens: $(STAMP)
 reports: $(STAMP)
 	$(BIN)/mpiemu report --all
 
-## make install-site-mpi: install against the cluster's MPI instead of the mpich wheel
+## make install-site-mpi: install against the cluster's MPI (its mpiexec on PATH) instead of
+## the mpich wheel: mpi4py's binary wheel when it loads the site's libmpi, else built from
+## source; afterwards make run / test use the site's mpiexec and never reinstall the wheel
 install-site-mpi:
+	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q --no-binary=mpi4py 'mpi4py>=4.1' numpy h5py matplotlib pytest pytest-mpi
+	$(BIN)/python -m pip install -q 'mpi4py>=4.1' && \
+	  $(BIN)/python -c "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])" \
+	  || { echo "mpi4py's binary wheel does not load this MPI: building it from source"; \
+	       $(BIN)/python -m pip install -q --force-reinstall --no-binary=mpi4py 'mpi4py>=4.1'; }
+	$(BIN)/python -m pip install -q $(TOOLS)
 	$(BIN)/python -m pip install -q --no-deps -e .
+	touch $(SITE) $(STAMP)
+	@echo "site MPI: $$(mpiexec --version 2>&1 | head -1); mpi4py: $$($(BIN)/python -m mpi4py --mpi-library)"
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info
