@@ -62,6 +62,7 @@ bench: $(STAMP)
 	$(MPIEXEC) -n 4 $(BIN)/python -m mpi4py benchmarks/collectives.py
 	$(MPIEXEC) -n 4 $(BIN)/python -m mpi4py benchmarks/overlap.py
 	$(BIN)/python benchmarks/emulation_tax.py
+	$(BIN)/python benchmarks/long_run.py
 
 ## make goldens: regenerate tests/golden/ (the emulated timelines the tests compare against)
 goldens: $(STAMP)

@@ -51,21 +51,23 @@ def _window(rt: RankTrace, iteration: int) -> tuple[float, float]:
     return t0, float(ev["t_end"][mine].max())
 
 
-def _clipped(rt: RankTrace, mask: np.ndarray, t0: float, t1: float
-             ) -> tuple[np.ndarray, np.ndarray]:
-    s = np.clip(rt.events["t_start"][mask], t0, t1)
-    e = np.clip(rt.events["t_end"][mask], t0, t1)
-    return s, e
-
-
 def iteration_breakdown(rt: RankTrace, iteration: int) -> IterationBreakdown:
     """Compute / exposed TP / exposed DP communication of one iteration on one rank."""
     t0, t1 = _window(rt, iteration)
-    inside = (rt.events["t_end"] > t0) & (rt.events["t_start"] < t1)
-    coll = rt.cats == "collective"
-    sets = [_clipped(rt, inside & m, t0, t1) for m in
-            (rt.cats == "compute", coll & (rt.resources == "coll.tp"),
-             coll & (rt.resources == "coll.dp"))]
+    inside = np.flatnonzero((rt.events["t_end"] > t0) & (rt.events["t_start"] < t1))
+    return _breakdown(rt, inside, iteration, t0, t1)
+
+
+def _breakdown(rt: RankTrace, inside: np.ndarray, iteration: int, t0: float, t1: float
+               ) -> IterationBreakdown:
+    """The breakdown from the events overlapping the window [t0, t1]."""
+    cats, res = rt.cats[inside], rt.resources[inside]
+    coll = cats == "collective"
+    sets = []
+    for m in (cats == "compute", coll & (res == "coll.tp"), coll & (res == "coll.dp")):
+        sel = inside[m]
+        sets.append((np.clip(rt.events["t_start"][sel], t0, t1),
+                     np.clip(rt.events["t_end"][sel], t0, t1)))
 
     def union(*idx: int) -> float:
         return union_length(np.concatenate([sets[i][0] for i in idx]),
@@ -76,13 +78,39 @@ def iteration_breakdown(rt: RankTrace, iteration: int) -> IterationBreakdown:
                               everything - with_tp, union(1), union(2))
 
 
+def rank_breakdowns(rt: RankTrace) -> list[IterationBreakdown]:
+    """Every iteration of one rank at once: windows from per-iteration extremes, events of a
+    window found by binary search on start times (linear in events, not iterations x events)."""
+    ev = rt.events
+    it = ev["iteration"].astype(np.int64)
+    vals, inv = np.unique(it, return_inverse=True)
+    ends = np.full(len(vals), -np.inf)
+    starts_min = np.full(len(vals), np.inf)
+    np.maximum.at(ends, inv, ev["t_end"])
+    np.minimum.at(starts_min, inv, ev["t_start"])
+    keep = vals >= 0
+    vals, ends, starts_min = vals[keep], ends[keep], starts_min[keep]
+    if len(vals) == 0:
+        return []
+    before = np.concatenate([[-np.inf], np.maximum.accumulate(ends)[:-1]])
+    order = np.argsort(ev["t_start"], kind="stable")
+    by_start = ev["t_start"][order]
+    longest = float(np.max(ev["t_end"] - ev["t_start"]))
+    out = []
+    for k, iteration in enumerate(vals):
+        t0 = before[k] if np.isfinite(before[k]) else starts_min[k]
+        t1 = ends[k]
+        lo = np.searchsorted(by_start, t0 - longest, "left")
+        hi = np.searchsorted(by_start, t1, "left")
+        cand = order[lo:hi]
+        inside = np.sort(cand[ev["t_end"][cand] > t0])
+        out.append(_breakdown(rt, inside, int(iteration), float(t0), float(t1)))
+    return out
+
+
 def run_breakdown(run: Run) -> list[list[IterationBreakdown]]:
     """Per rank, the breakdown of every iteration found in its trace."""
-    out = []
-    for rt in run.ranks:
-        its = sorted({int(i) for i in np.unique(rt.events["iteration"]) if i >= 0})
-        out.append([iteration_breakdown(rt, i) for i in its])
-    return out
+    return [rank_breakdowns(rt) for rt in run.ranks]
 
 
 def format_breakdown(run: Run) -> list[str]:
@@ -93,7 +121,13 @@ def format_breakdown(run: Run) -> list[str]:
     lines = [f"{'iter':>4}{'iteration ms':>14}{'compute ms':>12}{'TP exp ms':>11}"
              f"{'DP exp ms':>11}{'TP total ms':>13}{'DP total ms':>13}{'idle ms':>10}"
              f"{'slowest rank ms':>17}"]
-    for i, b in enumerate(per_rank[0]):
+    rows = list(enumerate(per_rank[0]))
+    shown = rows if len(rows) <= 20 else rows[:10] + rows[-5:]
+    for n, (i, b) in enumerate(shown):
+        if n == 10 and len(rows) > 20:
+            mean = sum(x.iteration_s for x in per_rank[0]) / len(per_rank[0])
+            lines.append(f"{'...':>4}  {len(rows) - 15} more iterations; mean iteration "
+                         f"{mean * 1e3:.4f} ms over all {len(rows)}")
         slowest = max(r[i].iteration_s for r in per_rank if len(r) > i)
         lines.append(f"{b.iteration:>4}{b.iteration_s * 1e3:>14.4f}{b.compute_s * 1e3:>12.4f}"
                      f"{b.tp_exposed_s * 1e3:>11.4f}{b.dp_exposed_s * 1e3:>11.4f}"

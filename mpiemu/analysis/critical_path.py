@@ -36,16 +36,25 @@ class _Index:
     def __init__(self, rt: RankTrace) -> None:
         ev = rt.events
         keep = np.isin(rt.cats, WALK_CATS) & (ev["t_end"] > ev["t_start"])
-        self.idx = np.flatnonzero(keep)
+        idx = np.flatnonzero(keep)
+        order = np.argsort(ev["t_end"][idx], kind="stable")   # by end: binary searches
+        self.idx = idx[order]
         self.ends = ev["t_end"][self.idx]
         self.rt = rt
 
     def ending_at(self, t: float, tol: float) -> np.ndarray:
-        return self.idx[np.abs(self.ends - t) <= tol]
+        """Ops whose end is within tol of t, in recorded order (O(log n) per query)."""
+        lo = np.searchsorted(self.ends, t - tol, "left")
+        hi = np.searchsorted(self.ends, t + tol, "right")
+        return np.sort(self.idx[lo:hi])
 
     def last_before(self, t: float) -> int | None:
-        m = self.ends < t
-        return int(self.idx[m][np.argmax(self.ends[m])]) if m.any() else None
+        """The op that ended last before t (the first recorded of equals)."""
+        pos = int(np.searchsorted(self.ends, t, "left")) - 1
+        if pos < 0:
+            return None
+        first = int(np.searchsorted(self.ends, self.ends[pos], "left"))
+        return int(np.min(self.idx[first:pos + 1]))
 
 
 def _step(rt: RankTrace, i: int) -> PathStep:
