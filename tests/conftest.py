@@ -70,6 +70,12 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def our_lines(stderr: str) -> list[str]:
+    """mpiemu's own stderr lines (launchers add banners of their own: Open MPI's prterun
+    reports every non-zero exit; MPICH prints `Abort(...)`)."""
+    return [ln for ln in stderr.splitlines() if ln.startswith("mpiemu")]
+
+
 def run_mpi(n: int, args: list[str], timeout: float = 120, cwd: Path | None = None,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Launch `python -m mpiemu ARGS` on n ranks and capture its output."""

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mpiemu.analysis import load
-from tests.conftest import child_env, run_mpi
+from tests.conftest import child_env, our_lines, run_mpi
 
 SMALL = ["--set", 'collectives.sizes=["1KiB", "96KiB"]', "--set", "parallel.tp=2"]
 
@@ -70,7 +70,7 @@ def test_config_error_is_one_line_and_exits_nonzero(tmp_path: Path, override: st
                       str(tmp_path)], timeout=60)
     assert res.returncode != 0
     assert time.monotonic() - t0 < 30
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    lines = our_lines(res.stderr)
     assert len(lines) == 1 and lines[0].startswith("mpiemu: error: ") and needle in lines[0]
     assert "Traceback" not in res.stderr + res.stdout
 
@@ -103,7 +103,7 @@ def test_analyze_of_missing_dir_is_one_line_error(tmp_path: Path) -> None:
 def test_devices_per_node_that_does_not_divide_the_job_is_one_line(tmp_path: Path) -> None:
     res = run_mpi(4, ["run", "workloads/collectives.toml", "--set", "network.devices_per_node=3",
                       "--set", "network.preset=dgx-a100", "--out", str(tmp_path)], timeout=60)
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    lines = our_lines(res.stderr)
     assert res.returncode != 0 and len(lines) == 1, res.stderr
     assert "network.devices_per_node=3" in lines[0] and "divisor of 4" in lines[0]
 
@@ -123,7 +123,7 @@ def test_analyze_shows_a_two_node_dp_all_reduce_bounded_by_its_nics(tmp_path: Pa
 def test_an_algorithm_the_network_cannot_run_is_one_line(tmp_path: Path) -> None:
     res = run_mpi(2, ["run", "workloads/collectives.toml", "--set", "parallel.tp=2", "--set",
                       "collectives.algorithm=nvls", "--out", str(tmp_path)], timeout=60)
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    lines = our_lines(res.stderr)
     assert res.returncode != 0 and len(lines) == 1, res.stderr
     assert "collectives.algorithm='nvls'" in lines[0] and "can run ['ring']" in lines[0]
 
@@ -184,7 +184,7 @@ def test_bad_paths_are_one_line_naming_the_argument(tmp_path: Path, case: str) -
     else:
         out, needle = str(tmp_path / ("x" * 300)), "a directory we can create and write into"
     res = run_mpi(2, ["run", workload, "--set", "parallel.tp=2", "--out", out], timeout=60)
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    lines = our_lines(res.stderr)
     assert res.returncode == 2 and len(lines) == 1 and needle in lines[0], res.stderr
 
 

@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
-from tests.conftest import run_mpi
+from tests.conftest import our_lines, run_mpi
 
 COMMANDS = [["analyze"], ["export", "--chrome", "{tmp}/t.json"], ["plot", "--out", "{tmp}/t.png"]]
 
@@ -71,7 +71,7 @@ def test_damaged_run_is_one_line_or_analysed_with_a_note(good: Path, tmp_path: P
     for cmd in COMMANDS:
         args = [a.format(tmp=tmp_path) for a in cmd]
         res = run_mpi(1, [args[0], str(d), *args[1:]], timeout=60)
-        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        lines = our_lines(res.stderr)
         assert res.returncode != 0 and len(lines) == 1, (cmd, res.stderr)
         assert "Traceback" not in res.stderr and str(d) in lines[0], lines
         ok = run_mpi(1, [args[0], str(d), *args[1:], "--allow-incomplete"], timeout=60)

@@ -89,7 +89,7 @@ def test_mutated_runs_finish_cleanly_under_mpiexec(overrides: list[str]) -> None
     """A real 2-rank job (timing only, small sizes): exit 0, or a one-line refusal; never a
     traceback, never a hang (MPIEXEC_TIMEOUT 60 s)."""
     import tempfile
-    from tests.conftest import run_mpi
+    from tests.conftest import our_lines, run_mpi
     base = ["run.numerics=off", "collectives.sizes=['4KiB']", "parallel.tp=2"]
     with tempfile.TemporaryDirectory() as tmp:
         args = ["run", "workloads/collectives.toml", "--out", f"{tmp}/run"]
@@ -97,7 +97,7 @@ def test_mutated_runs_finish_cleanly_under_mpiexec(overrides: list[str]) -> None
             args += ["--set", o]
         res = run_mpi(2, args, timeout=60)
     assert "Traceback" not in res.stderr + res.stdout, res.stderr
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    lines = our_lines(res.stderr)
     assert res.returncode == 0 or (len(lines) == 1 and lines[0].startswith("mpiemu")), \
         (overrides, res.returncode, res.stderr[-500:])
 

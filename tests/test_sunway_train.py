@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mpiemu.analysis import load
-from tests.conftest import run_mpi
+from tests.conftest import our_lines, run_mpi
 
 TINY = ["--set", "device.preset=sw26010pro", "--set", "run.emulated_dtype=fp32",
         "--set", "parallel.tp=2", "--set", "parallel.dp=1", "--set", "run.iterations=2"]
@@ -63,5 +63,5 @@ def test_unsupported_sunway_settings_are_refused_in_one_line(tmp_path: Path, ove
     res = run_mpi(2, ["run", "workloads/quickstart.toml", *TINY, "--set", override,
                       "--out", str(tmp_path)])
     assert res.returncode == 2
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    lines = our_lines(res.stderr)
     assert len(lines) == 1 and needle in lines[0], res.stderr
