@@ -5,7 +5,7 @@ import pytest
 
 from mpiemu.run.errors import ConfigError
 from mpiemu.run.runner import validate
-from tests.conftest import run_mpi
+from tests.conftest import our_lines, run_mpi
 
 BASE = ["run.kind='train'", "model.preset='tiny'"]
 
@@ -77,6 +77,6 @@ def test_bad_input_under_mpiexec_exits_2_with_one_line_on_rank_0(tmp_path) -> No
                       "--set", "parallel.dp=2", "--set", "train.global_batch=5",
                       "--out", str(tmp_path)])
     assert res.returncode == 2
-    lines = res.stderr.strip().splitlines()
+    lines = our_lines(res.stderr)
     assert lines == ["mpiemu: error: train.global_batch=5: is not divisible by parallel.dp=2; "
                      "choose dp in {1, 5} or a global batch that is a multiple of 2"]
