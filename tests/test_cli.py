@@ -5,6 +5,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import h5py
 import numpy as np
@@ -142,20 +143,24 @@ def test_nan_never_passes_the_reference_check() -> None:
     assert rel_err(np.array([1.0, 2.0]), np.array([1.0, 2.0])) == 0.0
 
 
-def test_sigint_to_the_launcher_ends_the_job_and_marks_it_interrupted(tmp_path: Path) -> None:
-    import signal
-    import subprocess
-    import sys
-    from tests.conftest import ROOT, child_env, mpiexec_path
+def _long_job(out: Path, started: Callable[[], bool]) -> Any:
+    """A 2-rank quickstart that would run for hours, once `started()` (or 60 s) holds."""
+    from tests.conftest import ROOT, mpiexec_path
     cmd = [mpiexec_path(), "-n", "2", sys.executable, "-m", "mpiemu", "run",
            "workloads/quickstart.toml", "--set", "parallel.tp=2", "--set", "parallel.dp=1",
            "--set", "run.iterations=100000", "--set", "train.check_reference=false",
-           "--out", str(tmp_path)]
+           "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=child_env(MPIEXEC_TIMEOUT="120"), cwd=ROOT)
     deadline = time.monotonic() + 60
-    while not list(tmp_path.glob("rank-*.h5")) and time.monotonic() < deadline:
+    while not started() and time.monotonic() < deadline:
         time.sleep(0.2)
+    return proc
+
+
+def test_sigint_to_the_launcher_ends_the_job_and_marks_it_interrupted(tmp_path: Path) -> None:
+    import signal
+    proc = _long_job(tmp_path, lambda: bool(list(tmp_path.glob("rank-*.h5"))))
     time.sleep(2.0)
     proc.send_signal(signal.SIGINT)
     t0 = time.monotonic()
@@ -192,18 +197,7 @@ def test_sigkill_of_a_rank_ends_the_job_and_every_trace_still_opens(tmp_path: Pa
     (part files, `sim.trace`) of every rank read back."""
     import os
     import signal
-    import subprocess
-    import sys
-    from tests.conftest import ROOT, child_env, mpiexec_path
-    cmd = [mpiexec_path(), "-n", "2", sys.executable, "-m", "mpiemu", "run",
-           "workloads/quickstart.toml", "--set", "parallel.tp=2", "--set", "parallel.dp=1",
-           "--set", "run.iterations=100000", "--set", "train.check_reference=false",
-           "--out", str(tmp_path)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=child_env(MPIEXEC_TIMEOUT="120"), cwd=ROOT)
-    deadline = time.monotonic() + 60
-    while len(list(tmp_path.glob("rank-00001.h5.part-*"))) < 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
+    proc = _long_job(tmp_path, lambda: len(list(tmp_path.glob("rank-00001.h5.part-*"))) >= 2)
     ranks = []                  # the Python processes of this job (not mpiexec, not hydra)
     for pid in subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True,
                               text=True).stdout.split():

@@ -7,8 +7,8 @@ nest badly (Perfetto's nesting rule); events of one resource that overlap withou
 port gets a counter track of its utilisation (busy share per time bin, from the messages
 leaving through it), and each message a flow arrow from its sender's slice to the receiver's
 `in:` slice. Times are emulated, in microseconds. Collective summaries sit on
-their own `coll.<group>` thread. Per iteration a `ProfilerStep#<n>` span is added, and communication
-kernels get an `nccl`-style name prefix, as HTA expects (reference/conventions.md B.4).
+their own `coll.<group>` thread. Per iteration a `ProfilerStep#<n>` span is added. (The HTA
+layout is `analysis/hta.py`.)
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from typing import Any, Iterator
 import numpy as np
 
 from .load import RankTrace, Run
+from .network import egress_port
 
 US = 1e6
-HTA_COMM_PREFIX = {"comm": "ncclKernel_", "collective": "ncclKernel_"}
 
 
 def _threads(rt: RankTrace) -> tuple[dict[str, int], list[int]]:
@@ -54,8 +54,8 @@ def _ports(rt: RankTrace, bins: int = 200) -> Iterator[dict[str, Any]]:
     ev = rt.events
     busy: dict[str, list[tuple[float, float]]] = {}
     for i, res in enumerate(rt.resources):
-        if rt.cats[i] == "comm" and res.split(".")[0] in ("port", "nic", "link"):
-            port = res.split(">")[0]
+        port = egress_port(res)
+        if rt.cats[i] == "comm" and port is not None:
             busy.setdefault(port, []).append((float(ev["t_start"][i]), float(ev["t_end"][i])))
     if not busy:
         return
@@ -95,7 +95,7 @@ def _meta(rank: int, tids: dict[str, int]) -> Iterator[dict[str, Any]]:
                "args": {"sort_index": tid}}
 
 
-def _slices(rt: RankTrace, per_event: list[int], hta: bool) -> Iterator[dict[str, Any]]:
+def _slices(rt: RankTrace, per_event: list[int]) -> Iterator[dict[str, Any]]:
     ev = rt.events
     for i in range(len(ev)):
         res = rt.resources[i]
@@ -103,8 +103,6 @@ def _slices(rt: RankTrace, per_event: list[int], hta: bool) -> Iterator[dict[str
             continue
         cat = rt.cats[i]
         name = str(rt.names[i])
-        if hta and cat in HTA_COMM_PREFIX:
-            name = HTA_COMM_PREFIX[cat] + name
         args: dict[str, Any] = {"stream": per_event[i], "correlation": i}
         for field in ("flops", "bytes", "dram_bytes"):
             v = ev[field][i]
@@ -117,29 +115,32 @@ def _slices(rt: RankTrace, per_event: list[int], hta: bool) -> Iterator[dict[str
         if rt.phases[i] != "none":
             args["phase"] = rt.phases[i]
         yield {"ph": "X", "pid": rt.rank, "tid": per_event[i], "name": name,
-               "cat": "kernel" if hta else cat, "ts": float(ev["t_start"][i]) * US,
+               "cat": cat, "ts": float(ev["t_start"][i]) * US,
                "dur": float(ev["t_end"][i] - ev["t_start"][i]) * US, "args": args}
 
 
-def _steps(rt: RankTrace) -> Iterator[dict[str, Any]]:
-    """One `ProfilerStep#n` span per iteration, on thread 0."""
+def iteration_spans(rt: RankTrace) -> Iterator[tuple[int, float, float]]:
+    """(iteration, first start, last end) of every labelled iteration of a rank."""
     ev = rt.events
     for it in np.unique(ev["iteration"]):
         if it < 0:
             continue
         m = ev["iteration"] == it
-        t0, t1 = float(ev["t_start"][m].min()), float(ev["t_end"][m].max())
-        yield {"ph": "X", "pid": rt.rank, "tid": 0, "name": f"ProfilerStep#{int(it)}",
+        yield int(it), float(ev["t_start"][m].min()), float(ev["t_end"][m].max())
+
+
+def _steps(rt: RankTrace) -> Iterator[dict[str, Any]]:
+    """One `ProfilerStep#n` span per iteration, on thread 0."""
+    for it, t0, t1 in iteration_spans(rt):
+        yield {"ph": "X", "pid": rt.rank, "tid": 0, "name": f"ProfilerStep#{it}",
                "cat": "user_annotation", "ts": t0 * US, "dur": (t1 - t0) * US}
 
 
-def rank_events(rt: RankTrace, hta: bool = False,
-                threads: tuple[dict[str, int], list[int]] | None = None
+def rank_events(rt: RankTrace, threads: tuple[dict[str, int], list[int]] | None = None
                 ) -> list[dict[str, Any]]:
     """All trace events of one rank."""
     tids, per_event = threads or _threads(rt)
-    return [*_meta(rt.rank, tids), *_steps(rt), *_slices(rt, per_event, hta),
-            *([] if hta else _ports(rt))]
+    return [*_meta(rt.rank, tids), *_steps(rt), *_slices(rt, per_event), *_ports(rt)]
 
 
 def _flows(run: Run, threads: dict[int, list[int]]) -> Iterator[dict[str, Any]]:
@@ -156,7 +157,7 @@ def _flows(run: Run, threads: dict[int, list[int]]) -> Iterator[dict[str, Any]]:
     for rt in run.ranks:
         t0 = rt.events["t_start"]
         for i, res in enumerate(rt.resources):
-            if rt.cats[i] != "comm" or res.split(".")[0] not in ("port", "nic", "link"):
+            if rt.cats[i] != "comm" or egress_port(res) is None:
                 continue
             match = inbox.get((res, float(t0[i])))
             if not match:
@@ -170,16 +171,15 @@ def _flows(run: Run, threads: dict[int, list[int]]) -> Iterator[dict[str, Any]]:
                    "name": "message", "cat": "flow"}
 
 
-def chrome_trace(run: Run, hta: bool = False) -> dict[str, Any]:
+def chrome_trace(run: Run) -> dict[str, Any]:
     """The whole run as one trace-event document (all ranks as processes)."""
     events: list[dict[str, Any]] = []
     per_rank: dict[int, list[int]] = {}
     for rt in run.ranks:
         threads = _threads(rt)
         per_rank[rt.rank] = threads[1]
-        events += rank_events(rt, hta, threads)
-    if not hta:
-        events += _flows(run, per_rank)
+        events += rank_events(rt, threads)
+    events += _flows(run, per_rank)
     return {"traceEvents": events, "displayTimeUnit": "ns",
             "otherData": {"clock": "emulated", "run": str(run.path),
                           "workload": run.manifest.get("config", {}).get("name", "")}}

@@ -18,8 +18,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-import numpy as np
-
+from .export import iteration_spans
 from .load import RankTrace, Run
 
 UNIT = 1e9          # ts / dur in integer nanoseconds (HTA reads whole units)
@@ -39,13 +38,9 @@ def _streams(rt: RankTrace) -> dict[str, int]:
 
 
 def _steps(rt: RankTrace) -> Iterator[dict[str, Any]]:
-    ev = rt.events
-    for it in np.unique(ev["iteration"]):
-        if it < 0:
-            continue
-        m = ev["iteration"] == it
-        t0, t1 = _ns(ev["t_start"][m].min()), _ns(ev["t_end"][m].max())
-        yield {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{int(it)}",
+    for it, start, end in iteration_spans(rt):
+        t0, t1 = _ns(start), _ns(end)
+        yield {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{it}",
                "pid": CPU_PID, "tid": CPU_TID, "ts": t0, "dur": t1 - t0, "args": {}}
 
 

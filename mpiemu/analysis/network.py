@@ -20,6 +20,12 @@ KINDS = {"port": "intra-node (switch port)", "link": "intra-node (link)",
          "nic": "inter-node (NIC)"}
 
 
+def egress_port(resource: str) -> str | None:
+    """The sender's port of a message route (`port.3.out>port.5.in` -> `port.3.out`), None
+    for anything else (streams, `in:` receive records)."""
+    return resource.split(">")[0] if resource.split(".")[0] in KINDS else None
+
+
 @dataclass(frozen=True)
 class PortBusy:
     """The busiest port of one kind: where, how long, and against the collectives' time."""
@@ -45,9 +51,9 @@ def busiest_ports(run: Run) -> list[PortBusy]:
         coll_s = union_length(ev["t_start"][coll], ev["t_end"][coll])
         ports: dict[str, list[int]] = {}
         for i, res in enumerate(rt.resources):
-            head = res.split(".")[0]
-            if rt.cats[i] == "comm" and head in KINDS:
-                ports.setdefault(res.split(">")[0], []).append(i)
+            port = egress_port(res)
+            if rt.cats[i] == "comm" and port is not None:
+                ports.setdefault(port, []).append(i)
         for port, idx in ports.items():
             ix = np.array(idx)
             busy = union_length(ev["t_start"][ix], ev["t_end"][ix])

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from .load import Run
+from .network import egress_port
 
 COLOURS = {"compute": "#4C72B0", "comm": "#DD8452", "memory": "#55A868", "wait": "#C7C7C7",
            "collective": "#C44E52"}
@@ -18,7 +19,7 @@ COLOURS = {"compute": "#4C72B0", "comm": "#DD8452", "memory": "#55A868", "wait":
 def _row(res: str) -> str:
     if res.startswith("in:"):
         return "net in"
-    return "net out" if res.split(".")[0] in ("port", "nic", "link") else res
+    return "net out" if egress_port(res) is not None else res
 
 
 def gantt(run: Run, path: Path, *, t_min_ms: float | None = None,

@@ -105,14 +105,22 @@ def load_device(name_or_path: str) -> DeviceSpec:
     secs = all_quantities(raw)
     given: dict[str, Any] = {k: str(raw.get(k, d)) for k, d in
                              zip(TOP_LEVEL, (name_or_path, "gpu", "", ""))}
+    return build_spec(DeviceSpec, raw, secs, name, given, "device spec",
+                      f"mpiemu devices {name}")
+
+
+def build_spec(cls: type, raw: Mapping[str, Any], secs: Mapping[str, Mapping[str, Quantity]],
+               name: str, given: Mapping[str, Any], what: str, lister: str) -> Any:
+    """Spec `cls` from a preset's sections (the `caps` walk) with each field's source;
+    PresetError names what is wrong, including an entry no field reads (`lister`: the
+    command that lists the fields)."""
     used: set[tuple[str, str]] = set()
     sources: dict[str, str] = {}
     try:
-        spec = load_spec(DeviceSpec, secs, "", name, used, sources, given=given)
+        spec = load_spec(cls, secs, "", name, used, sources, given=given)
     except (CapError, ValueError) as exc:
         raise PresetError(str(exc)) from None
     bad = unused_entry(raw, secs, used, name)
     if bad is not None:
-        raise PresetError(f"{bad}: no field of the device spec reads it (mpiemu devices "
-                          f"{name} lists them)")
+        raise PresetError(f"{bad}: no field of the {what} reads it ({lister} lists them)")
     return replace(spec, sources=sources)

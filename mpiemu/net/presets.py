@@ -17,13 +17,11 @@ field reads is refused, as in device presets.
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..hw.caps import CapError, load_spec
-from ..hw.presets import PresetError, all_quantities, read_preset, unused_entry
+from ..hw.presets import PresetError, all_quantities, build_spec, read_preset
 from .spec import NetworkSpec
 
 TOP_LEVEL = ("name", "topology", "node_topology", "description")
@@ -47,14 +45,5 @@ def load_network(name_or_path: str) -> NetworkSpec:
     given.setdefault("name", name)
     if "topology" not in given:
         raise PresetError(f"network preset {name}: missing top-level 'topology'")
-    used: set[tuple[str, str]] = set()
-    sources: dict[str, str] = {}
-    try:
-        spec = load_spec(NetworkSpec, secs, "", name, used, sources, given=given)
-    except (CapError, ValueError) as exc:
-        raise PresetError(str(exc)) from None
-    bad = unused_entry(raw, secs, used, name)
-    if bad is not None:
-        raise PresetError(f"{bad}: no field of the network spec reads it (mpiemu devices "
-                          f"--network {name} lists them)")
-    return replace(spec, sources=sources)  # type: ignore[no-any-return]
+    return build_spec(NetworkSpec, raw, secs, name, given,  # type: ignore[no-any-return]
+                      "network spec", f"mpiemu devices --network {name}")

@@ -61,12 +61,17 @@ def format_devices(name: str | None = None, brief: bool = False,
     lines = [f"{'preset':<18}{'kind':<8}{'CUs':>5}{'GHz':>7}{'fp16 TF':>9}{'fp32 TF':>9}"
              f"{'DRAM GB/s':>11}{'GiB':>6}{'LLC MiB':>9}  {'network':<14}sections"]
     lines += [_summary_row(d) for d in specs]
-    if not brief:
-        lines += ["", "values in SI units (the unit is in the field name); override any with "
-                  "--set device.<path>=VALUE (or a preset unit: device.dram_bw_GBps=2000); "
-                  "[ASSUMPTION] = not stated by any source, reasoning given"]
-        for d in specs:
-            lines += capability_lines(d)
+    return lines + ([] if brief else _capabilities(
+        specs, " (the unit is in the field name); override any with --set device.<path>=VALUE "
+        "(or a preset unit: device.dram_bw_GBps=2000)"))
+
+
+def _capabilities(specs: Sequence[DeviceSpec | NetworkSpec], how: str) -> list[str]:
+    """The legend and every field of every spec with its source."""
+    lines = ["", f"values in SI units{how}; [ASSUMPTION] = not stated by any source, "
+             "reasoning given"]
+    for s in specs:
+        lines += capability_lines(s)
     return lines
 
 
@@ -87,10 +92,6 @@ def format_networks(name: str | None = None, brief: bool = False,
     lines = [f"{'network':<14}{'topology':<16}{'node fabric':<16}{'/node':>6}"
              f"{'port GB/s':>10}{'NIC GB/s':>9}  protocols"]
     lines += [_net_row(n) for n in specs]
-    if not brief:
-        lines += ["", "values in SI units; override any with --set network.<path>=VALUE (or a "
-                  "preset unit: network.intra.bw_GBps=75); [ASSUMPTION] = not stated by any "
-                  "source, reasoning given"]
-        for n in specs:
-            lines += capability_lines(n)
-    return lines
+    return lines + ([] if brief else _capabilities(
+        specs, "; override any with --set network.<path>=VALUE (or a preset unit: "
+        "network.intra.bw_GBps=75)"))
