@@ -12,27 +12,30 @@ from tests.timed import timed_comm
 from mpiemu.hw import load_device
 from mpiemu.nn.config import ModelConfig
 from mpiemu.nn.engine import Engine
-from mpiemu.nn.memory import edge_stored, layer_stored, memory_report
+from mpiemu.nn.memory import (Layout, edge_stored, embed_stored, head_stored, layer_stored,
+                              memory_report, stage_activations)
 from mpiemu.nn.model import ShardedModel, make_dims
 from mpiemu.nn.ops import stored_elements
 from mpiemu.nn.presets import load_model_preset
 from mpiemu.overlap.strategy import Overlap
+from mpiemu.pipeline.step import PipelineStep
 
 TINY = load_model_preset("tiny").config
 
 
-def one_step(cfg: ModelConfig, comm: MPI.Comm, sp: bool) -> ShardedModel:
-    """A numerics step of the tiny model, TP over `comm`, keeping its caches."""
+def one_step(cfg: ModelConfig, comm: MPI.Comm, sp: bool, recompute: str = "none"
+             ) -> ShardedModel:
+    """A numerics step of the tiny model, TP over `comm`, keeping what forward stored."""
     tp = timed_comm(comm)
     tl, model = tp.tl, tp.model
     dp = tp.sibling(MPI.COMM_SELF, "dp")
     cfg = cfg.for_tp(comm.size)
-    dims = make_dims(cfg, comm.size, 1, 8, sp)
+    dims = make_dims(cfg, comm.size, 8, sp)
     eng = Engine(tl, model, tp, dtype="fp16", numerics=True, overlap=Overlap(), sp=dims.sp)
     m = ShardedModel(cfg, eng, dims, tp_rank=comm.rank, dp_rank=0, seed=0, global_batch=8,
-                     dp=dp, bucket_bytes=1e9, np_dtype=np.float64)
+                     dp=dp, bucket_bytes=1e9, np_dtype=np.float64, recompute=recompute)
     m.keep_caches = True
-    m.train_step(0)
+    PipelineStep(m, None, "1f1b", 1, np.float64).run(0)
     return m
 
 
@@ -40,7 +43,7 @@ def assert_accounting_matches(m: ShardedModel) -> None:
     assert m.last_caches is not None
     c_emb, layers, c_head = m.last_caches
     for c in layers:
-        assert stored_elements(c) == dataclasses.astuple(layer_stored(m.cfg, m.d))
+        assert stored_elements(c) == dataclasses.astuple(layer_stored(m.cfg, m.d, m.recompute))
     edge = [a + b for a, b in zip(stored_elements(c_emb), stored_elements(c_head))]
     assert tuple(edge) == dataclasses.astuple(edge_stored(m.cfg, m.d))
 
@@ -48,53 +51,80 @@ def assert_accounting_matches(m: ShardedModel) -> None:
 @pytest.mark.parametrize("attention", ["baseline", "flash"])
 @pytest.mark.parametrize("norm", ["pre", "post"])
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 def test_activation_accounting_equals_what_a_step_stores(attention: str, norm: str,
-                                                         dropout: float) -> None:
+                                                         dropout: float, recompute: str) -> None:
     cfg = dataclasses.replace(TINY, attention=attention, norm=norm, hidden_dropout=dropout,
                               attention_dropout=dropout)
-    assert_accounting_matches(one_step(cfg, MPI.COMM_SELF, sp=False))
+    assert_accounting_matches(one_step(cfg, MPI.COMM_SELF, sp=False, recompute=recompute))
 
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("sp", [False, True])
-def test_activation_accounting_matches_sharded_steps(sp: bool) -> None:
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_activation_accounting_matches_sharded_steps(sp: bool, recompute: str) -> None:
     comm = MPI.COMM_WORLD
     if TINY.heads % comm.size or TINY.seq_len % comm.size:
         pytest.skip(f"tiny does not split {comm.size} ways")
-    assert_accounting_matches(one_step(TINY, comm, sp))
+    assert_accounting_matches(one_step(TINY, comm, sp, recompute))
 
 
-def korthikanti_bytes(s: int, b: int, h: int, a: int, t: int, sp: bool) -> float:
-    """Activation bytes per layer, Korthikanti et al. 2022 Table 2 (no recomputation)."""
+def korthikanti_bytes(s: int, b: int, h: int, a: int, t: int, sp: bool, mode: str) -> float:
+    """Activation bytes per layer, Korthikanti et al. 2022 Table 2 (2-byte values, 1-byte
+    dropout masks)."""
+    if mode == "full":
+        return 2 * s * b * h / (t if sp else 1)
+    scores = 0 if mode == "selective" else 5 * a * s / h
     if sp:
-        return s * b * h / t * (34 + 5 * a * s / h)
-    return s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+        return s * b * h / t * (34 + scores)
+    return s * b * h * (10 + 24 / t + scores / t)
 
 
 @pytest.mark.parametrize("t", [1, 2, 8])
 @pytest.mark.parametrize("sp", [False, True])
-def test_layer_activations_match_korthikanti_plus_what_we_keep_beyond_it(t: int,
-                                                                          sp: bool) -> None:
-    cfg = load_model_preset("mega-gpt2").config
-    s, b, h, a = cfg.seq_len, 4, cfg.hidden, cfg.heads
-    d = make_dims(cfg, t, 1, b, sp)
-    ours = layer_stored(cfg, d).bytes(2)
-    stats = 4 * d.shard_rows * 4                       # LayerNorm mean and rstd, fp32
-    gathered = 4 * s * b * h * (1 - 1 / t) if sp and t > 1 else 0   # we keep gathered inputs
-    assert ours == pytest.approx(korthikanti_bytes(s, b, h, a, t, sp and t > 1) + stats
-                                 + gathered)
+@pytest.mark.parametrize("mode", ["none", "selective", "full"])
+def test_layer_activations_match_korthikanti_within_two_percent(t: int, sp: bool,
+                                                                mode: str) -> None:
+    """Table 2 of Korthikanti et al. 2022 for every mode; beyond it we keep only the fp32
+    LayerNorm statistics (4 values per row, none under full recomputation)."""
+    for name, b in (("mega-gpt2", 4), ("gpt3-175b", 1)):
+        cfg = load_model_preset(name).config
+        s, h, a = cfg.seq_len, cfg.hidden, cfg.heads
+        d = make_dims(cfg, t, b, sp)
+        ours = layer_stored(cfg, d, mode).bytes(2)
+        published = korthikanti_bytes(s, b, h, a, t, sp and t > 1, mode)
+        assert ours == pytest.approx(published, rel=0.02)
+        stats = 0 if mode == "full" else 4 * d.shard_rows * 4
+        assert ours == pytest.approx(published + stats, rel=1e-12)
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_1f1b_stage_i_holds_p_minus_i_micro_batches(pp: int) -> None:
+    """Korthikanti et al. 2022 4.2.3 / Narayanan et al. 2021 2.2.1: under 1F1B the first
+    stage keeps p micro-batches of activations, stage i keeps p - i; GPipe keeps all m."""
+    cfg = dataclasses.replace(load_model_preset("mega-gpt2").config, layers=8)
+    d = make_dims(cfg, 1, 1, False)
+    one = layer_stored(cfg, d).bytes(2) * cfg.layers // pp
+    m = 8
+    for i in range(pp):
+        lay = Layout(pp=pp, stage=i, micro_batches=m)
+        edge = (embed_stored(cfg, d).bytes(2) if i == 0 else 0) + \
+            (head_stored(cfg, d).bytes(2) if i == pp - 1 else 0)
+        assert stage_activations(cfg, d, 2, lay).bytes(2) == (pp - i) * (one + edge)
+        gpipe = stage_activations(cfg, d, 2, dataclasses.replace(lay, schedule="gpipe"))
+        assert gpipe.bytes(2) == m * (one + edge)
 
 
 def test_gpt3_175b_on_eight_h100_does_not_fit_and_tiny_does() -> None:
     cap = load_device("h100-sxm5").dram_capacity_bytes
     big = load_model_preset("gpt3-175b").config.for_tp(8)
-    rep = memory_report(big, make_dims(big, 8, 1, 2, False), 2, cap)
+    rep = memory_report(big, make_dims(big, 8, 2, False), 2, cap)
     assert not rep.fits and "does NOT fit" in rep.line()
     # 16 bytes per parameter of mixed-precision Adam: 2 + 2 + 4 (master) + 8 (m, v)
     n = rep.params_bytes / 2
     assert rep.params_bytes + rep.grads_bytes + rep.optimizer_bytes == pytest.approx(16 * n)
     tiny = TINY.for_tp(2)
-    assert memory_report(tiny, make_dims(tiny, 2, 2, 8, True), 2, cap).fits
+    assert memory_report(tiny, make_dims(tiny, 2, 4, True), 2, cap).fits
 
 
 @pytest.mark.parametrize("sets", [

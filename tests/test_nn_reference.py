@@ -132,7 +132,7 @@ def test_rank_masks_are_slices_of_the_full_global_batch_masks(tp: int, dp: int, 
     for r_tp in range(tp):
         for r_dp in range(dp):
             d = Dims(cfg.seq_len, b, cfg.hidden, cfg.heads // tp, cfg.head_dim, 0, 0, tp, sp)
-            m = Masks(cfg, 9, 2, d, r_dp, r_tp, True)
+            m = Masks(cfg, 9, 2, d, r_dp * b, r_tp, True)
             s0 = r_tp * s_loc if sp else 0
             want = full_hidden[r_dp * b:(r_dp + 1) * b, s0:s0 + s_loc].transpose(1, 0, 2)
             np.testing.assert_array_equal(m.hidden(1, "mlp_out"), want.reshape(-1, cfg.hidden))

@@ -44,7 +44,7 @@ def test_dp_that_does_not_divide_the_global_batch_names_the_valid_dp() -> None:
 def test_a_model_that_does_not_fit_is_reported_with_its_memory() -> None:
     msg = refusal(8, "model.preset='gpt3-175b'", "parallel.tp=8", "device.preset='h100-sxm5'",
                   "run.numerics='off'")
-    assert msg.startswith("model.preset='gpt3-175b': does not fit on h100-sxm5 at tp=8: "
+    assert msg.startswith("model.preset='gpt3-175b': does not fit on h100-sxm5 at tp=8, pp=1: "
                           "params 40.7 + grads 40.7 + optimizer 244")
     assert "GiB of 80 GiB (does NOT fit)" in msg and "memory_check='warn'" in msg
 

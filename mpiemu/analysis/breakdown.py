@@ -2,10 +2,13 @@
 
 An iteration runs from the previous iteration's last event to its own last event (events
 carry the iteration label). Within it: compute is the union of compute events; TP
-communication counts only where TP collectives are not under compute (serialized
-all-reduces / reduce-scatters, thesis 4.5.1); DP communication only where DP collectives
-are under neither (the part of the bucketed gradient all-reduce backward did not hide,
-thesis 4.5.1 / 5.1.1.2); idle is what remains (waiting on a peer, launch gaps).
+communication counts only where model-parallel collectives (TP, and the gradient norm's
+all-reduce over TP x PP) are not under compute (serialized all-reduces / reduce-scatters,
+thesis 4.5.1); DP communication only where gradient-synchronization collectives (DP
+buckets, the tied embedding between the first and last stage) are under neither (the part
+of the bucketed gradient all-reduce backward did not hide, thesis 4.5.1 / 5.1.1.2); idle is
+what remains (waiting on a peer, launch gaps; with pp > 1 mostly the pipeline bubble).
+`recompute_s` is the compute spent recomputing activations (phase "recompute").
 """
 from __future__ import annotations
 
@@ -15,6 +18,10 @@ import numpy as np
 
 from .load import RankTrace, Run
 from .tables import union_length
+
+
+TP_GROUPS = ("coll.tp", "coll.mp", "coll.world")     # model-parallel collectives
+DP_GROUPS = ("coll.dp", "coll.embed")                # gradient synchronization
 
 
 @dataclass(frozen=True)
@@ -29,6 +36,7 @@ class IterationBreakdown:
     dp_exposed_s: float
     tp_total_s: float
     dp_total_s: float
+    recompute_s: float = 0.0
 
     @property
     def iteration_s(self) -> float:
@@ -64,7 +72,10 @@ def _breakdown(rt: RankTrace, inside: np.ndarray, iteration: int, t0: float, t1:
     cats, res = rt.cats[inside], rt.resources[inside]
     coll = cats == "collective"
     sets = []
-    for m in (cats == "compute", coll & (res == "coll.tp"), coll & (res == "coll.dp")):
+    tp = np.isin(res, TP_GROUPS)
+    dp = np.isin(res, DP_GROUPS)
+    recompute = (cats == "compute") & (rt.phases[inside] == "recompute")
+    for m in (cats == "compute", coll & tp, coll & dp, recompute):
         sel = inside[m]
         sets.append((np.clip(rt.events["t_start"][sel], t0, t1),
                      np.clip(rt.events["t_end"][sel], t0, t1)))
@@ -75,7 +86,7 @@ def _breakdown(rt: RankTrace, inside: np.ndarray, iteration: int, t0: float, t1:
 
     compute, with_tp, everything = union(0), union(0, 1), union(0, 1, 2)
     return IterationBreakdown(iteration, t0, t1, compute, with_tp - compute,
-                              everything - with_tp, union(1), union(2))
+                              everything - with_tp, union(1), union(2), union(3))
 
 
 def rank_breakdowns(rt: RankTrace) -> list[IterationBreakdown]:

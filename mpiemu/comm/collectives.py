@@ -81,6 +81,12 @@ def _own(n: int, unit: int, size: int, rank: int) -> tuple[int, int]:
     return lo * unit, hi * unit
 
 
+def own_range(n: int, size: int, rank: int) -> tuple[int, int]:
+    """The elements [lo, hi) of n that `reduce_scatter` leaves on `rank` (and `all_gather`
+    expects from it)."""
+    return _own(n, 1, size, rank)
+
+
 def _rows(a: np.ndarray | None, unit: int) -> np.ndarray | None:
     return None if a is None else a.reshape(-1, unit)    # [n] -> [n / unit, unit]
 

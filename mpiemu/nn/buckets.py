@@ -1,10 +1,13 @@
-"""Data-parallel gradient all-reduce in buckets, issued as gradients become ready.
+"""Data-parallel gradient reduction in buckets, issued as gradients become ready.
 
 Backward produces weight gradients layer by layer, last layer first; once a bucket's worth
 is final it is all-reduced on the DP ring while backward goes on (thesis 4.5.1: layer L's
 gradient all-reduce overlaps layer L-1's gradient computation; PyTorch DDP / Megatron
 buckets). The collective runs on the `comm.dp` / `link.dp.*` streams, so in emulated time it
-overlaps the compute stream; the optimizer waits for every bucket (`finish`).
+overlaps the compute stream; the optimizer waits for every bucket (`finish`). With the
+distributed optimizer (`shard`, ZeRO-1; Megatron-LM's DistributedOptimizer) each bucket is
+reduce-scattered instead: a DP rank keeps its contiguous share of the bucket's summed
+gradients (`BucketShard`), updates those parameters only and all-gathers them afterwards.
 """
 from __future__ import annotations
 
@@ -13,21 +16,35 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..comm.p2p import TimedComm
-from ..comm.collectives import all_reduce
+from ..comm.collectives import all_reduce, own_range, reduce_scatter
 from ..sim.timeline import Span
 from .engine import Array
 
 
 @dataclass
+class BucketShard:
+    """One bucket under the distributed optimizer: its tensors, in order, and this DP
+    rank's element range [lo, hi) of their concatenation, with its summed gradients."""
+
+    names: list[str]
+    count: int
+    lo: int
+    hi: int
+    grad: Array
+
+
+@dataclass
 class GradBuckets:
-    """Collects ready gradients; all-reduces a bucket once it holds `bucket_bytes`."""
+    """Collects ready gradients; reduces a bucket once it holds `bucket_bytes`."""
 
     dp: TimedComm
     itemsize: int                        # emulated bytes per gradient element
     bucket_bytes: float
     sizes: dict[str, int]                # elements of every local parameter
     bidirectional: bool = False
+    shard: bool = False                  # reduce-scatter (ZeRO-1) instead of all-reduce
     spans: list[Span] = field(default_factory=list)
+    shards: list[BucketShard] = field(default_factory=list)
     _names: list[str] = field(default_factory=list)
     _t_ready: float = 0.0
 
@@ -48,9 +65,18 @@ class GradBuckets:
         flat = None
         if all(grads.get(n) is not None for n in names):
             flat = np.concatenate([np.ravel(grads[n]) for n in names])   # type: ignore[arg-type]
+        label = f"dp.bucket{len(self.spans)}"
+        if self.shard:
+            out, span = reduce_scatter(self.dp, flat, after=self._t_ready, count=count,
+                                       wire_itemsize=self.itemsize, unit=1, label=label,
+                                       bidirectional=self.bidirectional)
+            lo, hi = own_range(count, self.dp.size, self.dp.rank)
+            self.shards.append(BucketShard(names, count, lo, hi, out))
+            self.spans.append(span)
+            return
         out, span = all_reduce(self.dp, flat, after=self._t_ready, count=count,
                                wire_itemsize=self.itemsize, bidirectional=self.bidirectional,
-                               label=f"dp.bucket{len(self.spans)}")
+                               label=label)
         self.spans.append(span)
         if out is not None:
             offset = 0
@@ -70,5 +96,6 @@ class GradBuckets:
 
     def reset(self) -> None:
         self.spans.clear()
+        self.shards.clear()
         self._names.clear()
         self._t_ready = 0.0

@@ -135,6 +135,8 @@ class OptimizerConfig:
     weight_decay: float = 0.01
     clip_grad_norm: float = 1.0
     on: str = "gpu"                  # "nmc": the update on the DRAM banks' ALUs (hw/nmc.py)
+    distributed: bool = False        # ZeRO-1: states and master weights sharded over DP
+    overlap_param_gather: bool = False   # distributed: gather parameters under next forward
 
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZERS:
@@ -150,6 +152,15 @@ class OptimizerConfig:
         for key in ("weight_decay", "clip_grad_norm"):
             if getattr(self, key) < 0:
                 raise ModelConfigError(f"optimizer.{key}", getattr(self, key), "must be >= 0")
+        if self.distributed and self.name != "adam":
+            raise ModelConfigError("optimizer.distributed", True, "needs optimizer.name='adam' "
+                                   "(LAMB's per-tensor trust ratio is not sharded; Megatron-LM's "
+                                   "distributed optimizer is Adam's)")
+        if self.distributed and self.on != "gpu":
+            raise ModelConfigError("optimizer.distributed", True, "needs optimizer.on='gpu'")
+        if self.overlap_param_gather and not self.distributed:
+            raise ModelConfigError("optimizer.overlap_param_gather", True,
+                                   "needs optimizer.distributed=true")
 
     @property
     def needs_global_norm(self) -> bool:

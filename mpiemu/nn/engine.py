@@ -26,6 +26,11 @@ from ..sim.timeline import Timeline
 from .ops import Cost
 
 Array = np.ndarray | None
+Ready = Callable[[list[str]], None]     # "these gradients are final" (DP buckets)
+
+
+def _no_ready(names: list[str]) -> None:
+    """Forward passes hand over no gradients."""
 
 
 @dataclass(frozen=True)
@@ -74,14 +79,14 @@ class Engine:
 
     def __init__(self, tl: Timeline, model: ComputeModel, tp: TimedComm, *, dtype: str,
                  numerics: bool, overlap: Overlap, sp: bool,
-                 kernels: KernelOptions = KernelOptions()) -> None:
+                 kernels: KernelOptions = KernelOptions(), tp_async: bool = True) -> None:
         self.tl, self.model, self.tp = tl, model, tp
+        self.tp_async = tp_async
         self.kernels = kernels
         self.dtype, self.e = dtype, dtype_bytes(dtype)
         self.on, self.overlap, self.sp = numerics, overlap, sp
         self.t = 0.0
         self.charging = True          # False: math and payload only (time charged elsewhere)
-        self.sunway: Any = None       # a SunwayLayerPlan when layers are charged by CG schedule
         self._payload_tp: TimedComm | None = None
 
     @contextmanager
@@ -101,6 +106,12 @@ class Engine:
             yield
         finally:
             self.tp, self.t, self.charging = saved
+
+    def layer_pass(self, layer: Any, pass_: str, math: Callable[[Ready], Any], empty: Any,
+                   ready: Ready | None = None) -> Any:
+        """Run one pass of a layer, `math(ready)`: on a GPU its ops charge themselves as they
+        run; the Sunway executor (`nn.sunway_layer.SunwayEngine`) charges the pass whole."""
+        return math(ready if ready is not None else _no_ready)
 
     def kernel(self, name: str, cost: Cost | Sequence[Cost],
                fn: Callable[..., Any] | None = None, *args: Any) -> Any:
@@ -154,6 +165,44 @@ class Engine:
                                    name=name, gathered_out=full)
         self.t = span.t_end
         return y, full
+
+    def column_parallel_back(self, name: str, dy: Array, w_t: Array, x_saved: Array,
+                             m: int, n: int, k: int) -> tuple[Array, Array]:
+        """(dx, dW) of y = x W[K, N/tp]: dx = dy W^T summed over TP, dW = x^T dy.
+
+        Conjugate of `column_parallel`. Megatron-LM's LinearWithGradAccumulationAndAsync-
+        Communication: under SP the saved sequence shard of x is all-gathered again (start,
+        then the dgrad GEMM runs meanwhile); the dgrad's all-reduce (reduce-scatter under SP)
+        is issued asynchronously and the wgrad GEMM runs while it moves; then both are
+        waited for (`tp_async`; off: wgrad, then dgrad and its reduction in sequence, as
+        the thesis's serialized layer). A T3-style strategy fuses the dgrad GEMM with its
+        reduction instead.
+        m: rows, n: the input width K, k: this rank's N/tp (the dgrad GEMM's shape); events
+        are `name.bwd.*` (dgrad and its reduction) and `name.wgrad`.
+        """
+        bwd = f"{name}.bwd"
+        x_full, t_gather = x_saved, self.t
+        if self.sp and self.tp.size > 1:       # re-gather the input in backward (Megatron SP)
+            full = None if x_saved is None else np.empty((m, n), x_saved.dtype)
+            x_full, span = all_gather(self.tp, x_saved, total=m * n, after=self.t,
+                                      count=m // self.tp.size * n, wire_itemsize=self.e,
+                                      bidirectional=self.overlap.bidirectional,
+                                      label=f"{bwd}.regather.ag", unit=n, out=full)
+            t_gather = span.t_end
+        x_t = None if x_full is None else x_full.T
+        if self.tp.size == 1 or not self.tp_async or self.overlap.strategy != "sequential":
+            self.t = max(self.t, t_gather)      # in order: wgrad, then dgrad and its reduction
+            dw = self.gemm(f"{name}.wgrad", x_t, dy, n, k, m)
+            return self.row_parallel(bwd, dy, w_t, m, n, k), dw
+        dx = self.gemm(f"{bwd}.gemm", dy, w_t, m, n, k)
+        coll, tag = (reduce_scatter, "rs") if self.sp else (all_reduce, "ar")
+        dx, span = coll(self.tp, dx, after=self.t, count=m * n, wire_itemsize=self.e,
+                        bidirectional=self.overlap.bidirectional, label=f"{bwd}.{tag}", unit=n)
+        # the reduction was issued asynchronously: the wgrad GEMM runs while it moves
+        self.t = max(self.t, t_gather)
+        dw = self.gemm(f"{name}.wgrad", x_t, dy, n, k, m)
+        self.t = max(self.t, span.t_end)
+        return dx, dw
 
     # -- TP collectives that are not GEMM pairs (embedding, cross-entropy, SP grads) ---------
     def tp_reduce(self, name: str, x: Array, rows: int, width: int) -> Array:

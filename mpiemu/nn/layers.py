@@ -10,16 +10,15 @@ backward), and LayerNorm, dropout and residuals run on the rank's sequence rows
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from ..hw.attention_gpu import AttnShape, sub_vector
 from ..hw.gemm import NO_EPILOGUE, Epilogue
 from . import attention as attn
-from . import sunway_layer
 from .config import ModelConfig
-from .engine import Array, Dims, Engine
+from .engine import Array, Dims, Engine, Ready
 from .masks import Masks
 from .ops import (GELU_FLOPS, Cost, bias_dropout_add, bias_gelu, bias_gelu_back,
                   bias_gelu_cost, bias_grad_cost, dropout, dropout_add_cost, layernorm,
@@ -27,11 +26,21 @@ from .ops import (GELU_FLOPS, Cost, bias_dropout_add, bias_gelu, bias_gelu_back,
 
 Params = dict[str, Array]
 Cache = dict[str, Any]
-Ready = Callable[[list[str]], None]     # "these gradients are final" (DP buckets)
 
 
 def _t(a: Array) -> Array:
     return None if a is None else a.T
+
+
+def acc(G: Params, name: str, g: Array) -> None:
+    """Accumulate a gradient over micro-batches (the first one is stored as computed)."""
+    if g is None:
+        return
+    have = G.get(name)
+    if have is None:
+        G[name] = g
+    else:
+        have += g
 
 
 def _bias_dropout_back(dy: np.ndarray, keep: np.ndarray | None, p: float
@@ -43,31 +52,22 @@ def _bias_dropout_back(dy: np.ndarray, keep: np.ndarray | None, p: float
 class Layer:
     """Forward and backward of layer `index` on one rank (pre-LN GPT or post-LN BERT)."""
 
-    def __init__(self, eng: Engine, cfg: ModelConfig, dims: Dims, index: int) -> None:
+    def __init__(self, eng: Engine, cfg: ModelConfig, dims: Dims, index: int,
+                 recompute: str = "none") -> None:
         self.E, self.cfg, self.d, self.i = eng, cfg, dims, index
         self.p, self.tag = f"layers.{index}.", f"l{index}"
+        # selective: the attention core's S x S tensors are dropped after forward and
+        # recomputed in backward (Korthikanti et al. 2022, 4.2); flash keeps none anyway
+        self.selective = recompute == "selective" and cfg.attention != "flash"
 
     # -- forward ----------------------------------------------------------------------------
     def forward(self, x: Array, P: Params, masks: Masks) -> tuple[Array, Cache]:
-        if self.E.sunway is not None:
-            return self._scheduled(lambda: self._forward(x, P, masks), "fwd", (None, {}))
-        return self._forward(x, P, masks)
+        return self.E.layer_pass(self, "fwd", lambda _: self._forward(x, P, masks), (None, {}))
 
     def _forward(self, x: Array, P: Params, masks: Masks) -> tuple[Array, Cache]:
         x, ca = self._sublayer(x, P, masks, "attn")
         x, cm = self._sublayer(x, P, masks, "mlp")
         return x, {"attn": ca, "mlp": cm}
-
-    def _scheduled(self, math: Callable[[], Any], pass_: str, empty: Any,
-                   ready: Ready | None = None) -> Any:
-        """Sunway ranks: the math (if on) without charge, then the layer's CG schedule."""
-        out = empty
-        if self.E.on:
-            with self.E.payload_only():
-                out = math()
-        self.E.t = sunway_layer.charge_pass(self.E, self.E.sunway, self.d, pass_, self.tag,
-                                            self.p, ready)
-        return out
 
     def _ln(self, name: str, x: Array, P: Params) -> tuple[Array, Any]:
         d, E = self.d, self.E
@@ -107,9 +107,9 @@ class Layer:
     def _attention(self, y: Array, P: Params, masks: Masks) -> tuple[Array, Cache]:
         d, E, cfg, p = self.d, self.E, self.cfg, self.p
         w = d.attn_width
-        qkv, h = E.column_parallel(f"{self.tag}.qkv.fwd", y, P[p + "qkv.w"], d.rows, 3 * w,
+        qkv, _ = E.column_parallel(f"{self.tag}.qkv.fwd", y, P[p + "qkv.w"], d.rows, 3 * w,
                                    d.hidden)
-        c: Cache = {"h": h}
+        c: Cache = {"h": y}       # the input (its sequence shard under SP: gathered again)
         if E.on:
             assert qkv is not None
             qkv += P[p + "qkv.b"]        # bias in the GEMM epilogue (cuBLASLt): not charged
@@ -119,6 +119,8 @@ class Layer:
                                         cfg.attention_block,
                                         sub_vector(E.model, self._attn_shape(), E.dtype))
             c["ctx"] = self._merge(o)
+            if self.selective:
+                c["attn"] = {key: c["attn"][key] for key in ("q", "k", "v")}
         E.t = self._charge_attention(backward=False)
         a = E.row_parallel(f"{self.tag}.proj.fwd", c.get("ctx"), P[p + "proj.w"], d.rows,
                            d.hidden, w)
@@ -129,11 +131,11 @@ class Layer:
         return AttnShape(d.batch * d.heads, d.seq, d.seq, d.head_dim, self.E.e,
                          dropout=cfg.attention_dropout > 0, causal=cfg.causal, training=True)
 
-    def _charge_attention(self, backward: bool) -> float:
+    def _charge_attention(self, backward: bool, suffix: str = "") -> float:
         E = self.E
         if not E.charging:
             return E.t
-        name = f"{self.tag}.attn" + (".bwd" if backward else "")
+        name = f"{self.tag}.attn" + (".bwd" if backward else suffix)
         return attn.charge(E.tl, E.model, name, self._attn_shape(), self.cfg.attention,
                            E.kernels.mode, E.dtype, E.t, backward)
 
@@ -154,22 +156,20 @@ class Layer:
     def _mlp(self, y: Array, P: Params, masks: Masks) -> tuple[Array, Cache]:
         d, E, p = self.d, self.E, self.p
         epi = self._gelu_epilogue(backward=False)
-        f, h = E.column_parallel(f"{self.tag}.fc1.fwd", y, P[p + "fc1.w"], d.rows, d.ffn,
+        f, _ = E.column_parallel(f"{self.tag}.fc1.fwd", y, P[p + "fc1.w"], d.rows, d.ffn,
                                  d.hidden, epi)
         cost = [] if epi != NO_EPILOGUE else bias_gelu_cost(d.rows, d.ffn, E.e,
                                                             mode=E.kernels.mode)
         res = E.kernel(f"{self.tag}.gelu.fwd", cost, bias_gelu, f, P[p + "fc1.b"])
         x, g = res if res is not None else (None, None)
         m = E.row_parallel(f"{self.tag}.fc2.fwd", g, P[p + "fc2.w"], d.rows, d.hidden, d.ffn)
-        return m, {"h": h, "pre_gelu": x, "gelu": g}
+        return m, {"h": y, "pre_gelu": x, "gelu": g}
 
     # -- backward ---------------------------------------------------------------------------
     def backward(self, dx: Array, c: Cache, P: Params, G: Params, masks: Masks,
                  ready: Ready) -> Array:
-        if self.E.sunway is not None:     # gradients are handed over when the schedule says
-            return self._scheduled(lambda: self._backward(dx, c, P, G, masks, lambda n: None),
-                                   "bwd", None, ready)
-        return self._backward(dx, c, P, G, masks, ready)
+        return self.E.layer_pass(self, "bwd",
+                                 lambda r: self._backward(dx, c, P, G, masks, r), None, ready)
 
     def _backward(self, dx: Array, c: Cache, P: Params, G: Params, masks: Masks,
                   ready: Ready) -> Array:
@@ -182,7 +182,9 @@ class Layer:
         res = E.kernel(f"{self.tag}.{name}.bwd",
                        layernorm_cost(d.shard_rows, d.hidden, E.e, backward=True),
                        layernorm_back, dy, c, P[p + name + ".g"])
-        dx, G[p + name + ".g"], G[p + name + ".b"] = res if res is not None else (None,) * 3
+        dx, dg, db = res if res is not None else (None,) * 3
+        acc(G, p + name + ".g", dg)
+        acc(G, p + name + ".b", db)
         ready([p + name + ".g", p + name + ".b"])
         return dx
 
@@ -203,7 +205,8 @@ class Layer:
         if self.cfg.norm == "post":
             dy = self._ln_back(ln, dy, c["ln"], P, G, ready)
         res = E.kernel(name, bda, _bias_dropout_back, dy, c.get("keep"), pdrop)
-        da, G[self.p + bias] = res if res is not None else (None, None)
+        da, dbias = res if res is not None else (None, None)
+        acc(G, self.p + bias, dbias)
         dF = back(da, c["f"], P, G, masks, [self.p + bias], ready)
         if self.cfg.norm == "pre":
             dF = self._ln_back(ln, dF, c["ln"], P, G, ready)
@@ -215,30 +218,39 @@ class Layer:
         w = d.attn_width
         dctx, da_full = E.column_parallel(f"{self.tag}.proj.bwd", da, _t(P[p + "proj.w"]),
                                           d.rows, w, d.hidden)
-        G[p + "proj.w"] = E.gemm(f"{self.tag}.proj.wgrad", _t(c.get("ctx")), da_full, w,
-                                 d.hidden, d.rows)
+        acc(G, p + "proj.w", E.gemm(f"{self.tag}.proj.wgrad", _t(c.get("ctx")), da_full, w,
+                                    d.hidden, d.rows))
         ready([p + "proj.w"] + with_bias)
         dqkv = None
         if E.on:
             assert dctx is not None
             do = np.ascontiguousarray(dctx.reshape(d.seq, d.batch, d.heads, d.head_dim)
                                       .transpose(1, 2, 0, 3))           # (B, hl, S, dh)
+            a = c["attn"]
+            if self.selective:        # the attention core again, from the kept q, k, v
+                a = attn.forward(cfg.attention, a["q"], a["k"], a["v"], cfg.causal,
+                                 lambda: masks.probs(self.i), cfg.attention_dropout,
+                                 cfg.attention_block,
+                                 sub_vector(E.model, self._attn_shape(), E.dtype))[1]
             if cfg.attention != "flash":
-                grads = attn.dense_back(do, c["attn"], cfg.attention_dropout)
+                grads = attn.dense_back(do, a, cfg.attention_dropout)
             else:
                 o = c["ctx"].reshape(d.seq, d.batch, d.heads, d.head_dim).transpose(1, 2, 0, 3)
                 grads = attn.flash_backward(do, o, c["attn"], cfg.causal,
                                             lambda: masks.probs(self.i),
                                             cfg.attention_dropout, cfg.attention_block)
             dqkv = np.concatenate([self._merge(g) for g in grads], axis=1)   # (S*B, 3 hl dh)
+        if self.selective:
+            with E.tl.labelled(phase="recompute"):
+                E.t = self._charge_attention(backward=False, suffix=".recompute")
         E.t = self._charge_attention(backward=True)
-        G[p + "qkv.b"] = E.kernel(f"{self.tag}.qkv.bias_grad",
-                                  bias_grad_cost(d.rows, 3 * w, E.e), np.sum, dqkv, 0)
-        G[p + "qkv.w"] = E.gemm(f"{self.tag}.qkv.wgrad", _t(c["h"]), dqkv, d.hidden, 3 * w,
-                                d.rows)
+        acc(G, p + "qkv.b", E.kernel(f"{self.tag}.qkv.bias_grad",
+                                     bias_grad_cost(d.rows, 3 * w, E.e), np.sum, dqkv, 0))
+        dx, dw = E.column_parallel_back(f"{self.tag}.qkv", dqkv, _t(P[p + "qkv.w"]), c["h"],
+                                        d.rows, d.hidden, 3 * w)
+        acc(G, p + "qkv.w", dw)
         ready([p + "qkv.w", p + "qkv.b"])
-        return E.row_parallel(f"{self.tag}.qkv.bwd", dqkv, _t(P[p + "qkv.w"]), d.rows,
-                              d.hidden, 3 * w)
+        return dx
 
     def _mlp_back(self, dm: Array, c: Cache, P: Params, G: Params, masks: Masks,
                   with_bias: list[str], ready: Ready) -> Array:
@@ -246,14 +258,15 @@ class Layer:
         epi = self._gelu_epilogue(backward=True)
         dg, dm_full = E.column_parallel(f"{self.tag}.fc2.bwd", dm, _t(P[p + "fc2.w"]), d.rows,
                                         d.ffn, d.hidden, epi)
-        G[p + "fc2.w"] = E.gemm(f"{self.tag}.fc2.wgrad", _t(c["gelu"]), dm_full, d.ffn,
-                                d.hidden, d.rows)
+        acc(G, p + "fc2.w", E.gemm(f"{self.tag}.fc2.wgrad", _t(c["gelu"]), dm_full, d.ffn,
+                                   d.hidden, d.rows))
         ready([p + "fc2.w"] + with_bias)
         cost = [] if epi != NO_EPILOGUE else bias_gelu_cost(d.rows, d.ffn, E.e, True)
         res = E.kernel(f"{self.tag}.gelu.bwd", cost, bias_gelu_back, dg, c["pre_gelu"])
-        dx, G[p + "fc1.b"] = res if res is not None else (None, None)
-        G[p + "fc1.w"] = E.gemm(f"{self.tag}.fc1.wgrad", _t(c["h"]), dx, d.hidden, d.ffn,
-                                d.rows)
+        df, db = res if res is not None else (None, None)
+        acc(G, p + "fc1.b", db)
+        dx, dw = E.column_parallel_back(f"{self.tag}.fc1", df, _t(P[p + "fc1.w"]), c["h"],
+                                        d.rows, d.hidden, d.ffn)
+        acc(G, p + "fc1.w", dw)
         ready([p + "fc1.w", p + "fc1.b"])
-        return E.row_parallel(f"{self.tag}.fc1.bwd", dx, _t(P[p + "fc1.w"]), d.rows,
-                              d.hidden, d.ffn)
+        return dx

@@ -1,6 +1,6 @@
 """A rank's dropout keep-masks for one iteration, sliced from the full seeded tensors.
 
-The full mask of a site covers the whole global batch (`seeded`); this rank takes its DP
+The full mask of a site covers the whole global batch (`seeded`); this rank takes its
 micro-batch (samples), its heads (attention probabilities) and, under sequence parallelism,
 its sequence rows. Masks exist only when numerics are on and the rate is above zero.
 """
@@ -17,9 +17,9 @@ class Masks:
     """Keep-masks of one rank for one iteration (bool; scaled by 1/(1-p) where applied)."""
 
     def __init__(self, cfg: ModelConfig, seed: int, iteration: int, dims: Dims,
-                 dp_rank: int, tp_rank: int, numerics: bool) -> None:
+                 sample0: int, tp_rank: int, numerics: bool) -> None:
         self.cfg, self.seed, self.it, self.d = cfg, seed, iteration, dims
-        self.samples = range(dp_rank * dims.batch, (dp_rank + 1) * dims.batch)
+        self.samples = range(sample0, sample0 + dims.batch)      # this micro-batch's
         self.heads = range(tp_rank * dims.heads, (tp_rank + 1) * dims.heads)
         s_loc = dims.seq // dims.tp if dims.sp else dims.seq
         self.s0 = tp_rank * s_loc if dims.sp else 0

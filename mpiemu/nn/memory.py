@@ -2,10 +2,12 @@
 
 Activations are counted from what the layers actually keep for backward (`layers.py`,
 `attention.py`, `model.py`): a test checks these counts against the arrays a numerics run
-stores. Without SP a layer keeps exactly Korthikanti et al. 2022's sbh(10 + 24/t + 5as/(ht))
-bytes (Table 2, 2-byte values, no recomputation) plus the fp32 LayerNorm statistics; with SP
-it keeps 4sbh(1 - 1/t) more than their sbh/t (34 + 5as/h), because the gathered inputs of the
-column-parallel GEMMs are kept instead of gathered again in backward.
+stores. Per layer that is Korthikanti et al. 2022's Table 2 (2-byte values) plus the fp32
+LayerNorm statistics: sbh(10 + 24/t + 5as/(ht)) with TP, sbh/t (34 + 5as/h) with TP + SP
+(the column-parallel inputs are kept as sequence shards and gathered again in backward),
+34 sbh/t with selective recomputation (no S x S tensors) and the layer input alone, 2sbh/t,
+with full recomputation. A pipeline stage holds one such set per micro-batch in flight, as
+many as its schedule has run forwards ahead of backwards (`pipeline.schedules.in_flight`).
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from .config import ModelConfig
 from .engine import Dims
 from .ops import MASK_BYTES, STAT_BYTES
 from .optim import state_bytes_per_param
+from ..pipeline.schedules import order
+from .model import stage_params
 from .shard import local_params
 
 GIB = 2.0**30
@@ -35,29 +39,43 @@ class Stored:
         return self.act * e + self.stats * STAT_BYTES + self.masks * MASK_BYTES
 
 
-def layer_stored(cfg: ModelConfig, d: Dims) -> Stored:
+def layer_stored(cfg: ModelConfig, d: Dims, recompute: str = "none") -> Stored:
     """What one layer keeps (pre- or post-LN alike): per sub-layer LN input and statistics,
-    the gathered input of the column-parallel GEMM, and the sub-layer's own tensors."""
+    the input of the column-parallel GEMM (a sequence shard under SP), and the sub-layer's
+    own tensors; under `full` recomputation only the layer's input."""
     t, ts, h, w = d.rows, d.shard_rows, d.hidden, d.attn_width
+    if recompute == "full":
+        return Stored(act=ts * h)
     scores = d.batch * d.heads * d.seq * d.seq
     drop = cfg.hidden_dropout > 0
-    s = Stored(act=2 * ts * h + 2 * t * h, stats=4 * ts, masks=2 * ts * h if drop else 0)
+    s = Stored(act=4 * ts * h, stats=4 * ts, masks=2 * ts * h if drop else 0)
     s += Stored(act=3 * t * w + t * w)                        # q, k, v and the context
-    if cfg.attention != "flash":                               # baseline, sd, sdf keep y
+    if cfg.attention == "flash":
+        s += Stored(stats=d.batch * d.heads * d.seq)          # row log-sum-exp only
+    elif recompute == "none":                                  # baseline, sd, sdf keep y
         pdrop = cfg.attention_dropout > 0
         s += Stored(act=scores * (2 if pdrop else 1), masks=scores if pdrop else 0)
-    else:
-        s += Stored(stats=d.batch * d.heads * d.seq)          # row log-sum-exp only
     return s + Stored(act=2 * t * d.ffn)                      # GeLU input and output
 
 
-def edge_stored(cfg: ModelConfig, d: Dims) -> Stored:
-    """Embedding (dropout mask, post-LN norm) plus final norm, LM head input and logits."""
+def embed_stored(cfg: ModelConfig, d: Dims) -> Stored:
+    """What the first virtual stage keeps per micro-batch (post-LN norm; dropout mask)."""
+    ts, h = d.shard_rows, d.hidden
+    s = Stored(act=ts * h, stats=2 * ts) if cfg.norm == "post" else Stored()
+    return s + (Stored(masks=ts * h) if cfg.hidden_dropout > 0 else Stored())
+
+
+def head_stored(cfg: ModelConfig, d: Dims) -> Stored:
+    """What the last virtual stage keeps per micro-batch: final norm (pre-LN), the head's
+    input (a sequence shard under SP), logits and their log-sum-exp."""
     t, ts, h = d.rows, d.shard_rows, d.hidden
-    s = Stored(act=ts * h, stats=2 * ts)                      # lne (post) or lnf (pre)
-    if cfg.hidden_dropout > 0:
-        s += Stored(masks=ts * h)
-    return s + Stored(act=t * h + t * d.vocab, stats=t)      # head input, logits, lse
+    s = Stored(act=ts * h, stats=2 * ts) if cfg.norm == "pre" else Stored()
+    return s + Stored(act=ts * h + t * d.vocab, stats=t)
+
+
+def edge_stored(cfg: ModelConfig, d: Dims) -> Stored:
+    """Embedding plus LM head: what a one-stage model keeps beside its layers."""
+    return embed_stored(cfg, d) + head_stored(cfg, d)
 
 
 @dataclass(frozen=True)
@@ -88,20 +106,63 @@ class MemoryReport:
                 f"({'fits' if self.fits else 'does NOT fit'})")
 
 
-def local_param_count(cfg: ModelConfig, tp: int) -> int:
-    """Elements a TP rank holds: one layer's count times the layers, plus the rest (its
-    cost does not grow with the layer count)."""
-    one = [lp for lp in local_params(replace(cfg, layers=1), tp)]
-    per_layer = sum(lp.size for lp in one if lp.layer == 0)
-    return sum(lp.size for lp in one if lp.layer != 0) + per_layer * cfg.layers
+@dataclass(frozen=True)
+class Layout:
+    """Where a rank sits in the pipeline and how its step runs: what its memory depends on
+    beyond the shapes."""
+
+    pp: int = 1
+    stage: int = 0
+    chunks: int = 1
+    schedule: str = "1f1b"
+    micro_batches: int = 1
+    recompute: str = "none"
+    dp: int = 1
+    distributed: bool = False       # ZeRO-1: fp32 master weights and states sharded over DP
 
 
-def memory_report(cfg: ModelConfig, d: Dims, e: int, capacity_bytes: float) -> MemoryReport:
-    """Parameters and gradients in the emulated dtype, fp32 master + Adam/LAMB states,
-    activations of one micro-batch kept for backward (no recomputation)."""
-    n = local_param_count(cfg, d.tp)
-    acts = cfg.layers * layer_stored(cfg, d).bytes(e) + edge_stored(cfg, d).bytes(e)
-    return MemoryReport(n * e, n * e, n * state_bytes_per_param(e), acts, capacity_bytes)
+def local_param_count(cfg: ModelConfig, tp: int, lay: Layout = Layout()) -> int:
+    """Elements a rank of stage `lay.stage` holds: one layer's count times its layers, plus
+    its embedding / head tensors (the cost does not grow with the layer count)."""
+    one = [lp for lp in local_params(replace(cfg, layers=1), tp) if lp.layer == 0]
+    per_layer = sum(lp.size for lp in one)
+    small = replace(cfg, layers=lay.pp * lay.chunks)
+    edges = sum(lp.size for lp in stage_params(small, tp, lay.pp, lay.chunks, lay.stage)
+                if lp.layer == -1)
+    return edges + per_layer * cfg.layers // lay.pp
+
+
+def stage_activations(cfg: ModelConfig, d: Dims, e: int, lay: Layout = Layout()) -> Stored:
+    """What the stage keeps at its peak: every chunk's micro-batches in flight under the
+    schedule (1F1B stage i: p - i; GPipe: all m), each with its layers (and embedding or
+    head on the first or last virtual stage)."""
+    per_layer = layer_stored(cfg, d, lay.recompute)
+    n = cfg.layers // (lay.pp * lay.chunks)
+    chunk = []
+    for c in range(lay.chunks):
+        s = Stored(n * per_layer.act, n * per_layer.stats, n * per_layer.masks)
+        if c == 0 and lay.stage == 0:
+            s += embed_stored(cfg, d)
+        if c == lay.chunks - 1 and lay.stage == lay.pp - 1:
+            s += head_stored(cfg, d)
+        chunk.append(s)
+    live, peak = Stored(), Stored()
+    for ps in order(lay.schedule, lay.pp, lay.stage, lay.micro_batches, lay.chunks):
+        x = chunk[ps.chunk]
+        live = live + x if ps.kind == "F" else Stored(live.act - x.act, live.stats - x.stats,
+                                                      live.masks - x.masks)
+        peak = live if live.bytes(e) > peak.bytes(e) else peak
+    return peak
+
+
+def memory_report(cfg: ModelConfig, d: Dims, e: int, capacity_bytes: float,
+                  lay: Layout = Layout()) -> MemoryReport:
+    """Parameters and gradients in the emulated dtype, fp32 master + Adam/LAMB states
+    (sharded over DP by the distributed optimizer), activations at the stage's peak."""
+    n = local_param_count(cfg, d.tp, lay)
+    states = n * state_bytes_per_param(e) / (lay.dp if lay.distributed else 1)
+    acts = stage_activations(cfg, d, e, lay).bytes(e)
+    return MemoryReport(n * e, n * e, states, acts, capacity_bytes)
 
 
 # Host memory of a numerics run beyond what it stores: the process itself (Python, numpy,
@@ -115,11 +176,11 @@ TRANSIENT_ROWS = 10
 TRANSIENT_SCORES = 3
 
 
-def host_bytes(cfg: ModelConfig, d: Dims, itemsize: int) -> float:
+def host_bytes(cfg: ModelConfig, d: Dims, itemsize: int, lay: Layout = Layout()) -> float:
     """Host memory a numerics run of this rank needs at its peak: weights, grads, m, v,
     stored activations, backward's transients and the process itself."""
-    n = local_param_count(cfg, d.tp)
-    stored = cfg.layers * layer_stored(cfg, d).act + edge_stored(cfg, d).act
+    n = local_param_count(cfg, d.tp, lay)
+    stored = stage_activations(cfg, d, itemsize, lay).act
     scores = 0 if cfg.attention == "flash" else d.batch * d.heads * d.seq * d.seq
     transient = TRANSIENT_ROWS * d.rows * d.hidden + TRANSIENT_SCORES * scores
     return (4 * n + stored + transient) * itemsize + PROCESS_BYTES

@@ -1,9 +1,14 @@
-"""A rank's shard of the transformer: parameters, and forward + backward of one iteration.
+"""A rank's pipeline stage of the transformer: its parameters, and the forward and backward
+of one micro-batch on one model chunk.
 
-Vocab-parallel embedding tied with the LM head and a vocab-parallel cross-entropy (Megatron
-VocabParallelEmbedding / _VocabParallelCrossEntropy), the layers of `layers.py`, gradients
-handed to the DP buckets as they become final, and under sequence parallelism the TP
-all-reduce of the gradients of parameters that only saw the rank's sequence rows.
+Vocab-parallel embedding on the first stage, tied with the LM head and vocab-parallel
+cross-entropy on the last (Megatron VocabParallelEmbedding / _VocabParallelCrossEntropy;
+with pp > 1 both ends hold the table and its gradient is all-reduced between them), the
+layers of `layers.py` in between. Gradients accumulate over micro-batches and are handed to
+the DP buckets during the last micro-batch's backward (Megatron: no_sync for the others).
+Under sequence parallelism the gradients of parameters that only saw the rank's sequence
+rows are all-reduced over TP at the end of the step. Which passes run in which order is the
+pipeline schedule's business (`pipeline.step`).
 """
 from __future__ import annotations
 
@@ -11,46 +16,86 @@ from typing import Any
 
 import numpy as np
 
+from ..comm.collectives import all_reduce
 from ..comm.p2p import TimedComm
+from ..pipeline.schedules import Pass
 from . import seeded
 from .buckets import GradBuckets
 from .config import ModelConfig
-from .engine import Array, Dims, Engine
-from .layers import Cache, Layer, Params, _t
+from .engine import Array, Dims, Engine, Ready, _no_ready
+from .layers import Cache, Layer, Params, _t, acc
 from .masks import Masks
 from .ops import (MASK_BYTES, Cost, bias_grad_cost, ce_back, ce_combine, ce_cost,
                   ce_local_stats, dropout, embed_cost, embed_lookup, embed_scatter, layernorm,
                   layernorm_back, layernorm_cost)
 from .shard import LocalParam, cut, local_params
 
+RECOMPUTE = ("none", "selective", "full")
+EMBED_SIDE = ("wte", "wpe", "lne.g", "lne.b")      # parameters of the first virtual stage
+HEAD_SIDE = ("wte", "lnf.g", "lnf.b")              # ... and of the last
 
-def make_dims(cfg: ModelConfig, tp: int, dp: int, global_batch: int, sp: bool) -> Dims:
-    """Local sizes of every rank of a tp x dp grid (cfg already padded for tp)."""
-    return Dims(seq=cfg.seq_len, batch=global_batch // dp, hidden=cfg.hidden,
+
+def make_dims(cfg: ModelConfig, tp: int, micro_batch: int, sp: bool) -> Dims:
+    """Local sizes of one micro-batch on a TP rank (cfg already padded for tp)."""
+    return Dims(seq=cfg.seq_len, batch=micro_batch, hidden=cfg.hidden,
                 heads=cfg.heads // tp, head_dim=cfg.head_dim, ffn=cfg.ffn_hidden // tp,
                 vocab=cfg.padded_vocab // tp, tp=tp, sp=sp and tp > 1)
 
 
+def chunk_layers(layers: int, pp: int, chunks: int, stage: int, chunk: int) -> range:
+    """Layers of virtual stage chunk * pp + stage: L / (pp chunks) consecutive layers
+    (Megatron-LM's interleaved placement, Narayanan et al. 2021 Fig. 4)."""
+    n = layers // (pp * chunks)
+    vs = chunk * pp + stage
+    return range(vs * n, (vs + 1) * n)
+
+
+def stage_params(cfg: ModelConfig, tp: int, pp: int, chunks: int, stage: int
+                 ) -> list[LocalParam]:
+    """The local parameters a (TP rank, pipeline stage) holds, in forward order."""
+    mine = {i for c in range(chunks) for i in chunk_layers(cfg.layers, pp, chunks, stage, c)}
+    edge = set(EMBED_SIDE if stage == 0 else ()) | set(HEAD_SIDE if stage == pp - 1 else ())
+    return [lp for lp in local_params(cfg, tp)
+            if (lp.layer in mine) or (lp.layer == -1 and lp.name in edge)]
+
+
 class ShardedModel:
-    """Parameters, gradients and the training-step schedule of one (tp_rank, dp_rank)."""
+    """Parameters, accumulated gradients and the passes of one (tp, dp, pp) rank."""
 
     def __init__(self, cfg: ModelConfig, eng: Engine, dims: Dims, *, tp_rank: int,
                  dp_rank: int, seed: int, global_batch: int, dp: TimedComm,
-                 bucket_bytes: float, np_dtype: type) -> None:
+                 bucket_bytes: float, np_dtype: type, pp: int = 1, pp_rank: int = 0,
+                 chunks: int = 1, micro_batches: int = 1, recompute: str = "none",
+                 embed: TimedComm | None = None, shard_grads: bool = False) -> None:
         self.cfg, self.E, self.d = cfg, eng, dims
         self.tp_rank, self.dp_rank, self.seed = tp_rank, dp_rank, seed
-        self.global_batch = global_batch
-        self.specs: list[LocalParam] = list(local_params(cfg, dims.tp))
+        self.pp, self.pp_rank, self.chunks = pp, pp_rank, chunks
+        self.global_batch, self.micro_batches, self.recompute = global_batch, micro_batches, \
+            recompute
+        self.embed = embed
+        self.specs: list[LocalParam] = stage_params(cfg, dims.tp, pp, chunks, pp_rank)
         self.P: Params = {lp.name: self._init(lp, np_dtype) for lp in self.specs}
         self.G: Params = {lp.name: None for lp in self.specs}
-        self.layers = [Layer(eng, cfg, dims, i) for i in range(cfg.layers)]
-        self.buckets = GradBuckets(dp, eng.e, bucket_bytes, {lp.name: lp.size for lp in self.specs},
-                                   eng.overlap.bidirectional)
+        self.chunk_layers = [[Layer(eng, cfg, dims, i, recompute)
+                              for i in chunk_layers(cfg.layers, pp, chunks, pp_rank, c)]
+                             for c in range(chunks)]
+        self.layers = [layer for c in self.chunk_layers for layer in c]
+        self.buckets = GradBuckets(dp, eng.e, bucket_bytes, {lp.name: lp.size
+                                                             for lp in self.specs},
+                                   eng.overlap.bidirectional, shard=shard_grads)
+        # gradients reduced elsewhere first (TP under SP; the tied table across stages):
+        # they join the DP buckets at the end of the step
+        self.deferred = ([lp.name for lp in self.specs if lp.sp_partial] if dims.sp else []) \
+            + (["wte"] if pp > 1 and "wte" in self.P and "wte" not in
+               [lp.name for lp in self.specs if lp.sp_partial] else [])
         s_loc = dims.seq // dims.tp if dims.sp else dims.seq
         self.s0 = tp_rank * s_loc if dims.sp else 0
         self.positions = np.repeat(np.arange(self.s0, self.s0 + s_loc), dims.batch)
         self.vocab_lo = tp_rank * dims.vocab
-        self.keep_caches = False            # tests inspect the activations a step stored
+        self.saved: dict[tuple[int, int], Any] = {}
+        self.param_ready: dict[int, float] = {}     # layer -> parameters gathered (ZeRO)
+        self.iteration, self.loss = 0, 0.0
+        self.keep_caches = False            # tests inspect what the last forward stored
         self.last_caches: tuple[Cache, list[Cache], Cache] | None = None
 
     def _init(self, lp: LocalParam, np_dtype: type) -> Array:
@@ -60,46 +105,116 @@ class ShardedModel:
                 for n, s, i in seeded.full_param_specs(self.cfg) if n in lp.full]
         return cut(lp, full, self.tp_rank)
 
-    def _ready(self, names: list[str]) -> None:
-        self.buckets.ready(names, self.G, self.E.t)
+    def first_virtual(self, chunk: int) -> bool:
+        return chunk == 0 and self.pp_rank == 0
 
-    # -- one iteration ----------------------------------------------------------------------
-    def train_step(self, iteration: int) -> float:
-        """Forward and backward of this rank's micro-batch; returns its share of the loss.
+    def last_virtual(self, chunk: int) -> bool:
+        return chunk == self.chunks - 1 and self.pp_rank == self.pp - 1
 
-        The loss is the mean over the global batch's tokens, so DP ranks' shares add up.
-        """
-        d, E, tl = self.d, self.E, self.E.tl
-        masks = Masks(self.cfg, self.seed, iteration, d, self.dp_rank, self.tp_rank, E.on)
-        ids = targets = None
-        if E.on:
-            tok, tgt = seeded.batch(self.cfg, self.seed, iteration, self.global_batch,
-                                    self.dp_rank * d.batch, (self.dp_rank + 1) * d.batch)
-            ids, targets = tok.T.reshape(-1), tgt.T.reshape(-1)        # (S*B,) position-major
+    # -- one step: begin, passes (in the schedule's order), finish ---------------------------
+    def begin_step(self, iteration: int) -> None:
+        self.iteration, self.loss = iteration, 0.0
+        self.G = {lp.name: None for lp in self.specs}
         self.buckets.reset()
+        self.saved.clear()
+
+    def _micro_data(self, micro: int) -> tuple[Masks, Array, Array]:
+        """Masks, token ids and targets of micro-batch `micro` of this DP rank."""
+        d = self.d
+        lo = (self.dp_rank * self.micro_batches + micro) * d.batch
+        masks = Masks(self.cfg, self.seed, self.iteration, d, lo, self.tp_rank, self.E.on)
+        ids = targets = None
+        if self.E.on:
+            tok, tgt = seeded.batch(self.cfg, self.seed, self.iteration, self.global_batch,
+                                    lo, lo + d.batch)
+            ids, targets = tok.T.reshape(-1), tgt.T.reshape(-1)        # (S*B,) position-major
+        return masks, ids, targets
+
+    def forward(self, ps: Pass, x: Array) -> Array:
+        """Forward of micro-batch ps.micro through chunk ps.chunk: its output (None on the
+        last virtual stage, whose loss share is added to `self.loss`)."""
+        tl, c = self.E.tl, ps.chunk
+        masks, ids, targets = self._micro_data(ps.micro)
+        c_emb: Cache = {}
+        caches: list[Any] = []
         with tl.labelled(phase="fwd"):
-            with tl.labelled(layer=-1):
-                x, c_emb = self._embed(ids, masks)
-            caches: list[Cache] = []
-            for layer in self.layers:
+            if self.first_virtual(c):
+                with tl.labelled(layer=-1):
+                    self._wait_params(-1)
+                    x, c_emb = self._embed(ids, masks)
+            for layer in self.chunk_layers[c]:
+                self._wait_params(layer.i)
                 with tl.labelled(layer=layer.i):
-                    x, c = layer.forward(x, self.P, masks)
-                caches.append(c)
-            with tl.labelled(layer=-1):
-                loss, c_head = self._head(x, targets)
-        with tl.labelled(phase="bwd"):
-            with tl.labelled(layer=-1):
-                dx = self._head_back(c_head, targets)
-            for layer, c in zip(reversed(self.layers), reversed(caches)):
-                with tl.labelled(layer=layer.i):
-                    dx = layer.backward(dx, c, self.P, self.G, masks, self._ready)
-            with tl.labelled(layer=-1):
-                self._embed_back(dx, c_emb, ids)
-                E.t = self.buckets.finish(self.G, E.t)    # the optimizer needs every bucket
-                self._sp_grad_sync()
+                    x_in = x
+                    x, cache = layer.forward(x, self.P, masks)
+                # full recompute keeps the layer's input only (Korthikanti et al. 2022, 2)
+                caches.append({"input": x_in} if self.recompute == "full" else cache)
+            c_head: Cache = {}
+            if self.last_virtual(c):
+                with tl.labelled(layer=-1):
+                    loss, c_head = self._head(x, targets)
+                self.loss += loss
+                x = None
+        self.saved[(ps.micro, c)] = (c_emb, caches, c_head)
         if self.keep_caches:
             self.last_caches = (c_emb, caches, c_head)
-        return loss
+        return x
+
+    def _wait_params(self, layer: int) -> None:
+        """A forward needs its layer's parameters back from the distributed optimizer's
+        all-gather (overlapped with the forwards before it)."""
+        if self.param_ready:
+            self.E.t = max(self.E.t, self.param_ready.get(layer, 0.0))
+
+    def backward(self, ps: Pass, dy: Array) -> Array:
+        """Backward of micro-batch ps.micro through chunk ps.chunk: the input gradient."""
+        tl, c = self.E.tl, ps.chunk
+        c_emb, caches, c_head = self.saved.pop((ps.micro, c))
+        masks, ids, targets = self._micro_data(ps.micro)
+        ready: Ready = self._ready if ps.micro == self.micro_batches - 1 else _no_ready
+        with tl.labelled(phase="bwd"):
+            if self.last_virtual(c):
+                with tl.labelled(layer=-1):
+                    dy = self._head_back(c_head, targets, ready)
+            for layer, cache in zip(reversed(self.chunk_layers[c]), reversed(caches)):
+                with tl.labelled(layer=layer.i):
+                    if self.recompute == "full":       # the layer's forward again
+                        with tl.labelled(phase="recompute"):
+                            _, cache = layer.forward(cache["input"], self.P, masks)
+                    dy = layer.backward(dy, cache, self.P, self.G, masks, ready)
+            if self.first_virtual(c):
+                with tl.labelled(layer=-1):
+                    self._embed_back(dy, c_emb, ids, ready)
+                dy = None
+        return dy
+
+    def finish_step(self) -> float:
+        """After the last backward: the TP (SP) and tied-embedding reductions, then the DP
+        buckets; returns this rank's loss share (the mean over the global batch's tokens)."""
+        with self.E.tl.labelled(phase="bwd", layer=-1):
+            self._sp_grad_sync()
+            self._embedding_grad_sync()
+            if self.deferred:
+                self.buckets.ready(self.deferred, self.G, self.E.t)
+            self.E.t = self.buckets.finish(self.G, self.E.t)   # the optimizer needs them all
+        return self.loss
+
+    def _ready(self, names: list[str]) -> None:
+        self.buckets.ready([n for n in names if n not in self.deferred], self.G, self.E.t)
+
+    def _embedding_grad_sync(self) -> None:
+        """All-reduce the tied table's gradient between the first and last stage (Megatron
+        `_allreduce_word_embedding_grads`)."""
+        if self.embed is None or self.pp == 1 or "wte" not in self.G:
+            return
+        g = self.G["wte"]
+        lp = next(lp for lp in self.specs if lp.name == "wte")
+        flat = None if g is None else np.ravel(g)
+        out, span = all_reduce(self.embed, flat, after=self.E.t, count=lp.size,
+                               wire_itemsize=self.E.e, label="pp.embedding_grads.ar")
+        self.E.t = span.t_end
+        if out is not None and g is not None:
+            self.G["wte"] = out.reshape(g.shape)
 
     # -- embedding --------------------------------------------------------------------------
     def _embed(self, ids: Array, masks: Masks) -> tuple[Array, Cache]:
@@ -129,7 +244,7 @@ class ShardedModel:
         assert wpe is not None
         return x + wpe[self.positions]
 
-    def _embed_back(self, dx: Array, c: Cache, ids: Array) -> None:
+    def _embed_back(self, dx: Array, c: Cache, ids: Array, ready: Ready) -> None:
         d, E, cfg = self.d, self.E, self.cfg
         rows, h = d.shard_rows, d.hidden
         p = cfg.hidden_dropout
@@ -139,15 +254,19 @@ class ShardedModel:
         if cfg.norm == "post":
             res = E.kernel("lne.bwd", layernorm_cost(rows, h, E.e, backward=True),
                            layernorm_back, dx, c["lne"], self.P["lne.g"])
-            dx, self.G["lne.g"], self.G["lne.b"] = res if res is not None else (None,) * 3
-            self._ready(["lne.g", "lne.b"])
-        self.G["wpe"] = E.kernel("embed.pos.bwd", bias_grad_cost(rows, h, E.e),
-                                 self._position_grad, dx)
-        self._ready(["wpe"])
+            dx, dg, db = res if res is not None else (None,) * 3
+            acc(self.G, "lne.g", dg)
+            acc(self.G, "lne.b", db)
+            ready(["lne.g", "lne.b"])
+        acc(self.G, "wpe", E.kernel("embed.pos.bwd", bias_grad_cost(rows, h, E.e),
+                                    self._position_grad, dx))
+        ready(["wpe"])
         full = E.tp_gather_rows("embed.bwd", dx, d.rows, h) if d.sp else dx
+        if E.on and self.G["wte"] is None:
+            self.G["wte"] = np.zeros_like(self.P["wte"])
         E.kernel("embed.scatter.bwd", embed_cost(d.rows, h, E.e, backward=True),
                  embed_scatter, self.G["wte"], ids, self.vocab_lo, full)
-        self._ready(["wte"])
+        ready(["wte"])
 
     def _position_grad(self, dx: np.ndarray) -> np.ndarray:
         d = self.d
@@ -164,8 +283,9 @@ class ShardedModel:
             res = E.kernel("lnf.fwd", layernorm_cost(d.shard_rows, d.hidden, E.e), layernorm, x,
                            self.P["lnf.g"], self.P["lnf.b"], cfg.layernorm_eps)
             x, c["lnf"] = res if res is not None else (None, None)
-        logits, c["x"] = E.column_parallel("head.fwd", x, _t(self.P["wte"]), d.rows, d.vocab,
-                                           d.hidden)
+        logits, _ = E.column_parallel("head.fwd", x, _t(self.P["wte"]), d.rows, d.vocab,
+                                      d.hidden)
+        c["x"] = x                # the input (its sequence shard under SP: gathered again)
         c["logits"] = logits
         stats = E.kernel("head.ce.fwd", ce_cost(d.rows, d.vocab, E.e), ce_local_stats,
                          logits, targets, self.vocab_lo)
@@ -178,18 +298,21 @@ class ShardedModel:
         n_tokens = self.global_batch * d.seq
         return float((lse - picked).sum() / n_tokens), c
 
-    def _head_back(self, c: Cache, targets: Array) -> Array:
+    def _head_back(self, c: Cache, targets: Array, ready: Ready) -> Array:
         d, E = self.d, self.E
         scale = 1.0 / (self.global_batch * d.seq)
         dlogits = E.kernel("head.ce.bwd", ce_cost(d.rows, d.vocab, E.e, backward=True), ce_back,
                            c["logits"], c.get("lse"), targets, self.vocab_lo, scale)
-        self.G["wte"] = E.gemm("head.wgrad", _t(dlogits), c["x"], d.vocab, d.hidden, d.rows)
-        dx = E.row_parallel("head.bwd", dlogits, self.P["wte"], d.rows, d.hidden, d.vocab)
+        dx, dw = E.column_parallel_back("head", dlogits, self.P["wte"], c["x"], d.rows,
+                                        d.hidden, d.vocab)
+        acc(self.G, "wte", None if dw is None else np.ascontiguousarray(dw.T))   # [V/tp, H]
         if self.cfg.norm == "pre":
             res = E.kernel("lnf.bwd", layernorm_cost(d.shard_rows, d.hidden, E.e, backward=True),
                            layernorm_back, dx, c["lnf"], self.P["lnf.g"])
-            dx, self.G["lnf.g"], self.G["lnf.b"] = res if res is not None else (None,) * 3
-            self._ready(["lnf.g", "lnf.b"])
+            dx, dg, db = res if res is not None else (None,) * 3
+            acc(self.G, "lnf.g", dg)
+            acc(self.G, "lnf.b", db)
+            ready(["lnf.g", "lnf.b"])
         return dx
 
     # -- sequence parallelism: replicated parameters saw only this rank's rows ---------------

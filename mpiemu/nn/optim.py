@@ -14,11 +14,15 @@ of the banks' partial sums (`optim.nmc.norms.reduce`).
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
+from ..comm.collectives import all_reduce
+from ..comm.p2p import TimedComm
 from ..hw import nmc
+from .buckets import GradBuckets
+from .zero import DistributedAdam
 from .config import CLIP_EPS, OptimizerConfig
 from .engine import Engine
 from .layers import Params
@@ -43,8 +47,17 @@ class ShardedOptimizer:
     """One optimizer step over a rank's local parameters (numerics and charges)."""
 
     def __init__(self, opt: OptimizerConfig, specs: list[LocalParam], eng: Engine,
-                 tp_rank: int, P: Params) -> None:
+                 tp_rank: int, P: Params, norm: TimedComm | None = None,
+                 counted: Callable[[LocalParam], bool] | None = None,
+                 buckets: GradBuckets | None = None) -> None:
         self.opt, self.specs, self.E, self.tp_rank = opt, specs, eng, tp_rank
+        # the global gradient norm: summed over one model replica (TP x PP ranks), every
+        # tensor once (replicated ones on TP rank 0, the tied table on the first stage)
+        self.norm_comm = norm if norm is not None else eng.tp
+        self.counted = counted or (lambda lp: lp.tp_split or tp_rank == 0)
+        self.zero: DistributedAdam | None = None
+        if opt.distributed and buckets is not None and buckets.dp.size > 1:
+            self.zero = DistributedAdam(opt, specs, eng, buckets, self.norm_comm, self.counted)
         self.m = {n: None if w is None else np.zeros_like(w) for n, w in P.items()}
         self.v = {n: None if w is None else np.zeros_like(w) for n, w in P.items()}
         self.steps = 0
@@ -80,6 +93,9 @@ class ShardedOptimizer:
     def step(self, P: Params, G: Params) -> None:
         """Clip by the global gradient norm if asked, then Adam or LAMB on every shard."""
         self.steps += 1
+        if self.zero is not None:          # ZeRO-1: this DP rank's shares of the buckets
+            self.zero.step(P)
+            return
         if self.opt.needs_global_norm or self.opt.name == "lamb":
             self._clip(G, self._global_norm(G))
         if self.opt.name == "adam":
@@ -92,10 +108,19 @@ class ShardedOptimizer:
         n = sum(lp.size for lp in self.specs)
         sq = None
         if E.on:          # TP-split tensors on every rank, replicated ones counted once
-            own = [G[lp.name] for lp in self.specs if lp.tp_split or self.tp_rank == 0]
+            own = [G[lp.name] for lp in self.specs if self.counted(lp)]
             sq = np.array([sum(float((g * g).sum()) for g in own if g is not None)])
         E.kernel("optim.grad_norm", Cost(2 * n, n * e, MASTER_BYTES), None)
-        total = E.tp_sum("optim.grad_norm", sq, 1, MASTER_BYTES)
+        return self._sum_norms(sq)
+
+    def _sum_norms(self, sq: np.ndarray | None) -> float:
+        """sqrt of the squares summed over the norm group (one fp32 all-reduce)."""
+        E = self.E
+        if self.norm_comm.size == 1:
+            return float(np.sqrt(sq[0])) if sq is not None else 0.0
+        total, span = all_reduce(self.norm_comm, sq, after=E.t, count=1,
+                                 wire_itemsize=MASTER_BYTES, label="optim.grad_norm.ar")
+        E.t = span.t_end
         return float(np.sqrt(total[0])) if total is not None else 0.0
 
     def _clip(self, G: Params, norm: float) -> None:

@@ -11,7 +11,7 @@ waits for it. Weight gradients are handed to the DP buckets when their GEMM ends
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from ..comm.collectives import all_reduce
 from ..hw.sunway.layer import LayerShape, layer_ops
@@ -110,3 +110,28 @@ def _place_group(E: Engine, sched: Schedule, group: list[Placement], shift: SimT
                      stage=len(p.cgs))
     lo, hi = min(p.start for p in group), max(p.end for p in group)
     E.tl.place(f"{prefix}queue", [COMPUTE], lo + shift, hi + shift)
+
+
+Ready = Callable[[list[str]], None]
+
+
+def _no_ready(names: list[str]) -> None:
+    """The math's own gradient hand-over is skipped: the CG schedule hands them over."""
+
+
+class SunwayEngine(Engine):
+    """The executor of a Sunway rank: the same layer code, each layer pass charged as its
+    SwFormer CG schedule (the math and payload run uncharged beside it)."""
+
+    plan: SunwayLayerPlan
+
+    def layer_pass(self, layer: Any, pass_: str, math: Callable[[Ready], Any], empty: Any,
+                   ready: Ready | None = None) -> Any:
+        """The math (if on) without charge, then the pass's CG schedule; gradients are
+        handed to the DP buckets when the schedule finishes their GEMM."""
+        out = empty
+        if self.on:
+            with self.payload_only():
+                out = math(_no_ready)
+        self.t = charge_pass(self, self.plan, layer.d, pass_, layer.tag, layer.p, ready)
+        return out

@@ -21,6 +21,7 @@ from ..net import (ALGORITHMS, PROTOCOLS, TOPOLOGIES, Network, NetworkSpec, list
                    load_network)
 from .errors import ConfigError
 from .sections.overlap import OverlapSection, SublayersSection
+from ..pipeline.schedules import SCHEDULES
 from .sections.sunway import SunwaySection
 from .sections.sweep import LayerSweepSection
 from .sections.train import ModelSection, OptimizerSection, TrainSection
@@ -136,16 +137,29 @@ class NetworkSection:
 
 @dataclass(frozen=True)
 class ParallelSection:
-    """The TP x DP grid; tp * dp must equal the number of ranks."""
+    """The TP x DP x PP grid (tp * dp * pp must equal the number of ranks) and the pipeline
+    schedule: `gpipe`, `1f1b` or `interleaved` with `virtual_stages` model chunks per
+    stage (Megatron-LM --num-layers-per-virtual-pipeline-stage = layers / (pp v))."""
 
     tp: int = 1
     dp: int = 1
+    pp: int = 1
     sequence_parallel: bool = False  # RS after row-parallel, AG before column-parallel GEMMs
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("tp", "dp"):
+        for name in ("tp", "dp", "pp", "virtual_stages"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"parallel.{name}", getattr(self, name), "an integer >= 1")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError("parallel.schedule", self.schedule, SCHEDULES)
+        if self.schedule == "interleaved" and self.virtual_stages < 2:
+            raise ConfigError("parallel.virtual_stages", self.virtual_stages,
+                              "an integer >= 2 with parallel.schedule = 'interleaved'")
+        if self.schedule != "interleaved" and self.virtual_stages != 1:
+            raise ConfigError("parallel.virtual_stages", self.virtual_stages,
+                              "1 unless parallel.schedule = 'interleaved'")
 
 
 @dataclass(frozen=True)
@@ -214,9 +228,10 @@ class Workload:
         """tp * dp must equal the number of ranks the job was launched with."""
         resolve_network(self, resolve_device(self, 0))      # its values first: any world
         self._check_debug(world_size)
-        tp, dp = self.parallel.tp, self.parallel.dp
-        if tp * dp != world_size:
-            raise ConfigError("parallel.tp*parallel.dp", f"{tp}*{dp}={tp * dp}",
+        tp, dp, pp = self.parallel.tp, self.parallel.dp, self.parallel.pp
+        if tp * dp * pp != world_size:
+            raise ConfigError("parallel.tp*parallel.dp*parallel.pp",
+                              f"{tp}*{dp}*{pp}={tp * dp * pp}",
                               f"must equal the {world_size} ranks of this job")
         presets = self.device.rank_presets
         if presets and len(presets) != world_size:

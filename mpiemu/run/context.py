@@ -88,19 +88,20 @@ def write_manifest(out: Path, data: dict[str, Any]) -> None:
 def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str]) -> RankContext:
     """Collective: build the grid, create the run directory, manifest and rank trace files."""
     spec = resolve_device(w, world.Get_rank())
-    grid = ProcessGrid(world, GridShape(w.parallel.tp, w.parallel.dp))
+    grid = ProcessGrid(world, GridShape(w.parallel.tp, w.parallel.dp, w.parallel.pp))
     if world.Get_rank() == 0:
         out.mkdir(parents=True, exist_ok=True)
         for stale in list(out.glob("rank-*.h5")) + list(out.glob("trace.h5")):
             stale.unlink()
         write_manifest(out, {"status": "running", "config": w.as_dict(),
                              "config_hash": w.config_hash(), "world_size": world.Get_size(),
-                             "grid": {"tp": grid.tp, "dp": grid.dp}, "versions": _versions(),
+                             "grid": {"tp": grid.tp, "dp": grid.dp, "pp": grid.pp}, "versions": _versions(),
                              "command": argv, "start": _now(), "end": None,
                              "device": as_table(spec)})
     world.Barrier()
     attrs = {"rank": grid.rank, "world_size": world.Get_size(), "tp_rank": grid.tp_rank,
-             "dp_rank": grid.dp_rank, "grid": [grid.tp, grid.dp], "device": as_table(spec),
+             "dp_rank": grid.dp_rank, "pp_rank": grid.pp_rank,
+             "grid": [grid.tp, grid.dp, grid.pp], "device": as_table(spec),
              "config_hash": w.config_hash(), "mpiemu_version": __version__,
              "workload": w.name}
     writer = TraceWriter(rank_file(out, grid.rank), attrs)

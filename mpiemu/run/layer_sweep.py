@@ -74,13 +74,13 @@ def _point(ctx: RankContext, index: int, h: int, sl: int, b: int, model: Compute
                 ffn=cfg.ffn_hidden // tp, vocab=cfg.padded_vocab // tp, tp=tp, sp=False)
     eng = Engine(ctx.tl, model, ctx.tp, dtype=w.run.emulated_dtype, numerics=False,
                  overlap=w.overlap.to_overlap(strategy="sequential"), sp=False,
-                 kernels=w.train.kernel_options())
+                 kernels=w.train.kernel_options(), tp_async=False)   # thesis Eq. 5.5: serialized
     specs = [lp for lp in local_params(cfg, tp) if lp.layer == 0]
     P: dict[str, Any] = {lp.name: None for lp in specs}
     G: dict[str, Any] = dict(P)
     buckets = GradBuckets(ctx.dp, eng.e, float("inf"), {lp.name: lp.size for lp in specs},
                           eng.overlap.bidirectional)
-    layer, masks = Layer(eng, cfg, dims, 0), Masks(cfg, w.run.seed, index, dims, grid.dp_rank,
+    layer, masks = Layer(eng, cfg, dims, 0), Masks(cfg, w.run.seed, index, dims, grid.dp_rank * dims.batch,
                                                    grid.tp_rank, False)
     eng.t = ctx.world.allreduce(ctx.tl.now(), op=MPI.MAX)
     with ctx.tl.labelled(iteration=index, layer=0):

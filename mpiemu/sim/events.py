@@ -11,7 +11,8 @@ import numpy as np
 SCHEMA_VERSION = 1
 # "collective" rows summarise a whole collective (start to finish); its steps are "comm" rows.
 CATS: dict[str, int] = {"compute": 0, "comm": 1, "memory": 2, "wait": 3, "collective": 4}
-PHASES: dict[str, int] = {"none": 0, "fwd": 1, "bwd": 2, "optim": 3, "comm": 4}
+PHASES: dict[str, int] = {"none": 0, "fwd": 1, "bwd": 2, "optim": 3, "comm": 4,
+                         "recompute": 5}
 CAT_DTYPE = h5py.enum_dtype(CATS, basetype="u1")
 PHASE_DTYPE = h5py.enum_dtype(PHASES, basetype="u1")
 

@@ -8,6 +8,7 @@ from ...hw.kernels import MODES as KERNEL_MODES
 from ...nn.config import (ATTENTION_ALIASES, ATTENTIONS, MASKS, NORMS, OPTIMIZERS, ModelConfig,
                           ModelConfigError, OptimizerConfig)
 from ...nn.engine import KernelOptions
+from ...nn.model import RECOMPUTE
 from ...nn.presets import ModelPresetError, list_model_presets, load_model_preset
 from ..errors import ConfigError
 
@@ -87,6 +88,9 @@ class TrainSection:
     reference_rtol: float = 0.0      # 0: 1e-10 for fp64 numerics, 1e-3 for fp32
     kernels: str = "fused"           # non-GEMM kernels: "unfused" (PyTorch) or "fused" (Megatron)
     fuse_epilogues: bool = False     # FC-1 bias + GeLU in the GEMM epilogues (cuBLASLt)
+    micro_batch: int = 0             # sequences per micro-batch (0: global_batch / dp, one)
+    recompute: str = "none"          # "selective" (attention core) or "full" (whole layers)
+    tp_comm_async: bool = True       # input-gradient reduction under the wgrad GEMM (Megatron)
 
     def __post_init__(self) -> None:
         if self.global_batch < 0:
@@ -98,6 +102,11 @@ class TrainSection:
             raise ConfigError("train.memory_check", self.memory_check, MEMORY_CHECKS)
         if self.reference_rtol < 0:
             raise ConfigError("train.reference_rtol", self.reference_rtol, "a tolerance >= 0")
+        if self.micro_batch < 0:
+            raise ConfigError("train.micro_batch", self.micro_batch,
+                              "an integer >= 1 (or 0 for one micro-batch per DP rank)")
+        if self.recompute not in RECOMPUTE:
+            raise ConfigError("train.recompute", self.recompute, RECOMPUTE)
         if self.kernels not in KERNEL_MODES:
             raise ConfigError("train.kernels", self.kernels, KERNEL_MODES)
 

@@ -1,0 +1,129 @@
+"""The distributed optimizer (ZeRO-1, Rajbhandari et al. 2020; Megatron-LM's
+DistributedOptimizer): each DP rank holds the fp32 master weights and Adam states of its
+contiguous share of every gradient bucket, updates only that share and all-gathers the
+parameters afterwards.
+
+The buckets were reduce-scattered during backward (`buckets.GradBuckets(shard=True)`), so a
+rank starts with its share's summed gradients. The global gradient norm is summed over the
+whole job (DP shares are disjoint; replicated tensors count on TP rank 0, the tied table on
+the first stage). The parameter all-gathers run on the DP links after the update; with
+`overlap_param_gather` nothing waits for them there: the next forward of a layer waits for
+its bucket's gather instead (Megatron-LM --overlap-param-gather).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from ..comm.collectives import all_gather, all_reduce
+from ..comm.p2p import TimedComm
+from .buckets import BucketShard, GradBuckets
+from .config import CLIP_EPS, OptimizerConfig
+from .engine import Engine
+from .layers import Params
+from .ops import Cost
+from .shard import LocalParam
+
+MASTER_BYTES = 4
+ADAM_FLOPS = 12
+
+
+def _masked_sq(g: Any, mask: np.ndarray) -> float:
+    """Sum of squares of the elements of g that the global norm counts."""
+    return float((g[mask] ** 2).sum())
+
+
+class DistributedAdam:
+    """Adam on this DP rank's shares of the gradient buckets (numerics and charges)."""
+
+    def __init__(self, opt: OptimizerConfig, specs: list[LocalParam], eng: Engine,
+                 buckets: GradBuckets, norm: TimedComm,
+                 counted: Callable[[LocalParam], bool]) -> None:
+        self.opt, self.E, self.buckets, self.norm = opt, eng, buckets, norm
+        self.by_name = {lp.name: lp for lp in specs}
+        self.counted = counted
+        self.steps = 0
+        self.state: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.param_ready: dict[int, float] = {}    # layer -> when its parameters are back
+
+    def _masks(self, b: int, sh: BucketShard, dtype: Any
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(m, v, decay mask, norm mask) of bucket b's share, made on first use."""
+        if b not in self.state:
+            decay = np.concatenate([np.full(self.by_name[n].size, self.by_name[n].decay)
+                                    for n in sh.names])[sh.lo:sh.hi]
+            counted = np.concatenate([np.full(self.by_name[n].size,
+                                              self.counted(self.by_name[n]))
+                                      for n in sh.names])[sh.lo:sh.hi]
+            z: np.ndarray = np.zeros(sh.hi - sh.lo, dtype)
+            self.state[b] = (z, z.copy(), decay, counted)
+        return self.state[b]
+
+    def step(self, P: Params) -> None:
+        """Clip by the global norm, Adam on the shares, all-gather the parameters."""
+        self.steps += 1
+        E, shards = self.E, self.buckets.shards
+        n = sum(sh.hi - sh.lo for sh in shards)
+        on = E.on and all(sh.grad is not None for sh in shards)
+        dtype: Any = next(v for v in P.values() if v is not None).dtype if on else np.float64
+        coeff = 1.0
+        if self.opt.needs_global_norm:
+            sq = None
+            if on:
+                sq = np.array([sum(_masked_sq(sh.grad, self._masks(b, sh, dtype)[3])
+                                   for b, sh in enumerate(shards))])
+            E.kernel("optim.grad_norm", Cost(2 * n, n * E.e, MASTER_BYTES), None)
+            total, span = all_reduce(self.norm, sq, after=E.t, count=1,
+                                     wire_itemsize=MASTER_BYTES, label="optim.grad_norm.ar")
+            E.t = span.t_end
+            norm = float(np.sqrt(total[0])) if total is not None else 0.0
+            if self.opt.clip_grad_norm > 0 and on:
+                coeff = min(1.0, self.opt.clip_grad_norm / (norm + CLIP_EPS))
+        new = [self._update(b, sh, P, coeff, dtype) if on else None
+               for b, sh in enumerate(shards)]
+        e = E.e
+        copy = e if e < MASTER_BYTES else 0
+        E.kernel("optim.adam", Cost(ADAM_FLOPS * n, n * (e + 3 * MASTER_BYTES),
+                                    n * (3 * MASTER_BYTES + copy)))
+        self._gather(P, shards, new)
+
+    def _update(self, b: int, sh: BucketShard, P: Params, coeff: float, dtype: Any
+                ) -> np.ndarray:
+        """Adam (decoupled weight decay on matrices) on bucket b's share; the new values."""
+        o, t = self.opt, self.steps
+        m, v, decay, _ = self._masks(b, sh, dtype)
+        w = np.concatenate([np.ravel(P[n]) for n in sh.names])[sh.lo:sh.hi]   # type: ignore[arg-type]
+        g: np.ndarray = sh.grad if coeff >= 1.0 else sh.grad * coeff     # type: ignore[assignment,operator]
+        m *= o.beta1
+        m += (1.0 - o.beta1) * g
+        v *= o.beta2
+        v += (1.0 - o.beta2) * g * g
+        step = (m / (1.0 - o.beta1 ** t)) / (np.sqrt(v / (1.0 - o.beta2 ** t)) + o.eps)
+        if o.weight_decay > 0:
+            step = np.where(decay, step + o.weight_decay * w, step)
+        w -= o.lr * step
+        return w
+
+    def _gather(self, P: Params, shards: list[BucketShard], new: list[np.ndarray | None]
+                ) -> None:
+        """All-gather every bucket's parameters over DP, in bucket order, on the DP links."""
+        E, dp = self.E, self.buckets.dp
+        t, end = E.t, E.t
+        for b, (sh, w) in enumerate(zip(shards, new)):
+            full, span = all_gather(dp, w, total=sh.count, after=t, wire_itemsize=E.e,
+                                    unit=1, label=f"dp.param_gather{b}")
+            end = max(end, span.t_end)
+            for name in sh.names:
+                layer = self.by_name[name].layer
+                self.param_ready[layer] = max(self.param_ready.get(layer, 0.0), span.t_end)
+            if full is not None:
+                offset = 0
+                for name in sh.names:
+                    p = P[name]
+                    assert p is not None
+                    p[...] = full[offset:offset + p.size].reshape(p.shape)
+                    offset += p.size
+        if not self.opt.overlap_param_gather:
+            E.t = end
+            self.param_ready.clear()
