@@ -55,7 +55,8 @@ test-mpi: $(STAMP)
 	MPIEMU_EXPECT_RANKS=2 $(MPIEXEC) -n 2 $(MPI_PYTEST) tests
 	MPIEMU_EXPECT_RANKS=4 $(MPIEXEC) -n 4 $(MPI_PYTEST) tests
 	for n in 3 5 8; do MPIEMU_EXPECT_RANKS=$$n $(MPIEXEC) -n $$n $(MPI_PYTEST) \
-		tests/test_ring_mpi.py tests/test_overlap_numerics_mpi.py || exit 1; done
+		tests/test_ring_mpi.py tests/test_overlap_numerics_mpi.py tests/test_pipeline_parity.py \
+		|| exit 1; done
 
 ## make bench: the benchmarks reported in the README (not part of the test suite)
 bench: $(STAMP)

@@ -17,7 +17,8 @@ from mpiemu.run.runner import run_workload
 H, S, BATCH = 64, 16, 8      # the tiny preset
 FWD_RS = {"proj.fwd", "fc2.fwd"}          # row-parallel GEMMs in forward
 BWD_RS = {"fc1.bwd", "qkv.bwd"}           # input-gradient GEMMs of column-parallel layers
-SP_AG = {"qkv.fwd", "fc1.fwd", "proj.bwd", "fc2.bwd"}
+SP_AG = {"qkv.fwd", "fc1.fwd", "proj.bwd", "fc2.bwd",
+         "qkv.bwd.regather", "fc1.bwd.regather"}   # Megatron SP gathers the input again
 
 
 def grid() -> tuple[int, int]:

@@ -115,6 +115,8 @@ def format_tables(run: Run, top: int = 25) -> list[str]:
     lines += format_network(run)
     if rows := format_breakdown(run):
         lines += ["per iteration (rank 0; exp = exposed):", *rows, ""]
+    from .training import format_training  # noqa: PLC0415
+    lines += format_training(run)
     lines += path_summary(critical_path(run), top=min(top, 12))
     return lines
 
@@ -125,6 +127,7 @@ def summary_dict(run: Run, top: int = 25) -> dict[str, object]:
 
     from .critical_path import critical_path  # noqa: PLC0415
     from .network import busiest_ports  # noqa: PLC0415
+    from .training import training_rows  # noqa: PLC0415
     path = critical_path(run)
     by_cat: dict[str, float] = defaultdict(float)
     for p in path:
@@ -134,4 +137,4 @@ def summary_dict(run: Run, top: int = 25) -> dict[str, object]:
             "ranks": [asdict(rank_budget(rt)) for rt in run.ranks],
             "ops": [asdict(r) for r in op_totals(run)[:top]],
             "ports": [asdict(p) | {"share": p.share} for p in busiest_ports(run)],
-            "critical_path_s": dict(by_cat)}
+            "critical_path_s": dict(by_cat), "training": training_rows(run)}

@@ -301,7 +301,14 @@ def run(ctx: RankContext) -> dict[str, Any]:
                                "virtual_stages": w.parallel.virtual_stages,
                                "recompute": w.train.recompute,
                                "sequence_parallel": dims.sp, "iterations": rows,
-                               "memory": asdict(mem) | {"fits": mem.fits}}
+                               "flops": {"model": model_flops(cfg, gb),
+                                         "hardware": hardware_flops(cfg, gb,
+                                                                    w.train.recompute),
+                                         "devices": ctx.world.Get_size(),
+                                         "peak_flops_per_s": ctx.spec.peak(
+                                             w.run.emulated_dtype)},
+                               "memory": asdict(mem) | {"fits": mem.fits,
+                                                        "total_bytes": mem.total_bytes}}
     if w.overlap.strategy != "sequential":
         first = rows[0]
         summary["overlap"] = _against_sequential(ctx, first["t_end"] - first["t_start"])

@@ -44,6 +44,8 @@ STUDIES: dict[str, StudyInfo] = {s.name: s for s in (
               "communication shares"),
     StudyInfo("collectives", "mpiemu.studies.collectives", "issue 8 (nccl-tests, NCCL's model)",
               "all-reduce / all-gather / reduce-scatter busbw on DGX A100 / H100, 1-16 nodes"),
+    StudyInfo("megatron", "mpiemu.studies.megatron", "issue 9 (Megatron-LM papers)",
+              "GPT 22B / 175B training on DGX A100: layer and iteration times, MFU"),
     StudyInfo("nmc_optimizer", "mpiemu.studies.nmc_optimizer", "003 (thesis ch. 6)",
               "LAMB / Adam updates on near-bank compute vs the GPU, BERT end to end"),
 )}

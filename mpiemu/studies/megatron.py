@@ -1,0 +1,129 @@
+"""`mpiemu report megatron`: emulated Megatron-LM training beside published measurements on
+DGX A100 clusters (Korthikanti et al. 2022 Tables 4 and 5), every run timing only.
+
+* `layers.csv`: forward + backward time of one GPT 22B layer at TP = 8 (Table 4): no
+  recompute, SP, full and selective recompute, selective + SP; two-layer runs of
+  `workloads/megatron-22b-tp8.toml`, layer 1's span in rank 0's trace (forward, and backward
+  with its recomputation);
+* `iterations.csv`: iteration time and MFU / HFU (Table 5) of GPT 22B (8 ranks) and GPT-3
+  175B (TP 8 x PP 8, interleaved x3: 64 ranks), full recompute and selective + SP;
+* README.md: ours beside theirs with the difference, the rows not emulated and why.
+Nothing is fitted: the device (`a100-sxm4-80gb`) and network (`dgx-a100`) presets are the
+ones every other study uses. Golden test: the first and last layer rows (8 ranks, 2 layers).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import runs as launch
+from .common import ROOT, Golden, Row, load_figures, read_csv, write_csv
+
+WORKLOADS = ROOT / "workloads"
+MEASURED = Path(__file__).with_name("megatron_measured.csv")
+
+
+def measured(dataset: str, model: str | None = None) -> list[dict[str, str]]:
+    """Published rows of one dataset (and model), in file order."""
+    return [r for r in read_csv(MEASURED)
+            if r["dataset"] == dataset and (model is None or r["model"] == model)]
+
+
+def _sets(sp: bool, recompute: str) -> list[str]:
+    return [f"parallel.sequence_parallel={str(sp).lower()}", f"train.recompute='{recompute}'"]
+
+
+def layer_span_s(run_dir: Path, layer: int) -> float:
+    """Forward span plus backward span (recomputation included) of one layer, rank 0."""
+    from ..analysis import load  # noqa: PLC0415
+    rt = load(run_dir).ranks[0]
+    ev = rt.events
+    mine = ev["layer"] == layer
+    total = 0.0
+    for phases in (("fwd",), ("bwd", "recompute")):
+        sel = mine & np.isin(rt.phases, phases)
+        total += float(ev["t_end"][sel].max() - ev["t_start"][sel].min())
+    return total
+
+
+def layer_rows(runs: Path, labels: tuple[str, ...] = ()) -> list[Row]:
+    """Table 4: one 22B layer per technique (two-layer runs; layer 1 measured)."""
+    fig = load_figures("megatron")
+    pub = measured("korthikanti2022_table4_layer")
+    rows: list[Row] = []
+    for cfg, theirs in zip(fig["layer_runs"].value, pub):
+        if labels and cfg["label"] not in labels:
+            continue
+        out = runs / cfg["label"].replace(" ", "_").replace(":", "").replace("+", "and")
+        launch.run(8, WORKLOADS / "megatron-22b-tp8.toml",
+                   _sets(cfg["sp"], cfg["recompute"]) + ["model.layers=2"], out)
+        ours, ref = layer_span_s(out, 1), float(theirs["iteration_s"])
+        rows.append({"run": cfg["label"], "sp": cfg["sp"], "recompute": cfg["recompute"],
+                     "measured_ms": ref * 1e3, "ours_ms": ours * 1e3,
+                     "difference": ours / ref - 1.0})
+    return rows
+
+
+def iteration_rows(runs: Path, labels: tuple[str, ...] = ()) -> list[Row]:
+    """Table 5: iteration time, MFU and HFU of whole-model runs."""
+    fig = load_figures("megatron")
+    rows: list[Row] = []
+    for cfg in fig["iteration_runs"].value:
+        if labels and cfg["label"] not in labels:
+            continue
+        theirs = measured(cfg["dataset"], cfg["model"])[0]
+        out = runs / cfg["label"].replace(" ", "_").replace("+", "and")
+        launch.run(cfg["ranks"], WORKLOADS / f"{cfg['workload']}.toml",
+                   _sets(cfg["sp"], cfg["recompute"]), out, timeout=3000)
+        summary: dict[str, Any] = json.loads((out / "manifest.json").read_text())["summary"]
+        it = summary["iterations"][0]
+        ours, ref = it["t_end"] - it["t_start"], float(theirs["iteration_s"])
+        rows.append({"run": cfg["label"], "gpus": cfg["ranks"], "sp": cfg["sp"],
+                     "recompute": cfg["recompute"], "measured_s": ref, "ours_s": ours,
+                     "difference": ours / ref - 1.0,
+                     "measured_mfu": _num(theirs["mfu"]), "ours_mfu": it["mfu"],
+                     "measured_hfu": _num(theirs["hfu"]), "ours_hfu": it["hfu"],
+                     "bubble_fraction_stage0": it["stages"][0]["bubble_fraction"],
+                     "memory_GiB_stage0": summary["memory"]["total_bytes"] / 2**30})
+    return rows
+
+
+def _num(cell: str) -> float | None:
+    return float(cell) if cell else None
+
+
+def golden() -> list[Golden]:
+    """The first and last Table 4 rows (two 8-rank, two-layer runs)."""
+    fig = load_figures("megatron")
+    keep = (fig["layer_runs"].value[0]["label"], fig["layer_runs"].value[-1]["label"])
+    with tempfile.TemporaryDirectory(prefix="mpiemu-megatron-") as tmp:
+        rows = layer_rows(Path(tmp), keep)
+    return [Golden("layers.csv", rows, lambda r: r["run"] in keep)]
+
+
+def main(out_dir: Path, argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="mpiemu report megatron", description=__doc__)
+    ap.add_argument("--out", type=Path, help="output directory (as `mpiemu report --out`)")
+    ap.add_argument("--keep-runs", type=Path, help="keep the run directories here")
+    ap.add_argument("--skip-175b", action="store_true",
+                    help="leave out the two 64-rank GPT-3 175B runs (the slow part)")
+    args = ap.parse_args([a for a in argv if a != "--"])
+    out_dir = args.out or out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig = load_figures("megatron")
+    labels = tuple(c["label"] for c in fig["iteration_runs"].value
+                   if not (args.skip_175b and c["ranks"] > 8))
+    with tempfile.TemporaryDirectory(prefix="mpiemu-megatron-") as tmp:
+        runs = args.keep_runs or Path(tmp)
+        lay, its = layer_rows(runs), iteration_rows(runs, labels)
+    write_csv(out_dir / "layers.csv", lay)
+    write_csv(out_dir / "iterations.csv", its)
+    from .megatron_report import markdown  # noqa: PLC0415
+    (out_dir / "README.md").write_text("\n".join(markdown(lay, its)) + "\n")
+    print(f"wrote {out_dir}/README.md and CSV beside it")
+    return 0
