@@ -80,3 +80,28 @@ def test_bad_input_under_mpiexec_exits_2_with_one_line_on_rank_0(tmp_path) -> No
     lines = our_lines(res.stderr)
     assert lines == ["mpiemu: error: train.global_batch=5: is not divisible by parallel.dp=2; "
                      "choose dp in {1, 5} or a global batch that is a multiple of 2"]
+
+
+@pytest.mark.parametrize("world, sets, line", [
+    (3, ["parallel.pp=3"], "parallel.pp=3: does not divide model.layers=2; choose pp in {1, 2}"),
+    (2, ["parallel.pp=2", "parallel.schedule='interleaved'", "parallel.virtual_stages=2"],
+     "parallel.virtual_stages=2: pp x virtual_stages = 4 does not divide model.layers=2; "
+     "1 layer(s) per stage cannot be split; use parallel.schedule='1f1b'"),
+    (1, ["train.micro_batch=3"], "train.micro_batch=3: does not divide the 8 sequences of each "
+     "DP rank (global batch 8 / dp 1); choose one of {1, 2, 4, 8}"),
+    (2, ["parallel.pp=2", "parallel.schedule='interleaved'", "parallel.virtual_stages=2",
+         "model.layers=4", "train.micro_batch=8"],
+     "train.micro_batch=8: gives 1 micro-batches per DP rank; the interleaved schedule needs "
+     "a multiple of parallel.pp=2; choose micro_batch in {1, 2, 4}"),
+    (1, ["train.recompute='some'"], "train.recompute='some': choose one of 'none', "
+     "'selective', 'full'"),
+    (4, ["parallel.tp=2", "parallel.pp=1"], "parallel.tp*parallel.dp*parallel.pp='2*1*1=2': "
+     "must equal the 4 ranks of this job"),
+    (1, ["parallel.schedule='zb'"], "parallel.schedule='zb': choose one of 'gpipe', '1f1b', "
+     "'interleaved'"),
+    (2, ["parallel.dp=2", "optimizer.distributed=true", "optimizer.name='lamb'"],
+     "optimizer.distributed=True: needs optimizer.name='adam'"),
+])
+def test_pipeline_settings_are_refused_in_one_line(world: int, sets: list[str],
+                                                   line: str) -> None:
+    assert refusal(world, *sets).startswith(line)

@@ -103,9 +103,12 @@ def _validate_pipeline(w: Workload, layers: int, gb: int) -> None:
         raise ConfigError("parallel.pp", pp, f"does not divide model.layers={layers}; "
                           f"choose pp in {_fmt(divisors(layers))}")
     if layers % (pp * v):
+        ok = [x for x in divisors(layers // pp) if x > 1]
         raise ConfigError("parallel.virtual_stages", v, f"pp x virtual_stages = {pp * v} "
-                          f"does not divide model.layers={layers}; choose virtual_stages in "
-                          f"{_fmt([x for x in divisors(layers // pp) if x > 1])}")
+                          f"does not divide model.layers={layers}; " +
+                          (f"choose virtual_stages in {_fmt(ok)}" if ok else
+                           f"{layers // pp} layer(s) per stage cannot be split; use "
+                           "parallel.schedule='1f1b'"))
     per_dp = gb // par.dp
     if mb and per_dp % mb:
         raise ConfigError("train.micro_batch", mb, f"does not divide the {per_dp} sequences "
