@@ -43,6 +43,7 @@ class GradBuckets:
     sizes: dict[str, int]                # elements of every local parameter
     bidirectional: bool = False
     shard: bool = False                  # reduce-scatter (ZeRO-1) instead of all-reduce
+    overlap: bool = True                 # reduce during backward (else all after it)
     spans: list[Span] = field(default_factory=list)
     shards: list[BucketShard] = field(default_factory=list)
     _names: list[str] = field(default_factory=list)
@@ -54,8 +55,11 @@ class GradBuckets:
             return
         self._names.extend(names)
         self._t_ready = max(self._t_ready, t)
-        if sum(self.sizes[n] for n in self._names) * self.itemsize >= self.bucket_bytes:
+        if self.overlap and self._full(self._names):
             self._flush(grads)
+
+    def _full(self, names: list[str]) -> bool:
+        return sum(self.sizes[n] for n in names) * self.itemsize >= self.bucket_bytes
 
     def _flush(self, grads: dict[str, Array]) -> None:
         if not self._names:
@@ -91,6 +95,11 @@ class GradBuckets:
         if self.dp.size == 1:
             return t
         self._t_ready = max(self._t_ready, t)
+        pending, self._names = self._names, []
+        for n in pending:                 # without overlap: the same buckets, from now on
+            self._names.append(n)
+            if self._full(self._names):
+                self._flush(grads)
         self._flush(grads)
         return max([t] + [s.t_end for s in self.spans])
 

@@ -66,7 +66,8 @@ class ShardedModel:
                  dp_rank: int, seed: int, global_batch: int, dp: TimedComm,
                  bucket_bytes: float, np_dtype: type, pp: int = 1, pp_rank: int = 0,
                  chunks: int = 1, micro_batches: int = 1, recompute: str = "none",
-                 embed: TimedComm | None = None, shard_grads: bool = False) -> None:
+                 embed: TimedComm | None = None, shard_grads: bool = False,
+                 overlap_grad_reduce: bool = True) -> None:
         self.cfg, self.E, self.d = cfg, eng, dims
         self.tp_rank, self.dp_rank, self.seed = tp_rank, dp_rank, seed
         self.pp, self.pp_rank, self.chunks = pp, pp_rank, chunks
@@ -82,7 +83,8 @@ class ShardedModel:
         self.layers = [layer for c in self.chunk_layers for layer in c]
         self.buckets = GradBuckets(dp, eng.e, bucket_bytes, {lp.name: lp.size
                                                              for lp in self.specs},
-                                   eng.overlap.bidirectional, shard=shard_grads)
+                                   eng.overlap.bidirectional, shard=shard_grads,
+                                   overlap=overlap_grad_reduce)
         # gradients reduced elsewhere first (TP under SP; the tied table across stages):
         # they join the DP buckets at the end of the step
         self.deferred = ([lp.name for lp in self.specs if lp.sp_partial] if dims.sp else []) \
@@ -93,6 +95,7 @@ class ShardedModel:
         self.positions = np.repeat(np.arange(self.s0, self.s0 + s_loc), dims.batch)
         self.vocab_lo = tp_rank * dims.vocab
         self.saved: dict[tuple[int, int], Any] = {}
+        self.peak_saved = 0                          # most (micro-batch, chunk) kept at once
         self.param_ready: dict[int, float] = {}     # layer -> parameters gathered (ZeRO)
         self.iteration, self.loss = 0, 0.0
         self.keep_caches = False            # tests inspect what the last forward stored
@@ -156,6 +159,7 @@ class ShardedModel:
                 self.loss += loss
                 x = None
         self.saved[(ps.micro, c)] = (c_emb, caches, c_head)
+        self.peak_saved = max(self.peak_saved, len(self.saved))
         if self.keep_caches:
             self.last_caches = (c_emb, caches, c_head)
         return x

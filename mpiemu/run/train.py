@@ -263,7 +263,8 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
                          bucket_bytes=w.train.dp_bucket_MiB * 2**20, np_dtype=ctx.np_dtype,
                          pp=grid.pp, pp_rank=grid.pp_rank, chunks=w.parallel.virtual_stages,
                          micro_batches=m, recompute=w.train.recompute, embed=embed,
-                         shard_grads=opt_cfg.distributed)
+                         shard_grads=opt_cfg.distributed,
+                         overlap_grad_reduce=w.train.overlap_grad_reduce)
     step = PipelineStep(model, pp, w.parallel.schedule, m, ctx.np_dtype)
     opt = ShardedOptimizer(opt_cfg, model.specs, eng, grid.tp_rank, model.P, norm=mp,
                            counted=lambda lp: (lp.tp_split or grid.tp_rank == 0)
@@ -322,6 +323,8 @@ def run(ctx: RankContext) -> dict[str, Any]:
             "estimate_bytes": host_bytes(cfg, dims, 8 if w.run.numeric_dtype == "fp64" else 4,
                                          layout(w, grid.pp_rank)),
             "peak_bytes": ctx.world.gather(peak, root=0)}
+    held = ctx.world.allgather((grid.pp_rank, model.peak_saved))
+    summary["in_flight"] = {str(stage): n for stage, n in sorted(set(held))}
     if ctx.numerics:                # bit-level identity of every rank's parameters
         summary["params_sha256"] = ctx.world.gather(params_digest(model.P), root=0)
     if w.train.check_reference and ctx.numerics:

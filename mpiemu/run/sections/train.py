@@ -91,6 +91,7 @@ class TrainSection:
     micro_batch: int = 0             # sequences per micro-batch (0: global_batch / dp, one)
     recompute: str = "none"          # "selective" (attention core) or "full" (whole layers)
     tp_comm_async: bool = True       # input-gradient reduction under the wgrad GEMM (Megatron)
+    overlap_grad_reduce: bool = True     # DP buckets reduced during backward (else after it)
 
     def __post_init__(self) -> None:
         if self.global_batch < 0:
