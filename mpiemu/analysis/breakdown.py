@@ -59,18 +59,27 @@ def _window(rt: RankTrace, iteration: int) -> tuple[float, float]:
     return t0, float(ev["t_end"][mine].max())
 
 
-def iteration_breakdown(rt: RankTrace, iteration: int) -> IterationBreakdown:
-    """Compute / exposed TP / exposed DP communication of one iteration on one rank."""
-    t0, t1 = _window(rt, iteration)
+def iteration_breakdown(rt: RankTrace, iteration: int,
+                        window: tuple[float, float] | None = None,
+                        sync_is_idle: bool = False) -> IterationBreakdown:
+    """Compute / exposed TP / exposed DP communication of one iteration on one rank, in its
+    own window or a given one (a pipeline stage seen in the step's window). `sync_is_idle`:
+    the collectives that span pipeline stages (the optimizer's norm all-reduce, the tied
+    embedding's `pp.*`) count as idle, being almost all waiting for the other stages, so a
+    stage's idle time is its pipeline bubble."""
+    t0, t1 = window if window is not None else _window(rt, iteration)
     inside = np.flatnonzero((rt.events["t_end"] > t0) & (rt.events["t_start"] < t1))
-    return _breakdown(rt, inside, iteration, t0, t1)
+    return _breakdown(rt, inside, iteration, t0, t1, sync_is_idle)
 
 
-def _breakdown(rt: RankTrace, inside: np.ndarray, iteration: int, t0: float, t1: float
-               ) -> IterationBreakdown:
+def _breakdown(rt: RankTrace, inside: np.ndarray, iteration: int, t0: float, t1: float,
+               sync_is_idle: bool = False) -> IterationBreakdown:
     """The breakdown from the events overlapping the window [t0, t1]."""
     cats, res = rt.cats[inside], rt.resources[inside]
     coll = cats == "collective"
+    if sync_is_idle:
+        names = rt.names[inside].astype(str)
+        coll &= ~(np.char.startswith(names, "optim.") | np.char.startswith(names, "pp."))
     sets = []
     tp = np.isin(res, TP_GROUPS)
     dp = np.isin(res, DP_GROUPS)

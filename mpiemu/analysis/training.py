@@ -30,7 +30,7 @@ def format_training(run: Run) -> list[str]:
     rows = training_rows(run)
     if not rows:
         return []
-    lines = ["training efficiency (Megatron-LM MFU / HFU; bubble = a stage's compute idle):",
+    lines = ["training efficiency (Megatron-LM MFU / HFU; bubble = a stage idle in the step):",
              f"{'iter':>4}{'iteration ms':>14}{'MFU %':>8}{'HFU %':>8}{'recompute ms':>14}"
              "  bubble ms per stage"]
     shown = rows if len(rows) <= 12 else rows[:6] + rows[-3:]

@@ -406,9 +406,10 @@ def _report_iteration(ctx: RankContext, it: int, loss: float, wall: float,
     as `analyze`, on the writer's blocks in memory: the cost per iteration stays flat);
     rank 0 prints its own, with MFU and HFU, and keeps each pipeline stage's."""
     events, strings = ctx.writer.since_mark()
-    mine = iteration_breakdown(make_trace({"rank": ctx.rank}, events, strings), it)
+    rt = make_trace({"rank": ctx.rank}, events, strings)
+    b = ctx.world.bcast(iteration_breakdown(rt, it) if ctx.rank == 0 else None, root=0)
+    mine = iteration_breakdown(rt, it, (b.t_start, b.t_end), sync_is_idle=True)
     every = ctx.world.allgather((ctx.grid.pp_rank, mine))
-    b = every[0][1]
     cfg, gb, _ = resolve(ctx.w)
     peak = ctx.spec.peak(ctx.w.run.emulated_dtype)
     mfu = utilization(model_flops(cfg, gb), b.iteration_s, ctx.world.Get_size(), peak)
@@ -429,10 +430,9 @@ def _report_iteration(ctx: RankContext, it: int, loss: float, wall: float,
 
 
 def _stage_row(stage: int, br: IterationBreakdown, iteration_s: float) -> dict[str, Any]:
-    """One pipeline stage's iteration: its bubble is the time its compute stream sits idle
-    during the step (the pipeline's fill and drain, plus any exposed communication)."""
-    return {"stage": stage, "bubble_s": iteration_s - br.compute_s,
-            "bubble_fraction": (iteration_s - br.compute_s) / iteration_s,
+    """One pipeline stage in the step's window: its bubble is the time it does nothing,
+    neither compute nor communication of its own (waiting for its neighbours)."""
+    return {"stage": stage, "bubble_s": br.idle_s, "bubble_fraction": br.idle_s / iteration_s,
             "recompute_s": br.recompute_s, "compute_s": br.compute_s,
             "tp_exposed_s": br.tp_exposed_s, "dp_exposed_s": br.dp_exposed_s}
 

@@ -51,7 +51,7 @@ def layer_span_s(run_dir: Path, layer: int) -> float:
     return total
 
 
-def layer_rows(runs: Path, labels: tuple[str, ...] = ()) -> list[Row]:
+def layer_rows(runs: Path, labels: tuple[str, ...] = (), reuse: bool = False) -> list[Row]:
     """Table 4: one 22B layer per technique (two-layer runs; layer 1 measured)."""
     fig = load_figures("megatron")
     pub = measured("korthikanti2022_table4_layer")
@@ -60,8 +60,8 @@ def layer_rows(runs: Path, labels: tuple[str, ...] = ()) -> list[Row]:
         if labels and cfg["label"] not in labels:
             continue
         out = runs / cfg["label"].replace(" ", "_").replace(":", "").replace("+", "and")
-        launch.run(8, WORKLOADS / "megatron-22b-tp8.toml",
-                   _sets(cfg["sp"], cfg["recompute"]) + ["model.layers=2"], out)
+        _launch(8, "megatron-22b-tp8.toml", _sets(cfg["sp"], cfg["recompute"]) +
+                ["model.layers=2"], out, reuse)
         ours, ref = layer_span_s(out, 1), float(theirs["iteration_s"])
         rows.append({"run": cfg["label"], "sp": cfg["sp"], "recompute": cfg["recompute"],
                      "measured_ms": ref * 1e3, "ours_ms": ours * 1e3,
@@ -69,8 +69,13 @@ def layer_rows(runs: Path, labels: tuple[str, ...] = ()) -> list[Row]:
     return rows
 
 
-def iteration_rows(runs: Path, labels: tuple[str, ...] = ()) -> list[Row]:
-    """Table 5: iteration time, MFU and HFU of whole-model runs."""
+def iteration_rows(runs: Path, labels: tuple[str, ...] = (), reuse: bool = False
+                   ) -> list[Row]:
+    """Table 5: iteration time, MFU and HFU (`analysis.training`, from the traces) and stage
+    0's bubble of whole-model runs."""
+    from ..analysis import load  # noqa: PLC0415
+    from ..analysis.breakdown import iteration_breakdown  # noqa: PLC0415
+    from ..analysis.training import training_rows  # noqa: PLC0415
     fig = load_figures("megatron")
     rows: list[Row] = []
     for cfg in fig["iteration_runs"].value:
@@ -78,19 +83,31 @@ def iteration_rows(runs: Path, labels: tuple[str, ...] = ()) -> list[Row]:
             continue
         theirs = measured(cfg["dataset"], cfg["model"])[0]
         out = runs / cfg["label"].replace(" ", "_").replace("+", "and")
-        launch.run(cfg["ranks"], WORKLOADS / f"{cfg['workload']}.toml",
-                   _sets(cfg["sp"], cfg["recompute"]), out, timeout=3000)
+        _launch(cfg["ranks"], f"{cfg['workload']}.toml", _sets(cfg["sp"], cfg["recompute"]),
+                out, reuse)
+        run = load(out)
+        it = training_rows(run)[0]
+        stage0 = iteration_breakdown(run.ranks[0], 0, sync_is_idle=True)
         summary: dict[str, Any] = json.loads((out / "manifest.json").read_text())["summary"]
-        it = summary["iterations"][0]
-        ours, ref = it["t_end"] - it["t_start"], float(theirs["iteration_s"])
+        ours, ref = it["iteration_s"], float(theirs["iteration_s"])
         rows.append({"run": cfg["label"], "gpus": cfg["ranks"], "sp": cfg["sp"],
                      "recompute": cfg["recompute"], "measured_s": ref, "ours_s": ours,
                      "difference": ours / ref - 1.0,
                      "measured_mfu": _num(theirs["mfu"]), "ours_mfu": it["mfu"],
                      "measured_hfu": _num(theirs["hfu"]), "ours_hfu": it["hfu"],
-                     "bubble_fraction_stage0": it["stages"][0]["bubble_fraction"],
+                     "bubble_fraction_stage0": stage0.idle_s / stage0.iteration_s,
                      "memory_GiB_stage0": summary["memory"]["total_bytes"] / 2**30})
     return rows
+
+
+def _launch(ranks: int, workload: str, sets: list[str], out: Path, reuse: bool) -> None:
+    """Run it, unless `reuse` and a complete run is already there (same sets: the caller's
+    promise, as `--reuse` says)."""
+    manifest = out / "manifest.json"
+    if reuse and manifest.exists() and json.loads(manifest.read_text()).get("status") == \
+            "complete":
+        return
+    launch.run(ranks, WORKLOADS / workload, sets, out, timeout=3000)
 
 
 def _num(cell: str) -> float | None:
@@ -110,6 +127,9 @@ def main(out_dir: Path, argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="mpiemu report megatron", description=__doc__)
     ap.add_argument("--out", type=Path, help="output directory (as `mpiemu report --out`)")
     ap.add_argument("--keep-runs", type=Path, help="keep the run directories here")
+    ap.add_argument("--reuse", action="store_true",
+                    help="with --keep-runs: take complete runs already there instead of "
+                         "running them again (they must come from this code and config)")
     ap.add_argument("--skip-175b", action="store_true",
                     help="leave out the two 64-rank GPT-3 175B runs (the slow part)")
     args = ap.parse_args([a for a in argv if a != "--"])
@@ -120,7 +140,7 @@ def main(out_dir: Path, argv: list[str]) -> int:
                    if not (args.skip_175b and c["ranks"] > 8))
     with tempfile.TemporaryDirectory(prefix="mpiemu-megatron-") as tmp:
         runs = args.keep_runs or Path(tmp)
-        lay, its = layer_rows(runs), iteration_rows(runs, labels)
+        lay, its = layer_rows(runs, reuse=args.reuse), iteration_rows(runs, labels, args.reuse)
     write_csv(out_dir / "layers.csv", lay)
     write_csv(out_dir / "iterations.csv", its)
     from .megatron_report import markdown  # noqa: PLC0415
