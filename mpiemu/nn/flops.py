@@ -4,11 +4,12 @@ Only GEMMs count (Korthikanti et al. 2022, Appendix A; Narayanan et al. 2021, 5.
 token and layer the forward runs 2(3h h + h h + 2 h f) for QKV, projection and the MLP and
 2(2 s h) for the scores and the attention over V (no causal discount), plus 2 h V for the
 logits; backward costs twice the forward. With f = 4h this is Eq. 7,
-72 B s L h^2 (1 + s/(6h) + V/(12 h L)). Hardware FLOPs add what recomputation runs again:
-the attention core's forward (selective, Eq. 8 counts it as s/(3h) with all backward GEMMs'
-share; we count the recomputed GEMMs alone) or every layer's forward (full; Narayanan et al.
-2021 Eq. 3, 96 B s L h^2 (1 + s/(6h) + V/(16 h L))). MFU = model FLOPs / (time x devices x
-peak), HFU the same with hardware FLOPs.
+72 B s L h^2 (1 + s/(6h) + V/(12 h L)). Hardware FLOPs add what recomputation runs again,
+as the papers count it: selective, Eq. 8, 72 B s L h^2 (1 + s/(3h) + V/(12 h L)), i.e.
+three times the attention core's forward GEMMs more (the recomputed forward GEMMs alone
+are one time: Eq. 8 is what Megatron's HFU figures use, so we follow it); full, every
+layer's forward again (Narayanan et al. 2021 Eq. 3, 96 B s L h^2 (1 + s/(6h) +
+V/(16 h L))). MFU = model FLOPs / (time x devices x peak), HFU the same with hardware FLOPs.
 """
 from __future__ import annotations
 
@@ -30,10 +31,10 @@ def model_flops(cfg: ModelConfig, global_batch: int) -> float:
 
 
 def hardware_flops(cfg: ModelConfig, global_batch: int, recompute: str) -> float:
-    """Model FLOPs plus the forward GEMMs recomputation runs again."""
+    """Model FLOPs plus what recomputation runs again (Korthikanti Eq. 8; Narayanan Eq. 3)."""
     tokens = global_batch * cfg.seq_len
     layer, core = layer_forward_flops(cfg, tokens)
-    extra = {"none": 0.0, "selective": core, "full": layer}[recompute]
+    extra = {"none": 0.0, "selective": 3.0 * core, "full": layer}[recompute]
     return model_flops(cfg, global_batch) + cfg.layers * extra
 
 

@@ -71,11 +71,10 @@ def layer_rows(runs: Path, labels: tuple[str, ...] = (), reuse: bool = False) ->
 
 def iteration_rows(runs: Path, labels: tuple[str, ...] = (), reuse: bool = False
                    ) -> list[Row]:
-    """Table 5: iteration time, MFU and HFU (`analysis.training`, from the traces) and stage
-    0's bubble of whole-model runs."""
+    """Table 5: iteration time (rank 0's trace), MFU and HFU (`nn.flops`, Megatron's counts)
+    and stage 0's bubble of whole-model runs."""
     from ..analysis import load  # noqa: PLC0415
     from ..analysis.breakdown import iteration_breakdown  # noqa: PLC0415
-    from ..analysis.training import training_rows  # noqa: PLC0415
     fig = load_figures("megatron")
     rows: list[Row] = []
     for cfg in fig["iteration_runs"].value:
@@ -85,19 +84,32 @@ def iteration_rows(runs: Path, labels: tuple[str, ...] = (), reuse: bool = False
         out = runs / cfg["label"].replace(" ", "_").replace("+", "and")
         _launch(cfg["ranks"], f"{cfg['workload']}.toml", _sets(cfg["sp"], cfg["recompute"]),
                 out, reuse)
-        run = load(out)
-        it = training_rows(run)[0]
-        stage0 = iteration_breakdown(run.ranks[0], 0, sync_is_idle=True)
+        rt = load(out).ranks[0]
+        stage0 = iteration_breakdown(rt, 0, sync_is_idle=True)
         summary: dict[str, Any] = json.loads((out / "manifest.json").read_text())["summary"]
-        ours, ref = it["iteration_s"], float(theirs["iteration_s"])
+        ours, ref = stage0.iteration_s, float(theirs["iteration_s"])
+        mfu, hfu = _utilization(cfg, ours)
         rows.append({"run": cfg["label"], "gpus": cfg["ranks"], "sp": cfg["sp"],
                      "recompute": cfg["recompute"], "measured_s": ref, "ours_s": ours,
                      "difference": ours / ref - 1.0,
-                     "measured_mfu": _num(theirs["mfu"]), "ours_mfu": it["mfu"],
-                     "measured_hfu": _num(theirs["hfu"]), "ours_hfu": it["hfu"],
+                     "measured_mfu": _num(theirs["mfu"]), "ours_mfu": mfu,
+                     "measured_hfu": _num(theirs["hfu"]), "ours_hfu": hfu,
                      "bubble_fraction_stage0": stage0.idle_s / stage0.iteration_s,
                      "memory_GiB_stage0": summary["memory"]["total_bytes"] / 2**30})
     return rows
+
+
+def _utilization(cfg: dict[str, Any], iteration_s: float) -> tuple[float, float]:
+    """(MFU, HFU) of one iteration run's configuration at this iteration time."""
+    from ..nn.flops import hardware_flops, model_flops, utilization  # noqa: PLC0415
+    from ..run.config import load_workload, resolve_device  # noqa: PLC0415
+    from ..run.train_setup import resolve  # noqa: PLC0415
+    w = load_workload(WORKLOADS / f"{cfg['workload']}.toml", _sets(cfg["sp"], cfg["recompute"]))
+    model, gb, _ = resolve(w)
+    peak = resolve_device(w).peak(w.run.emulated_dtype)
+    return (utilization(model_flops(model, gb), iteration_s, cfg["ranks"], peak),
+            utilization(hardware_flops(model, gb, cfg["recompute"]), iteration_s,
+                        cfg["ranks"], peak))
 
 
 def _launch(ranks: int, workload: str, sets: list[str], out: Path, reuse: bool) -> None:
