@@ -9,6 +9,7 @@ latency after both; a receive completes at max(time posted, arrival) (DESIGN.md 
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -19,6 +20,35 @@ from ..hw.cost import ComputeModel
 from ..net import HEADER_LEN, Network, arrival, send
 from ..net.message import Feed
 from ..sim.timeline import SimTime, Timeline
+
+
+def _oversubscribed() -> bool:
+    """More ranks on this node than cores it lets us use: waiting ranks must yield."""
+    env = os.environ.get("MPIEMU_YIELD", "")
+    if env in ("0", "1"):
+        return env == "1"
+    node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_size() > len(os.sched_getaffinity(0))
+    finally:
+        node.Free()
+
+
+_YIELD: bool | None = None
+
+
+def wait_all(reqs: Sequence[MPI.Request]) -> None:
+    """MPI_Waitall, or, when ranks outnumber cores, test-and-yield so that a waiting rank
+    gives its core to the rank it waits for instead of spinning in the MPI progress loop
+    (`MPIEMU_YIELD=0/1` forces it off / on)."""
+    global _YIELD
+    if _YIELD is None:
+        _YIELD = _oversubscribed()
+    if not _YIELD:
+        MPI.Request.Waitall(reqs)
+        return
+    while not MPI.Request.Testall(reqs):
+        os.sched_yield()
 
 
 def world_devices(comm: MPI.Comm) -> list[int]:
@@ -46,7 +76,7 @@ class RecvHandle:
     _arrive: SimTime | None = field(default=None, repr=False)
 
     def wait(self) -> SimTime:
-        MPI.Request.Waitall(self.reqs)
+        wait_all(self.reqs)
         return max(self.t_posted, self.t_arrive)
 
     @property
@@ -74,7 +104,7 @@ class SendHandle:
         return float(self.header[1])
 
     def wait(self) -> SimTime:
-        MPI.Request.Waitall(self.reqs)
+        wait_all(self.reqs)
         return self.t_sent
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..sim.timeline import SimTime
-from .p2p import RecvHandle, TimedComm
+from .p2p import RecvHandle, TimedComm, wait_all
 from .schedule import Lane, Piece, chunk_bounds, lanes
 
 RS_TAG, RS_DATA, AG_TAG, AG_DATA = 100, 300, 200, 400
@@ -162,11 +162,11 @@ class _Ring:
 
     def release(self, p: Piece) -> None:
         """The sends of two steps ago from this lane's buffers of this parity are done."""
-        MPI.Request.Waitall(self.sreqs.pop((p.lane, p.step % 2), []))
+        wait_all(self.sreqs.pop((p.lane, p.step % 2), []))
 
     def close(self) -> None:
         for reqs in self.sreqs.values():
-            MPI.Request.Waitall(reqs)
+            wait_all(reqs)
         self.sreqs.clear()
 
 
@@ -228,7 +228,7 @@ class ReduceScatter(_Ring):
     def _combine(self, p: Piece, local: np.ndarray | None) -> None:
         """local + received: forwarded sub-piece by sub-piece, or kept at the last step."""
         h, preqs = self.recvs.pop((p.lane, p.step, p.index))
-        MPI.Request.Waitall(h.reqs)
+        wait_all(h.reqs)
         self.hooks.received(p, self.nbytes(p))
         t = max(self.hooks.ready(p), h.t_arrive)
         last = p.step == self.tc.size - 1
@@ -255,7 +255,7 @@ class ReduceScatter(_Ring):
             return
         base = p.rows[0]
         for req, (a, b) in zip(preqs, _subs(p.rows, target[0:1].nbytes or 1)):
-            req.Wait()
+            wait_all([req])
             _add(local[a - base:b - base], recv[a - base:b - base],  # type: ignore[index]
                  target[a - base:b - base])
             if not last:
@@ -286,7 +286,7 @@ class AllGather(_Ring):
                     t = self.hooks.ready(p)
                 else:
                     h, preqs = recvs.pop(key)
-                    MPI.Request.Waitall([*h.reqs, *preqs])
+                    wait_all([*h.reqs, *preqs])
                     self.hooks.received(p, self.nbytes(p))
                     t = h.t_arrive
                 self.arrive[key] = t

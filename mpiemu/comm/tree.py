@@ -21,7 +21,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..sim.timeline import SimTime
-from .p2p import RecvHandle, TimedComm
+from .p2p import RecvHandle, TimedComm, wait_all
 from .schedule import chunk_bounds
 
 TAG_UP, TAG_DOWN = 500, 600
@@ -80,7 +80,7 @@ def tree_all_reduce(tc: TimedComm, groups: list[list[int]], flat: np.ndarray | N
         ready.append(_up(tc, role, buf, lo, hi, itemsize, t0, sreqs))
     for (role, (lo, hi)), t in zip(plans, ready):     # ... then comes back down
         ends.append(_down(tc, role, buf, lo, hi, itemsize, t, sreqs))
-    MPI.Request.Waitall(sreqs)
+    wait_all(sreqs)
     return max(ends, default=t0)
 
 
