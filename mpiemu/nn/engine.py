@@ -29,7 +29,7 @@ Array = np.ndarray | None
 Ready = Callable[[list[str]], None]     # "these gradients are final" (DP buckets)
 
 
-def _no_ready(names: list[str]) -> None:
+def no_ready(names: list[str]) -> None:
     """Forward passes hand over no gradients."""
 
 
@@ -111,7 +111,7 @@ class Engine:
                    ready: Ready | None = None) -> Any:
         """Run one pass of a layer, `math(ready)`: on a GPU its ops charge themselves as they
         run; the Sunway executor (`nn.sunway_layer.SunwayEngine`) charges the pass whole."""
-        return math(ready if ready is not None else _no_ready)
+        return math(ready if ready is not None else no_ready)
 
     def kernel(self, name: str, cost: Cost | Sequence[Cost],
                fn: Callable[..., Any] | None = None, *args: Any) -> Any:

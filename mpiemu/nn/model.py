@@ -22,7 +22,7 @@ from ..pipeline.schedules import Pass
 from . import seeded
 from .buckets import GradBuckets
 from .config import ModelConfig
-from .engine import Array, Dims, Engine, Ready, _no_ready
+from .engine import Array, Dims, Engine, Ready, no_ready
 from .layers import Cache, Layer, Params, _t, acc
 from .masks import Masks
 from .ops import (MASK_BYTES, Cost, bias_grad_cost, ce_back, ce_combine, ce_cost,
@@ -80,16 +80,14 @@ class ShardedModel:
         self.chunk_layers = [[Layer(eng, cfg, dims, i, recompute)
                               for i in chunk_layers(cfg.layers, pp, chunks, pp_rank, c)]
                              for c in range(chunks)]
-        self.layers = [layer for c in self.chunk_layers for layer in c]
         self.buckets = GradBuckets(dp, eng.e, bucket_bytes, {lp.name: lp.size
                                                              for lp in self.specs},
                                    eng.overlap.bidirectional, shard=shard_grads,
                                    overlap=overlap_grad_reduce)
         # gradients reduced elsewhere first (TP under SP; the tied table across stages):
         # they join the DP buckets at the end of the step
-        self.deferred = ([lp.name for lp in self.specs if lp.sp_partial] if dims.sp else []) \
-            + (["wte"] if pp > 1 and "wte" in self.P and "wte" not in
-               [lp.name for lp in self.specs if lp.sp_partial] else [])
+        sp_partial = [lp.name for lp in self.specs if lp.sp_partial] if dims.sp else []
+        self.deferred = sp_partial + (["wte"] if pp > 1 and "wte" in self.P else [])
         s_loc = dims.seq // dims.tp if dims.sp else dims.seq
         self.s0 = tp_rank * s_loc if dims.sp else 0
         self.positions = np.repeat(np.arange(self.s0, self.s0 + s_loc), dims.batch)
@@ -175,7 +173,7 @@ class ShardedModel:
         tl, c = self.E.tl, ps.chunk
         c_emb, caches, c_head = self.saved.pop((ps.micro, c))
         masks, ids, targets = self._micro_data(ps.micro)
-        ready: Ready = self._ready if ps.micro == self.micro_batches - 1 else _no_ready
+        ready: Ready = self._ready if ps.micro == self.micro_batches - 1 else no_ready
         with tl.labelled(phase="bwd"):
             if self.last_virtual(c):
                 with tl.labelled(layer=-1):

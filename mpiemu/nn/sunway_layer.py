@@ -18,7 +18,7 @@ from ..hw.sunway.layer import LayerShape, layer_ops
 from ..hw.sunway.model import SunwayModel
 from ..hw.sunway.schedule import Op, Placement, Schedule
 from ..sim.timeline import COMPUTE, SimTime, Span
-from .engine import Dims, Engine
+from .engine import Dims, Engine, Ready, no_ready
 from .swattention import cg_resource
 
 # op that consumes a TP all-reduce -> op whose output is all-reduced (Megatron, thesis 4.5.1)
@@ -112,13 +112,6 @@ def _place_group(E: Engine, sched: Schedule, group: list[Placement], shift: SimT
     E.tl.place(f"{prefix}queue", [COMPUTE], lo + shift, hi + shift)
 
 
-Ready = Callable[[list[str]], None]
-
-
-def _no_ready(names: list[str]) -> None:
-    """The math's own gradient hand-over is skipped: the CG schedule hands them over."""
-
-
 class SunwayEngine(Engine):
     """The executor of a Sunway rank: the same layer code, each layer pass charged as its
     SwFormer CG schedule (the math and payload run uncharged beside it)."""
@@ -132,6 +125,6 @@ class SunwayEngine(Engine):
         out = empty
         if self.on:
             with self.payload_only():
-                out = math(_no_ready)
+                out = math(no_ready)     # the CG schedule hands the gradients over
         self.t = charge_pass(self, self.plan, layer.d, pass_, layer.tag, layer.p, ready)
         return out

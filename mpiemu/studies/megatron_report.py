@@ -29,7 +29,7 @@ def markdown(layers: list[Row], its: list[Row]) -> list[str]:
     fig = load_figures("megatron")
     out = ["# Megatron-LM training: emulated vs published (DGX A100)", "",
            "Regenerate: `make reports` or `mpiemu report megatron` (the two GPT-3 175B runs "
-           "take 64 ranks and about 15 minutes each on a 2-core machine; `--skip-175b` "
+           "take 64 ranks and about 10 to 15 minutes each on a 2-core machine; `--skip-175b` "
            "leaves them out, `--keep-runs DIR --reuse` rebuilds the tables from runs kept "
            "earlier). Device preset "
            f"`{fig['device'].value}`, network preset `dgx-a100`, timing only; nothing is "
