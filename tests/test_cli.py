@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from mpiemu.analysis import load
+from mpiemu.analysis.load import TraceError
 from tests.conftest import child_env, our_lines, run_mpi
 
 SMALL = ["--set", 'collectives.sizes=["1KiB", "96KiB"]', "--set", "parallel.tp=2"]
@@ -242,3 +243,25 @@ def test_slurm_template_runs_as_shipped_with_a_stand_in_srun(tmp_path: Path) -> 
     assert "collectives bounded by" in res.stdout or "makespan" in res.stdout
     import shutil
     shutil.rmtree(ROOT / "runs" / f"mpiemu-test-{tmp_path.name}", ignore_errors=True)
+
+
+def test_sigkill_of_every_rank_leaves_a_run_that_reads_as_killed(tmp_path: Path) -> None:
+    """Every rank killed at once (the OOM killer, a node reboot): nobody can mark the
+    manifest, so a reader sees `running` with no live process and says `killed`."""
+    import json
+    import os
+    import signal
+    proc = _long_job(tmp_path, lambda: len(list(tmp_path.glob("rank-00001.h5.part-*"))) >= 2)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    pids = [pid for _, pid in manifest["processes"]]
+    assert len(pids) == 2
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert json.loads((tmp_path / "manifest.json").read_text())["status"] == "running"
+    with pytest.raises(TraceError, match="none of its 2 processes is alive"):
+        load(tmp_path)
+    run = load(tmp_path, allow_incomplete=True)
+    assert run.manifest["status"] == "killed" and len(run.ranks) == 2
+    res = run_mpi(1, ["analyze", str(tmp_path), "--allow-incomplete"])
+    assert res.returncode == 0 and "status=killed" in res.stdout

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,6 +163,31 @@ def _read(path: Path, expected_rank: int) -> tuple[RankTrace | None, str | None]
     return rt, _check(rt, path, expected_rank)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:          # someone else's process of that number
+        return True
+    return True
+
+
+def _killed(path: Path, manifest: dict[str, Any]) -> str | None:
+    """A manifest still `running` whose processes on this host are all gone: the job was
+    killed before any rank could say so (SIGKILL of every rank, the OOM killer, a node
+    reboot). None when it may be running, ran elsewhere or ended normally."""
+    procs = manifest.get("processes")
+    if manifest.get("status") != "running" or not isinstance(procs, list):
+        return None
+    here = socket.gethostname()
+    mine = [int(p[1]) for p in procs if isinstance(p, list) and len(p) == 2 and p[0] == here]
+    if len(mine) != len(procs) or any(_alive(pid) for pid in mine):
+        return None
+    return (f"{path}: the manifest says 'running' but none of its {len(mine)} processes is "
+            f"alive on {here}: the job was killed (SIGKILL, out of memory?); status: killed")
+
+
 def load(run_dir: str | Path, allow_incomplete: bool = False) -> Run:
     """Load a run directory written by `mpiemu run` (for notebooks and the CLI).
 
@@ -182,6 +209,9 @@ def load(run_dir: str | Path, allow_incomplete: bool = False) -> Run:
         except (OSError, ValueError) as exc:
             problems.append(f"{mpath}: not a readable JSON manifest ({exc})")
             manifest = {}
+    if (killed := _killed(path, manifest)) is not None:
+        problems.append(killed)
+        manifest = manifest | {"status": "killed"}
     files = sorted(path.glob("rank-*.h5"))
     if not files:
         raise TraceError(f"{path} holds no rank-*.h5 traces (not a run directory?)")

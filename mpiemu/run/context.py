@@ -4,6 +4,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,15 +90,17 @@ def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str]) -> RankCo
     """Collective: build the grid, create the run directory, manifest and rank trace files."""
     spec = resolve_device(w, world.Get_rank())
     grid = ProcessGrid(world, GridShape(w.parallel.tp, w.parallel.dp, w.parallel.pp))
+    processes = world.gather([socket.gethostname(), os.getpid()], root=0)
     if world.Get_rank() == 0:
         out.mkdir(parents=True, exist_ok=True)
         for stale in list(out.glob("rank-*.h5")) + list(out.glob("trace.h5")):
             stale.unlink()
         write_manifest(out, {"status": "running", "config": w.as_dict(),
                              "config_hash": w.config_hash(), "world_size": world.Get_size(),
-                             "grid": {"tp": grid.tp, "dp": grid.dp, "pp": grid.pp}, "versions": _versions(),
-                             "command": argv, "start": _now(), "end": None,
-                             "device": as_table(spec)})
+                             "grid": {"tp": grid.tp, "dp": grid.dp, "pp": grid.pp},
+                             "versions": _versions(), "command": argv, "start": _now(),
+                             "end": None, "device": as_table(spec),
+                             "processes": processes})   # [host, pid] per rank
     world.Barrier()
     attrs = {"rank": grid.rank, "world_size": world.Get_size(), "tp_rank": grid.tp_rank,
              "dp_rank": grid.dp_rank, "pp_rank": grid.pp_rank,
