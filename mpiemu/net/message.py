@@ -68,8 +68,8 @@ def switch_reduce(tl: Timeline, net: Network, device: int, nbytes: float, ready:
     reads every chunk from every device and multicasts each reduced chunk back, so both of
     the device's ports carry nbytes (N+1)/N, at the port rate x the NVLS efficiency,
     pipelined (both directions at once); returns when the device holds the result."""
-    n = net.per_node
-    hop = net.hop(device, device + 1 if net.local(device) + 1 < n else device - 1)
+    n, node, a = net.per_node, net.node_of(device), net.local(device)
+    hop = net.hop(device, net.member(node, a + 1 if a + 1 < n else a - 1))
     assert hop.ingress is not None                      # a switch: checked by the caller
     wire = nbytes * (n + 1) / n / (hop.transport.bw_bytes_per_s * net.spec.nvls_efficiency)
     t0, t_out = tl.occupy(hop.egress, ready, wire)

@@ -2,7 +2,9 @@
 
 Device d is world rank d. Ranks fill nodes in order (node = d // devices_per_node), as
 `srun --distribution=block` and `mpiexec` place them; `network.devices_per_node` sets the
-size. Inside a node the fabric is
+size. A `placement` (the node of each device) replaces that rule: a job that really spans
+several hosts is emulated on its real placement (`run.context`), e.g. `srun
+--distribution=cyclic`. Inside a node the fabric is
 
 * `switch` (NVSwitch, a PCIe switch): each device has one egress port `port.<d>.out` and one
   ingress port `port.<d>.in`, shared by every destination and every communicator;
@@ -46,9 +48,14 @@ class Network:
 
     spec: NetworkSpec
     size: int
+    placement: tuple[int, ...] = ()     # node of each device; () = block placement
     _hops: dict[tuple[int, int], Hop] = field(default_factory=dict, compare=False, repr=False)
+    _members: dict[int, list[int]] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.placement:
+            self._place()
+            return
         g = self.spec.devices_per_node
         if g and self.size > g and self.size % g:
             raise ValueError(f"network.devices_per_node={g} does not divide the job's "
@@ -59,9 +66,26 @@ class Network:
                              "'hierarchical' (nodes joined by a network) or raise "
                              "network.devices_per_node")
 
+    def _place(self) -> None:
+        """Nodes from an explicit placement: equal device counts, a hierarchical network."""
+        if len(self.placement) != self.size:
+            raise ValueError(f"placement names {len(self.placement)} devices for a job of "
+                             f"{self.size}")
+        for d, node in enumerate(self.placement):
+            self._members.setdefault(node, []).append(d)
+        counts = {len(m) for m in self._members.values()}
+        if len(counts) > 1:
+            raise ValueError(f"the hosts hold {sorted(counts)} ranks each; the emulated "
+                             "network needs the same number of ranks on every node")
+        if self.nodes > 1 and self.spec.topology != "hierarchical":
+            raise ValueError(f"network.topology={self.spec.topology!r} is one node but the "
+                             f"job runs on {self.nodes} hosts; use 'hierarchical'")
+
     @property
     def per_node(self) -> int:
         """Devices in one node (the job's ranks when it fills less than one node)."""
+        if self.placement:
+            return self.size // len(self._members)
         g = self.spec.devices_per_node
         return min(g, self.size) if g else self.size
 
@@ -70,11 +94,19 @@ class Network:
         return -(-self.size // self.per_node)
 
     def node_of(self, device: int) -> int:
-        return device // self.per_node
+        return self.placement[device] if self.placement else device // self.per_node
 
     def local(self, device: int) -> int:
         """Position of a device inside its node."""
+        if self.placement:
+            return self._members[self.placement[device]].index(device)
         return device % self.per_node
+
+    def member(self, node: int, local: int) -> int:
+        """The device at position `local` of node `node`."""
+        if self.placement:
+            return self._members[node][local]
+        return node * self.per_node + local
 
     def hop(self, src: int, dst: int) -> Hop:
         """The route of a message from device src to device dst (cached per pair)."""
@@ -99,7 +131,7 @@ class Network:
         g, a, b = self.per_node, self.local(src), self.local(dst)
         fwd = (b - a) % g
         step = 1 if fwd <= g - fwd else -1
-        first = self.node_of(src) * g + (a + step) % g
+        first = self.member(self.node_of(src), (a + step) % g)
         return Hop(f"link.{src}>{first}", None, intra, False, hops=min(fwd, g - fwd))
 
     def rate(self, hop: Hop, proto: str, share: float = 1.0) -> float:

@@ -262,18 +262,30 @@ class Workload:
             raise ConfigError("debug.fail_iteration", d.fail_iteration,
                               f"a point the run reaches: {allowed}")
 
-    def network_of(self, world_size: int) -> Network:
-        """The job's network over its devices (rank 0's device names the default preset)."""
+    def network_of(self, world_size: int, hosts: Sequence[str] = ()) -> Network:
+        """The job's network over its devices (rank 0's device names the default preset).
+
+        `hosts` (each rank's host name): a job that really spans several hosts, with no
+        `network.devices_per_node` in its config (the config wins when given), is emulated
+        on its real placement (`Network.placement`: the node of rank r is its host's index)
+        when the network is hierarchical and the hosts hold equal numbers of ranks."""
         spec = resolve_network(self, resolve_device(self, 0))
         g = spec.devices_per_node
         try:
-            net = Network(spec, world_size)
+            net = Network(spec, world_size, self._placement(spec.topology, hosts))
         except ValueError as exc:
             field = "network.devices_per_node" if g and world_size % g else "network.topology"
             value = g if field.endswith("node") else spec.topology
             raise ConfigError(field, value, str(exc).split("; ", 1)[-1]) from None
         self._check_algorithm(net, world_size)
         return net
+
+    def _placement(self, topology: str, hosts: Sequence[str]) -> tuple[int, ...]:
+        names = list(dict.fromkeys(hosts))
+        if self.network.devices_per_node != -1 or len(names) < 2 or \
+                topology != "hierarchical" or len({hosts.count(h) for h in names}) > 1:
+            return ()
+        return tuple(names.index(h) for h in hosts)
 
     def _check_algorithm(self, net: Network, world_size: int) -> None:
         """`collectives.algorithm` must run on every group that all-reduces with it."""

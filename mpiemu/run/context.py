@@ -90,7 +90,9 @@ def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str]) -> RankCo
     """Collective: build the grid, create the run directory, manifest and rank trace files."""
     spec = resolve_device(w, world.Get_rank())
     grid = ProcessGrid(world, GridShape(w.parallel.tp, w.parallel.dp, w.parallel.pp))
-    processes = world.gather([socket.gethostname(), os.getpid()], root=0)
+    hosts = world.allgather(socket.gethostname())
+    net = w.network_of(world.Get_size(), hosts)     # the real placement when it spans hosts
+    processes = world.gather([hosts[world.Get_rank()], os.getpid()], root=0)
     if world.Get_rank() == 0:
         out.mkdir(parents=True, exist_ok=True)
         for stale in list(out.glob("rank-*.h5")) + list(out.glob("trace.h5")):
@@ -100,7 +102,8 @@ def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str]) -> RankCo
                              "grid": {"tp": grid.tp, "dp": grid.dp, "pp": grid.pp},
                              "versions": _versions(), "command": argv, "start": _now(),
                              "end": None, "device": as_table(spec),
-                             "processes": processes})   # [host, pid] per rank
+                             "processes": processes,     # [host, pid] per rank
+                             "placement": list(net.placement) or "block"})
     world.Barrier()
     attrs = {"rank": grid.rank, "world_size": world.Get_size(), "tp_rank": grid.tp_rank,
              "dp_rank": grid.dp_rank, "pp_rank": grid.pp_rank,
@@ -110,7 +113,6 @@ def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str]) -> RankCo
     writer = TraceWriter(rank_file(out, grid.rank), attrs)
     tl = Timeline(writer)
     model = model_for(spec)
-    net = w.network_of(world.Get_size())
     tp = TimedComm(grid.tp_comm, tl, net, model, "tp")
     tp.algorithm, tp.protocol = w.collectives.algorithm, w.collectives.protocol
     dp = tp.sibling(grid.dp_comm, "dp")
