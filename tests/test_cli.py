@@ -245,19 +245,43 @@ def test_slurm_template_runs_as_shipped_with_a_stand_in_srun(tmp_path: Path) -> 
     shutil.rmtree(ROOT / "runs" / f"mpiemu-test-{tmp_path.name}", ignore_errors=True)
 
 
-def test_sigkill_of_every_rank_leaves_a_run_that_reads_as_killed(tmp_path: Path) -> None:
-    """Every rank killed at once (the OOM killer, a node reboot): nobody can mark the
-    manifest, so a reader sees `running` with no live process and says `killed`."""
+def _kill_everything(out: Path, watchman: bool) -> None:
+    """SIGKILL every rank of a long job (and its watchman too if asked), as the OOM killer
+    or a node failure would."""
     import json
     import os
     import signal
-    proc = _long_job(tmp_path, lambda: len(list(tmp_path.glob("rank-00001.h5.part-*"))) >= 2)
-    manifest = json.loads((tmp_path / "manifest.json").read_text())
-    pids = [pid for _, pid in manifest["processes"]]
+    proc = _long_job(out, lambda: len(list(out.glob("rank-00001.h5.part-*"))) >= 2)
+    pids = [pid for _, pid in json.loads((out / "manifest.json").read_text())["processes"]]
     assert len(pids) == 2
+    if watchman:
+        found = subprocess.run(["pgrep", "-f", f"mpiemu.run.watch {out}"], capture_output=True,
+                               text=True).stdout.split()
+        assert len(found) == 1, found
+        os.kill(int(found[0]), signal.SIGKILL)
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     proc.communicate(timeout=30)
+
+
+def test_sigkill_of_every_rank_is_marked_failed_by_the_watchman(tmp_path: Path) -> None:
+    import json
+    _kill_everything(tmp_path, watchman=False)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        manifest = json.loads((tmp_path / "manifest.json").read_text())
+        if manifest["status"] != "running":
+            break
+        time.sleep(0.2)
+    assert manifest["status"] == "failed" and manifest["failed_rank"] in (0, 1), manifest
+    run = load(tmp_path, allow_incomplete=True)
+    assert len(run.ranks) == 2 and all(len(r.events) > 0 for r in run.ranks)
+
+
+def test_a_run_killed_with_its_watchman_reads_as_killed(tmp_path: Path) -> None:
+    """Nobody left to write the manifest: readers see `running` with no live process."""
+    import json
+    _kill_everything(tmp_path, watchman=True)
     assert json.loads((tmp_path / "manifest.json").read_text())["status"] == "running"
     with pytest.raises(TraceError, match="none of its 2 processes is alive"):
         load(tmp_path)

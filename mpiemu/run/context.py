@@ -5,6 +5,7 @@ import datetime as _dt
 import json
 import os
 import socket
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,6 +105,7 @@ def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str]) -> RankCo
                              "end": None, "device": as_table(spec),
                              "processes": processes,     # [host, pid] per rank
                              "placement": list(net.placement) or "block"})
+        _start_watchman(out, processes or [])
     world.Barrier()
     attrs = {"rank": grid.rank, "world_size": world.Get_size(), "tp_rank": grid.tp_rank,
              "dp_rank": grid.dp_rank, "pp_rank": grid.pp_rank,
@@ -117,6 +119,20 @@ def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str]) -> RankCo
     tp.algorithm, tp.protocol = w.collectives.algorithm, w.collectives.protocol
     dp = tp.sibling(grid.dp_comm, "dp")
     return RankContext(w, world, grid, spec, model, tl, tp, dp, out, writer)
+
+
+def _start_watchman(out: Path, processes: list[list[Any]]) -> None:
+    """`run.watch` beside the job, in its own session (the launcher's kill misses it): it
+    marks the manifest `failed` if every rank on this host dies without a word."""
+    here = socket.gethostname()
+    pairs = [f"{r}:{pid}" for r, (host, pid) in enumerate(processes) if host == here]
+    drop = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCAL", "MPICH_", "OMPI_", "PRTE_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env["MPI4PY_RC_INITIALIZE"] = "false"          # it is no MPI process: never MPI_Init
+    subprocess.Popen([sys.executable, "-m", "mpiemu.run.watch", str(out), *pairs],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+                     env=env)
 
 
 def mark_failed(out: Path, rank: int, t_emulated: float, status: str = "failed") -> None:
