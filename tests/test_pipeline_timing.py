@@ -19,7 +19,9 @@ BASE = ["run.kind='train'", "run.iterations=1", "run.numerics='off'", "model.pre
 
 
 def run(out: Path, *sets: str) -> dict[str, Any]:
-    return run_workload(None, [*BASE, *sets], str(out), [], world=MPI.COMM_WORLD)
+    summary = run_workload(None, [*BASE, *sets], str(out), [], world=MPI.COMM_WORLD)
+    MPI.COMM_WORLD.Barrier()          # every rank's trace is compacted before anyone reads
+    return summary
 
 
 def spans(rt: Any, prefix: str, cat: str) -> tuple[np.ndarray, np.ndarray]:
