@@ -289,3 +289,39 @@ def test_a_run_killed_with_its_watchman_reads_as_killed(tmp_path: Path) -> None:
     assert run.manifest["status"] == "killed" and len(run.ranks) == 2
     res = run_mpi(1, ["analyze", str(tmp_path), "--allow-incomplete"])
     assert res.returncode == 0 and "status=killed" in res.stdout
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("fail_at, at_rank", [("start", "last"), ("collective", "last"),
+                                              ("flush", "first"), ("sigkill", "first"),
+                                              ("sigkill", "last")])
+def test_injected_faults_end_the_job_promptly_and_leave_readable_traces(
+        tmp_path: Path, ranks: int, fail_at: str, at_rank: str) -> None:
+    """A raise at an iteration's start, inside a collective (the rank's next message) or
+    inside a trace flush, or SIGKILL of rank 0 or the last rank: the job ends within 10 s,
+    non-zero, naming the failing rank (a raise); the manifest says `failed`; every rank's
+    trace opens and `analyze --allow-incomplete` reads the directory."""
+    import json
+    rank = 0 if at_rank == "first" else ranks - 1
+    t0 = time.monotonic()
+    res = run_mpi(ranks, ["run", "workloads/quickstart.toml", "--set", f"parallel.tp={ranks}",
+                          "--set", "parallel.dp=1", "--set", "model.heads=8",
+                          "--set", "run.iterations=3", "--set", "train.check_reference=false",
+                          "--set", f"debug.fail_rank={rank}", "--set", "debug.fail_iteration=1",
+                          "--set", f"debug.fail_at='{fail_at}'", "--out", str(tmp_path)],
+                  timeout=60)
+    assert res.returncode != 0 and time.monotonic() - t0 < 10 + 5, res.stderr[-800:]
+    if fail_at != "sigkill":
+        assert f"mpiemu: rank {rank} failed" in res.stderr, res.stderr[-1500:]
+    # SIGKILL: no rank can speak; the launcher names a pid (not always the killed one, as
+    # MPICH's hydra reports whichever process it saw end first) and the watchman the ranks it
+    # saw gone first: the rank is named only as far as it can be told
+    deadline = time.monotonic() + 5
+    while json.loads((tmp_path / "manifest.json").read_text())["status"] == "running" and \
+            time.monotonic() < deadline:
+        time.sleep(0.2)                    # the watchman speaks for a killed job
+    assert json.loads((tmp_path / "manifest.json").read_text())["status"] == "failed"
+    run = load(tmp_path, allow_incomplete=True)
+    assert len(run.ranks) == ranks
+    out = run_mpi(1, ["analyze", str(tmp_path), "--allow-incomplete"])
+    assert out.returncode == 0 and "Traceback" not in out.stderr

@@ -191,6 +191,9 @@ class TimedComm:
     def post(self, header: np.ndarray, buf: np.ndarray | None, dest: int, tag: int
              ) -> list[MPI.Request]:
         """Send a timed message's header and (when numerics are on) its payload."""
+        if self.tl.fault == "collective":
+            self.tl.fault = ""
+            raise RuntimeError("injected failure inside a collective (debug.fail_at)")
         reqs = [self.comm.Isend(header, dest, tag)]
         if buf is not None:
             reqs.append(self.comm.Isend(buf, dest, tag))

@@ -192,12 +192,21 @@ class CollectivesSection:
         return [parse_size(f"collectives.sizes[{i}]", s) for i, s in enumerate(self.sizes)]
 
 
+FAIL_AT = ("start", "collective", "flush", "sigkill")
+
+
 @dataclass(frozen=True)
 class DebugSection:
     """Fault injection for testing the job's failure behaviour."""
 
-    fail_rank: int = -1              # this rank raises ...
-    fail_iteration: int = 0          # ... when it reaches this iteration / sweep point
+    fail_rank: int = -1              # this rank fails ...
+    fail_iteration: int = 0          # ... when it reaches this iteration / sweep point ...
+    fail_at: str = "start"           # ... raising there, in its next message ("collective"),
+                                     # in a trace flush ("flush"), or by SIGKILL ("sigkill")
+
+    def __post_init__(self) -> None:
+        if self.fail_at not in FAIL_AT:
+            raise ConfigError("debug.fail_at", self.fail_at, FAIL_AT)
 
 
 @dataclass(frozen=True)
@@ -261,6 +270,9 @@ class Workload:
             allowed = f"0..{points - 1}" if points is not None else ">= 0"
             raise ConfigError("debug.fail_iteration", d.fail_iteration,
                               f"a point the run reaches: {allowed}")
+        if d.fail_at == "collective" and world_size == 1:
+            raise ConfigError("debug.fail_at", "collective", "needs a job of more than one "
+                              "rank (a single rank sends no message)")
 
     def network_of(self, world_size: int, hosts: Sequence[str] = ()) -> Network:
         """The job's network over its devices (rank 0's device names the default preset).

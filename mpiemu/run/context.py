@@ -4,6 +4,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -62,10 +63,21 @@ class RankContext:
         say(self.world, *lines)
 
     def maybe_fail(self, point: int) -> None:
-        """Injected fault (debug.fail_rank) for testing the job's failure behaviour."""
+        """Injected fault (debug.fail_rank / fail_iteration / fail_at) for testing the job's
+        failure behaviour: a raise here, inside this rank's next message (a collective), inside
+        a trace flush, or the process killed outright."""
         dbg = self.w.debug
-        if self.rank == dbg.fail_rank and point == dbg.fail_iteration:
-            raise RuntimeError(f"injected failure at point {point} (debug.fail_rank)")
+        if self.rank != dbg.fail_rank or point != dbg.fail_iteration:
+            return
+        if dbg.fail_at == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if dbg.fail_at == "collective":
+            self.tl.fault = "collective"        # `TimedComm.post` raises on the next message
+            return
+        if dbg.fail_at == "flush":
+            self.writer.fail_next_flush = True
+            self.writer.flush()
+        raise RuntimeError(f"injected failure at point {point} (debug.fail_rank)")
 
 
 def _versions() -> dict[str, str]:

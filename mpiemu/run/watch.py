@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-POLL_S = 0.2
+POLL_S = 0.05
 
 
 def _alive(pid: int) -> bool:
@@ -54,7 +54,7 @@ def watch(out: Path, ranks: dict[int, int]) -> None:
         if len(dead) == len(ranks):
             break
         polls += 1
-        if polls % 5 == 0 and _status(out) != "running":
+        if polls % 20 == 0 and _status(out) != "running":
             return                   # complete, failed or interrupted: said by the ranks
         time.sleep(POLL_S)
     if _status(out) == "running" and first_seen:

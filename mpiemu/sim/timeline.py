@@ -58,6 +58,7 @@ class Timeline:
         self.horizon: SimTime = 0.0     # latest end of a recorded summary (a collective)
         self.labels = Labels()
         self.writer = writer
+        self.fault = ""                 # "collective": the next message raises (debug.fail_at)
         self._wall0 = time.perf_counter()
 
     def wall(self) -> float:

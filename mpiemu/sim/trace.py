@@ -69,6 +69,7 @@ class TraceWriter:
         self._rows: list[tuple[Any, ...]] = []
         self._n = 0
         self._part = 0
+        self.fail_next_flush = False     # debug.fail_at = "flush" (context.maybe_fail)
         self._last_flush = time.monotonic()
         self._mark = 0                                  # n_events at the last mark()
         self._since_mark: list[tuple[int, np.ndarray]] = []  # (first event, block)
@@ -114,6 +115,9 @@ class TraceWriter:
             f.create_dataset("strings", data=np.array(new_strings, dtype=object),
                              dtype=STRING_DTYPE)
             f.attrs["first_event"] = self._n
+        if self.fail_next_flush:          # debug.fail_at = "flush": die before the commit
+            self.fail_next_flush = False
+            raise RuntimeError("injected failure inside a trace flush (debug.fail_at)")
         os.replace(tmp, final)
         self._since_mark.append((self._n, block))
         self._n += len(block)
