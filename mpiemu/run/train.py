@@ -114,6 +114,10 @@ def run(ctx: RankContext) -> dict[str, Any]:
     model = trainer.model
     mem = train_memory(w, ctx.spec.dram_capacity_bytes, grid.pp_rank)
     _header(ctx, cfg, gb, dims, mem.line())
+    flops = {"model": model_flops(cfg, gb),
+             "hardware": hardware_flops(cfg, gb, w.train.recompute),
+             "devices": ctx.world.Get_size(),
+             "peak_flops_per_s": ctx.spec.peak(w.run.emulated_dtype)}
     rows: list[dict[str, Any]] = []
     t_run = time.perf_counter()
     reports_loss = grid.last_stage and grid.tp_rank == 0
@@ -126,8 +130,8 @@ def run(ctx: RankContext) -> dict[str, Any]:
         ctx.writer.tick()
         loss = ctx.world.allreduce(share if reports_loss else 0.0, op=MPI.SUM)  # reporting
         wall = ctx.world.allreduce(time.perf_counter() - wall0, op=MPI.MAX)
-        rows.append(_report_iteration(ctx, it, loss, wall, _eta(t_run, it + 1,
-                                                                 w.run.iterations)))
+        rows.append(_report_iteration(ctx, it, loss, wall, flops,
+                                      _eta(t_run, it + 1, w.run.iterations)))
     summary: dict[str, Any] = {"model": cfg.name, "params": cfg.param_count(),
                                "global_batch": gb, "tp": grid.tp, "dp": grid.dp,
                                "pp": grid.pp, "micro_batch": dims.batch,
@@ -136,12 +140,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
                                "virtual_stages": w.parallel.virtual_stages,
                                "recompute": w.train.recompute,
                                "sequence_parallel": dims.sp, "iterations": rows,
-                               "flops": {"model": model_flops(cfg, gb),
-                                         "hardware": hardware_flops(cfg, gb,
-                                                                    w.train.recompute),
-                                         "devices": ctx.world.Get_size(),
-                                         "peak_flops_per_s": ctx.spec.peak(
-                                             w.run.emulated_dtype)},
+                               "flops": flops,
                                "memory": asdict(mem) | {"fits": mem.fits,
                                                         "total_bytes": mem.total_bytes}}
     if w.overlap.strategy != "sequential":
@@ -232,23 +231,22 @@ def _eta(t_run: float, done: int, total: int) -> str:
 
 
 def _report_iteration(ctx: RankContext, it: int, loss: float, wall: float,
-                      progress: str) -> dict[str, Any]:
-    """The breakdown of what this iteration committed to every rank's trace (the same code
-    as `analyze`, on the writer's blocks in memory: the cost per iteration stays flat);
-    rank 0 prints its own, with MFU and HFU, and keeps each pipeline stage's."""
-    events, strings = ctx.writer.since_mark()
-    rt = make_trace({"rank": ctx.rank}, events, strings)
-    b = ctx.world.bcast(iteration_breakdown(rt, it) if ctx.rank == 0 else None, root=0)
-    mine = iteration_breakdown(rt, it, (b.t_start, b.t_end), sync_is_idle=True)
-    every = ctx.world.allgather((ctx.grid.pp_rank, mine))
-    cfg, gb, _ = resolve(ctx.w)
-    peak = ctx.spec.peak(ctx.w.run.emulated_dtype)
-    mfu = utilization(model_flops(cfg, gb), b.iteration_s, ctx.world.Get_size(), peak)
-    hfu = utilization(hardware_flops(cfg, gb, ctx.w.train.recompute), b.iteration_s,
-                      ctx.world.Get_size(), peak)
-    stages: dict[int, IterationBreakdown] = {}
-    for stage, br in every:
-        stages.setdefault(stage, br)
+                      flops: dict[str, float], progress: str) -> dict[str, Any]:
+    """The breakdown of what this iteration committed to the traces (the same code as
+    `analyze`, on the writer's blocks in memory: the cost per iteration stays flat): rank 0
+    prints its own, with MFU and HFU (`flops`: what the run counts per iteration); the first
+    rank of each pipeline stage (TP and DP rank 0) reports that stage."""
+    grid = ctx.grid
+    rt = make_trace({"rank": ctx.rank}, *ctx.writer.since_mark()) \
+        if grid.tp_rank == 0 and grid.dp_rank == 0 else None
+    b = ctx.world.bcast(iteration_breakdown(rt, it) if ctx.rank == 0 and rt else None, root=0)
+    mine = None if rt is None else \
+        iteration_breakdown(rt, it, (b.t_start, b.t_end), sync_is_idle=True)
+    stages = {stage: br for stage, br in ctx.world.allgather((grid.pp_rank, mine))
+              if br is not None}
+    devices, peak = flops["devices"], flops["peak_flops_per_s"]
+    mfu = utilization(flops["model"], b.iteration_s, int(devices), peak)
+    hfu = utilization(flops["hardware"], b.iteration_s, int(devices), peak)
     ms = 1e3
     loss_txt = f"{loss:>10.5f}" if ctx.numerics else f"{'-':>10}"
     ctx.say(f"{it:>4} {loss_txt} {b.iteration_s * ms:>13.4f} {b.compute_s * ms:>11.4f} "
