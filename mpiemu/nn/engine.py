@@ -22,7 +22,7 @@ from ..hw.specs import dtype_bytes
 from ..overlap.api import GemmShape, gather_then_gemm, gemm_then_reduce
 from ..overlap.strategy import Overlap
 from ..sim import ops as sim_ops
-from ..sim.timeline import Timeline
+from ..sim.timeline import Span, Timeline
 from .ops import Cost
 
 Array = np.ndarray | None
@@ -183,11 +183,7 @@ class Engine:
         bwd = f"{name}.bwd"
         x_full, t_gather = x_saved, self.t
         if self.sp and self.tp.size > 1:       # re-gather the input in backward (Megatron SP)
-            full = None if x_saved is None else np.empty((m, n), x_saved.dtype)
-            x_full, span = all_gather(self.tp, x_saved, total=m * n, after=self.t,
-                                      count=m // self.tp.size * n, wire_itemsize=self.e,
-                                      bidirectional=self.overlap.bidirectional,
-                                      label=f"{bwd}.regather.ag", unit=n, out=full)
+            x_full, span = self._start_gather(f"{bwd}.regather", x_saved, m, n)
             t_gather = span.t_end
         x_t = None if x_full is None else x_full.T
         if self.tp.size == 1 or not self.tp_async or self.overlap.strategy != "sequential":
@@ -195,9 +191,7 @@ class Engine:
             dw = self.gemm(f"{name}.wgrad", x_t, dy, n, k, m)
             return self.row_parallel(bwd, dy, w_t, m, n, k), dw
         dx = self.gemm(f"{bwd}.gemm", dy, w_t, m, n, k)
-        coll, tag = (reduce_scatter, "rs") if self.sp else (all_reduce, "ar")
-        dx, span = coll(self.tp, dx, after=self.t, count=m * n, wire_itemsize=self.e,
-                        bidirectional=self.overlap.bidirectional, label=f"{bwd}.{tag}", unit=n)
+        dx, span = self._start_reduce(bwd, dx, m, n)
         # the reduction was issued asynchronously: the wgrad GEMM runs while it moves
         self.t = max(self.t, t_gather)
         dw = self.gemm(f"{name}.wgrad", x_t, dy, n, k, m)
@@ -209,10 +203,7 @@ class Engine:
         """Sum a [rows, width] partial over TP: all-reduce, or reduce-scatter of rows (SP)."""
         if self.tp.size == 1:
             return x
-        coll, tag = (reduce_scatter, "rs") if self.sp else (all_reduce, "ar")
-        y, span = coll(self.tp, x, after=self.t, count=rows * width, wire_itemsize=self.e,
-                       bidirectional=self.overlap.bidirectional, label=f"{name}.{tag}",
-                       unit=width)
+        y, span = self._start_reduce(name, x, rows, width)
         self.t = span.t_end
         return y
 
@@ -221,13 +212,24 @@ class Engine:
         """All-gather [rows/tp, width] shards into [rows, width] (rank order)."""
         if self.tp.size == 1:
             return x_s
-        y, span = all_gather(self.tp, x_s, total=rows * width, after=self.t,
-                             count=rows // self.tp.size * width,
-                             wire_itemsize=itemsize or self.e,
-                             bidirectional=self.overlap.bidirectional, label=f"{name}.ag",
-                             unit=width)
+        y, span = self._start_gather(name, x_s, rows, width, itemsize)
         self.t = span.t_end
         return y
+
+    def _start_reduce(self, name: str, x: Array, rows: int, width: int) -> tuple[Array, Span]:
+        """`tp_reduce` issued from the cursor on the links; nothing waits for it here."""
+        coll, tag = (reduce_scatter, "rs") if self.sp else (all_reduce, "ar")
+        return coll(self.tp, x, after=self.t, count=rows * width, wire_itemsize=self.e,
+                    bidirectional=self.overlap.bidirectional, label=f"{name}.{tag}",
+                    unit=width)
+
+    def _start_gather(self, name: str, x_s: Array, rows: int, width: int,
+                      itemsize: int | None = None) -> tuple[Array, Span]:
+        """`tp_gather_rows` issued from the cursor on the links; nothing waits for it here."""
+        return all_gather(self.tp, x_s, total=rows * width, after=self.t,
+                          count=rows // self.tp.size * width, wire_itemsize=itemsize or self.e,
+                          bidirectional=self.overlap.bidirectional, label=f"{name}.ag",
+                          unit=width)
 
     def tp_sum(self, name: str, x: Array, count: int, itemsize: int) -> Array:
         """All-reduce a flat vector over TP (norms, SP-replicated gradients)."""
