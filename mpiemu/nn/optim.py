@@ -21,16 +21,15 @@ import numpy as np
 from ..comm.collectives import all_reduce
 from ..comm.p2p import TimedComm
 from ..hw import nmc
+from .adam import ADAM_FLOPS, LAMB1_FLOPS, MASTER_BYTES, adam_direction, clip_coeff
 from .buckets import GradBuckets
-from .zero import DistributedAdam
-from .config import CLIP_EPS, OptimizerConfig
+from .config import OptimizerConfig
 from .engine import Engine
 from .layers import Params
 from .ops import Cost
 from .shard import LocalParam
+from .zero import DistributedAdam
 
-MASTER_BYTES = 4           # fp32 master weights and optimizer states (thesis 4.2.1)
-ADAM_FLOPS, LAMB1_FLOPS = 12, 12
 
 
 def _arrays(d: Params) -> dict[str, np.ndarray]:
@@ -57,7 +56,7 @@ class ShardedOptimizer:
         self.counted = counted or (lambda lp: lp.tp_split or tp_rank == 0)
         self.zero: DistributedAdam | None = None
         if opt.distributed and buckets is not None and buckets.dp.size > 1:
-            self.zero = DistributedAdam(opt, specs, eng, buckets, self.norm_comm, self.counted)
+            self.zero = DistributedAdam(opt, specs, eng, buckets, self.norm_of, self.counted)
         self.m = {n: None if w is None else np.zeros_like(w) for n, w in P.items()}
         self.v = {n: None if w is None else np.zeros_like(w) for n, w in P.items()}
         self.steps = 0
@@ -104,18 +103,18 @@ class ShardedOptimizer:
             self._lamb(_arrays(P), _arrays(G))
 
     def _global_norm(self, G: Params) -> float:
-        E, e = self.E, self.E.e
         n = sum(lp.size for lp in self.specs)
         sq = None
-        if E.on:          # TP-split tensors on every rank, replicated ones counted once
+        if self.E.on:     # TP-split tensors on every rank, replicated ones counted once
             own = [G[lp.name] for lp in self.specs if self.counted(lp)]
             sq = np.array([sum(float((g * g).sum()) for g in own if g is not None)])
-        E.kernel("optim.grad_norm", Cost(2 * n, n * e, MASTER_BYTES), None)
-        return self._sum_norms(sq)
+        return self.norm_of(sq, n)
 
-    def _sum_norms(self, sq: np.ndarray | None) -> float:
-        """sqrt of the squares summed over the norm group (one fp32 all-reduce)."""
+    def norm_of(self, sq: np.ndarray | None, n: int) -> float:
+        """The global norm from this rank's sum of squares over its n gradient elements: the
+        squaring kernel, then sqrt of the sums over the norm group (one fp32 all-reduce)."""
         E = self.E
+        E.kernel("optim.grad_norm", Cost(2 * n, n * E.e, MASTER_BYTES), None)
         if self.norm_comm.size == 1:
             return float(np.sqrt(sq[0])) if sq is not None else 0.0
         total, span = all_reduce(self.norm_comm, sq, after=E.t, count=1,
@@ -126,7 +125,7 @@ class ShardedOptimizer:
     def _clip(self, G: Params, norm: float) -> None:
         if self.opt.clip_grad_norm <= 0 or not self.E.on:
             return
-        coeff = self.opt.clip_grad_norm / (norm + CLIP_EPS)
+        coeff = clip_coeff(self.opt, norm)
         if coeff < 1.0:
             for k, g in G.items():
                 if g is not None:
@@ -134,14 +133,10 @@ class ShardedOptimizer:
 
     def _moments(self, name: str, w: np.ndarray, g: np.ndarray, decay: bool) -> np.ndarray:
         """Adam's bias-corrected step (plus decoupled weight decay), as the reference."""
-        o, t = self.opt, self.steps
+        o = self.opt
         m, v = self.m[name], self.v[name]
         assert m is not None and v is not None
-        m *= o.beta1
-        m += (1.0 - o.beta1) * g
-        v *= o.beta2
-        v += (1.0 - o.beta2) * g * g
-        step = (m / (1.0 - o.beta1 ** t)) / (np.sqrt(v / (1.0 - o.beta2 ** t)) + o.eps)
+        step = adam_direction(o, self.steps, m, v, g)
         if decay and o.weight_decay > 0:
             step = step + o.weight_decay * w
         return step

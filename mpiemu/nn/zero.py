@@ -6,7 +6,7 @@ parameters afterwards.
 The buckets were reduce-scattered during backward (`buckets.GradBuckets(shard=True)`), so a
 rank starts with its share's summed gradients. The global gradient norm is summed over the
 whole job (DP shares are disjoint; replicated tensors count on TP rank 0, the tied table on
-the first stage). The parameter all-gathers run on the DP links after the update; with
+the first stage), by the optimizer's own `norm_of`; Adam's arithmetic is `adam.adam_direction`. The parameter all-gathers run on the DP links after the update; with
 `overlap_param_gather` nothing waits for them there: the next forward of a layer waits for
 its bucket's gather instead (Megatron-LM --overlap-param-gather).
 """
@@ -16,17 +16,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..comm.collectives import all_gather, all_reduce
-from ..comm.p2p import TimedComm
+from ..comm.collectives import all_gather
 from .buckets import BucketShard, GradBuckets
-from .config import CLIP_EPS, OptimizerConfig
+from .config import OptimizerConfig
 from .engine import Engine
 from .layers import Params
 from .ops import Cost
+from .adam import ADAM_FLOPS, MASTER_BYTES, adam_direction, clip_coeff
 from .shard import LocalParam
-
-MASTER_BYTES = 4
-ADAM_FLOPS = 12
 
 
 def _masked_sq(g: Any, mask: np.ndarray) -> float:
@@ -38,9 +35,9 @@ class DistributedAdam:
     """Adam on this DP rank's shares of the gradient buckets (numerics and charges)."""
 
     def __init__(self, opt: OptimizerConfig, specs: list[LocalParam], eng: Engine,
-                 buckets: GradBuckets, norm: TimedComm,
+                 buckets: GradBuckets, norm_of: Callable[[np.ndarray | None, int], float],
                  counted: Callable[[LocalParam], bool]) -> None:
-        self.opt, self.E, self.buckets, self.norm = opt, eng, buckets, norm
+        self.opt, self.E, self.buckets, self.norm_of = opt, eng, buckets, norm_of
         self.by_name = {lp.name: lp for lp in specs}
         self.counted = counted
         self.steps = 0
@@ -73,13 +70,9 @@ class DistributedAdam:
             if on:
                 sq = np.array([sum(_masked_sq(sh.grad, self._masks(b, sh, dtype)[3])
                                    for b, sh in enumerate(shards))])
-            E.kernel("optim.grad_norm", Cost(2 * n, n * E.e, MASTER_BYTES), None)
-            total, span = all_reduce(self.norm, sq, after=E.t, count=1,
-                                     wire_itemsize=MASTER_BYTES, label="optim.grad_norm.ar")
-            E.t = span.t_end
-            norm = float(np.sqrt(total[0])) if total is not None else 0.0
+            norm = self.norm_of(sq, n)
             if self.opt.clip_grad_norm > 0 and on:
-                coeff = min(1.0, self.opt.clip_grad_norm / (norm + CLIP_EPS))
+                coeff = min(1.0, clip_coeff(self.opt, norm))
         new = [self._update(b, sh, P, coeff, dtype) if on else None
                for b, sh in enumerate(shards)]
         e = E.e
@@ -91,15 +84,11 @@ class DistributedAdam:
     def _update(self, b: int, sh: BucketShard, P: Params, coeff: float, dtype: Any
                 ) -> np.ndarray:
         """Adam (decoupled weight decay on matrices) on bucket b's share; the new values."""
-        o, t = self.opt, self.steps
+        o = self.opt
         m, v, decay, _ = self._masks(b, sh, dtype)
         w = np.concatenate([np.ravel(P[n]) for n in sh.names])[sh.lo:sh.hi]   # type: ignore[arg-type]
         g: np.ndarray = sh.grad if coeff >= 1.0 else sh.grad * coeff     # type: ignore[assignment,operator]
-        m *= o.beta1
-        m += (1.0 - o.beta1) * g
-        v *= o.beta2
-        v += (1.0 - o.beta2) * g * g
-        step = (m / (1.0 - o.beta1 ** t)) / (np.sqrt(v / (1.0 - o.beta2 ** t)) + o.eps)
+        step = adam_direction(o, self.steps, m, v, g)
         if o.weight_decay > 0:
             step = np.where(decay, step + o.weight_decay * w, step)
         w -= o.lr * step
