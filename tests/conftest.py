@@ -62,12 +62,8 @@ def mpiexec_path() -> str:
 def child_env(**extra: str) -> dict[str, str]:
     """This environment minus the launcher's variables, so a child starts its own MPI job
     even when the test itself runs under mpiexec."""
-    drop = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCAL", "MPICH_", "OMPI_", "PRTE_")
-    keep = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM",   # the user's own
-            "PRTE_MCA_rmaps_default_mapping_policy")                      # launcher settings
-    env = {k: v for k, v in os.environ.items() if k in keep or not k.startswith(drop)}
-    env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", **extra)
-    return env
+    from mpiemu._proc import launcher_free_env
+    return launcher_free_env(**extra)
 
 
 def our_lines(stderr: str) -> list[str]:

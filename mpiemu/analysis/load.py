@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from .._proc import alive
 from ..sim.events import CATS, EVENT_DTYPE, PHASES
 from ..sim.trace import part_files
 
@@ -163,16 +163,6 @@ def _read(path: Path, expected_rank: int) -> tuple[RankTrace | None, str | None]
     return rt, _check(rt, path, expected_rank)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:          # someone else's process of that number
-        return True
-    return True
-
-
 def _killed(path: Path, manifest: dict[str, Any]) -> str | None:
     """A manifest still `running` whose processes on this host are all gone: the job was
     killed before any rank could say so (SIGKILL of every rank, the OOM killer, a node
@@ -182,7 +172,7 @@ def _killed(path: Path, manifest: dict[str, Any]) -> str | None:
         return None
     here = socket.gethostname()
     mine = [int(p[1]) for p in procs if isinstance(p, list) and len(p) == 2 and p[0] == here]
-    if len(mine) != len(procs) or any(_alive(pid) for pid in mine):
+    if len(mine) != len(procs) or any(alive(pid) for pid in mine):
         return None
     return (f"{path}: the manifest says 'running' but none of its {len(mine)} processes is "
             f"alive on {here}: the job was killed (SIGKILL, out of memory?); status: killed")

@@ -17,6 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import __version__
+from .._proc import launcher_free_env
 from ..comm.grid import GridShape, ProcessGrid
 from ..comm.p2p import TimedComm
 from ..hw.cost import ComputeModel, model_for
@@ -138,9 +139,7 @@ def _start_watchman(out: Path, processes: list[list[Any]]) -> None:
     marks the manifest `failed` if every rank on this host dies without a word."""
     here = socket.gethostname()
     pairs = [f"{r}:{pid}" for r, (host, pid) in enumerate(processes) if host == here]
-    drop = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCAL", "MPICH_", "OMPI_", "PRTE_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    env["MPI4PY_RC_INITIALIZE"] = "false"          # it is no MPI process: never MPI_Init
+    env = launcher_free_env(MPI4PY_RC_INITIALIZE="false")   # no MPI process: no MPI_Init
     subprocess.Popen([sys.executable, "-m", "mpiemu.run.watch", str(out), *pairs],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                      stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,

@@ -13,26 +13,13 @@ process (`analysis.load`), for when the watchman itself was killed.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
+from .._proc import alive
+
 POLL_S = 0.05
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie, killed but not yet reaped by the launcher, is dead)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def _status(out: Path) -> str | None:
@@ -48,7 +35,7 @@ def watch(out: Path, ranks: dict[int, int]) -> None:
     first_seen: list[int] = []          # the ranks found dead at the first poll that saw any
     polls = 0
     while True:
-        dead = [r for r, pid in ranks.items() if not _alive(pid)]
+        dead = [r for r, pid in ranks.items() if not alive(pid)]
         if not first_seen and dead:
             first_seen = dead
         if len(dead) == len(ranks):

@@ -6,13 +6,13 @@ mpiexec itself), one BLAS thread per rank.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Sequence
 
+from .._proc import launcher_free_env
 from .common import ROOT
 
 
@@ -24,12 +24,7 @@ def mpiexec() -> str:
 
 def child_env(timeout: int) -> dict[str, str]:
     """This environment minus any launcher's variables (we may run under mpiexec ourselves)."""
-    drop = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCAL", "MPICH_", "OMPI_", "PRTE_")
-    keep = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM",   # the user's own
-            "PRTE_MCA_rmaps_default_mapping_policy")                      # launcher settings
-    env = {k: v for k, v in os.environ.items() if k in keep or not k.startswith(drop)}
-    env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MPIEXEC_TIMEOUT=str(timeout))
-    return env
+    return launcher_free_env(MPIEXEC_TIMEOUT=str(timeout))
 
 
 def run(ranks: int, workload: Path | str, sets: Sequence[str], out: Path,
