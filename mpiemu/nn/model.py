@@ -119,23 +119,29 @@ class ShardedModel:
         self.buckets.reset()
         self.saved.clear()
 
-    def _micro_data(self, micro: int) -> tuple[Masks, Array, Array]:
-        """Masks, token ids and targets of micro-batch `micro` of this DP rank."""
-        d = self.d
-        lo = (self.dp_rank * self.micro_batches + micro) * d.batch
-        masks = Masks(self.cfg, self.seed, self.iteration, d, lo, self.tp_rank, self.E.on)
-        ids = targets = None
-        if self.E.on:
-            tok, tgt = seeded.batch(self.cfg, self.seed, self.iteration, self.global_batch,
-                                    lo, lo + d.batch)
-            ids, targets = tok.T.reshape(-1), tgt.T.reshape(-1)        # (S*B,) position-major
-        return masks, ids, targets
+    def _first_sample(self, micro: int) -> int:
+        return (self.dp_rank * self.micro_batches + micro) * self.d.batch
+
+    def _masks(self, micro: int) -> Masks:
+        """The dropout masks of micro-batch `micro` of this DP rank (drawn lazily)."""
+        return Masks(self.cfg, self.seed, self.iteration, self.d, self._first_sample(micro),
+                     self.tp_rank, self.E.on)
+
+    def _tokens(self, micro: int, chunk: int) -> tuple[Array, Array]:
+        """Token ids and targets of micro-batch `micro`, where chunk `chunk` uses them (the
+        embedding's and the LM head's), numerics on; None otherwise."""
+        if not self.E.on or not (self.first_virtual(chunk) or self.last_virtual(chunk)):
+            return None, None
+        lo = self._first_sample(micro)
+        tok, tgt = seeded.batch(self.cfg, self.seed, self.iteration, self.global_batch,
+                                lo, lo + self.d.batch)
+        return tok.T.reshape(-1), tgt.T.reshape(-1)                    # (S*B,) position-major
 
     def forward(self, ps: Pass, x: Array) -> Array:
         """Forward of micro-batch ps.micro through chunk ps.chunk: its output (None on the
         last virtual stage, whose loss share is added to `self.loss`)."""
         tl, c = self.E.tl, ps.chunk
-        masks, ids, targets = self._micro_data(ps.micro)
+        masks, (ids, targets) = self._masks(ps.micro), self._tokens(ps.micro, c)
         c_emb: Cache = {}
         caches: list[Any] = []
         with tl.labelled(phase="fwd"):
@@ -156,7 +162,7 @@ class ShardedModel:
                     loss, c_head = self._head(x, targets)
                 self.loss += loss
                 x = None
-        self.saved[(ps.micro, c)] = (c_emb, caches, c_head)
+        self.saved[(ps.micro, c)] = (c_emb, caches, c_head, ids, targets)
         self.peak_saved = max(self.peak_saved, len(self.saved))
         if self.keep_caches:
             self.last_caches = (c_emb, caches, c_head)
@@ -171,8 +177,8 @@ class ShardedModel:
     def backward(self, ps: Pass, dy: Array) -> Array:
         """Backward of micro-batch ps.micro through chunk ps.chunk: the input gradient."""
         tl, c = self.E.tl, ps.chunk
-        c_emb, caches, c_head = self.saved.pop((ps.micro, c))
-        masks, ids, targets = self._micro_data(ps.micro)
+        c_emb, caches, c_head, ids, targets = self.saved.pop((ps.micro, c))
+        masks = self._masks(ps.micro)
         ready: Ready = self._ready if ps.micro == self.micro_batches - 1 else no_ready
         with tl.labelled(phase="bwd"):
             if self.last_virtual(c):
