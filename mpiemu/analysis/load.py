@@ -218,9 +218,11 @@ def load(run_dir: str | Path, allow_incomplete: bool = False) -> Run:
         elif rt is not None:
             ranks.append(rt)
     world = manifest.get("world_size")
+    folded = manifest.get("folded")
     if isinstance(world, int):
         have = {int(f.stem.split("-")[1]) for f in files if f.stem.split("-")[1].isdigit()}
-        gone = sorted(set(range(world)) - have)
+        files_of = {int(r) for r in folded} if isinstance(folded, dict) else set(range(world))
+        gone = sorted(files_of - have)
         if gone:
             problems.append(f"{path}: rank files missing for ranks {gone} of the manifest's "
                             f"{world}")
@@ -229,4 +231,5 @@ def load(run_dir: str | Path, allow_incomplete: bool = False) -> Run:
                          + (f" ({len(problems) - 1} more problems)" if len(problems) > 1 else ""))
     if not ranks:
         raise TraceError(f"{path}: no rank trace is readable ({problems[0]})")
-    return Run(path, manifest, ranks, problems)
+    from .fold import expand  # noqa: PLC0415 - fold imports this module
+    return Run(path, manifest, expand(ranks, manifest), problems)

@@ -21,16 +21,19 @@ Passing `x=None` runs the same schedule on sizes alone (timing-only mode).
 from __future__ import annotations
 
 import numpy as np
+from mpi4py import MPI
 
 from ..net.message import switch_reduce
 from ..sim.timeline import SimTime, Span, latest
-from .cost import Choice, choose, node_groups, pipeline_depth
+from .cost import Choice, choose, estimate_s, node_groups, pipeline_depth
+from .fold import FoldError, Mirror
 from .p2p import TimedComm
 from .ring import AllGather, PlainGather, PlainReduce, ReduceScatter, ring_orders
 from .schedule import chunk_bounds, lanes, plan
 from .tree import tree_all_reduce
 
-__all__ = ["all_gather", "all_reduce", "chunk_bounds", "reduce_scatter"]
+__all__ = ["all_gather", "all_reduce", "all_reduce_scalars", "chunk_bounds",
+           "reduce_scatter"]
 
 
 def _size(x: np.ndarray | None, count: int | None) -> int:
@@ -71,6 +74,11 @@ def _start(tc: TimedComm, op: str, nbytes: float, itemsize: int, bidirectional: 
     """Choose (algorithm, protocol), set the protocol, pay the call's base latency."""
     ch = choose(tc, op, nbytes, itemsize, tc.algorithm if op == "all_reduce" else "",
                 tc.protocol, bidirectional)
+    if isinstance(tc.comm, Mirror) and ch.algorithm not in ("ring", "nvls"):
+        raise FoldError(f"run.fold: the {tc.name} group runs {op} of {int(nbytes)} bytes "
+                        f"with NCCL's {ch.algorithm} algorithm, whose ranks differ, so "
+                        "folding would not be exact; run with run.fold = \"off\" (or "
+                        "collectives.algorithm = \"ring\")")
     tc.proto, tc.algo = ch.protocol, ch.algorithm
     tc.share = tc.net.spec.channel_share(ch.protocol, nbytes, tc.size)
     return ch, t0 + tc.net.spec.base(ch.algorithm, ch.protocol)
@@ -233,3 +241,26 @@ def all_reduce(tc: TimedComm, x: np.ndarray | None, *, after: SimTime = 0.0,
     span = Span(t0, end)
     tc.tl.summary(label, span, resource=f"coll.{tc.name}", nbytes=n * itemsize)
     return (None if buf is None else buf.reshape(x.shape)), span  # type: ignore[union-attr]
+
+
+def all_reduce_scalars(tc: TimedComm, x: np.ndarray | None, *, after: SimTime = 0.0,
+                       count: int = 1, wire_itemsize: int | None = None,
+                       label: str = "all_reduce") -> tuple[np.ndarray | None, Span]:
+    """Sum a few scalars (a gradient norm) over the group as one latency-bound call: every
+    member leaves at the tuner's estimate of the call (`comm.cost.estimate_s`, base latency
+    included) after the last member entered. NCCL runs it as one LL kernel that no member
+    can leave before every contribution is in; its 2(N-1) tiny ring messages are not
+    emulated one by one. Members leaving together keeps a folded run's images exact."""
+    n, itemsize, t0 = _size(x, count), _itemsize(x, wire_itemsize), latest(after)
+    if tc.size == 1:
+        return (None if x is None else x.copy()), Span(t0, t0)
+    ch = choose(tc, "all_reduce", n * itemsize, itemsize, tc.algorithm, tc.protocol)
+    t_last = float(tc.comm.allreduce(t0, op=MPI.MAX))
+    end = t_last + estimate_s(tc, "all_reduce", n * itemsize, itemsize, ch)
+    out = None
+    if x is not None:
+        out = np.empty_like(x)
+        tc.comm.Allreduce(np.ascontiguousarray(x), out)
+    span = Span(t0, end)
+    tc.tl.summary(label, span, resource=f"coll.{tc.name}", nbytes=n * itemsize)
+    return out, span

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..net import Network
+from .fold import Mirror
 from .p2p import TimedComm
 from .ring import ring_orders
 
@@ -65,6 +66,21 @@ def node_groups(net: Network, devices: Sequence[int]) -> list[list[int]]:
     for r, d in enumerate(devices):
         by.setdefault(net.node_of(d), []).append(r)
     return list(by.values())
+
+
+def view(tc: TimedComm, ranks: Sequence[int]) -> TimedComm:
+    """The sub-group of these ranks of tc, for estimates only (it sends nothing)."""
+    devices = [tc.devices[r] for r in ranks]
+    return TimedComm(Mirror(tc.name, len(devices), devices.index(tc.device), devices),
+                     tc.tl, tc.net, tc.model, tc.name)
+
+
+def hierarchy_views(tc: TimedComm) -> tuple[TimedComm, TimedComm]:
+    """This rank's node group and its rail across nodes (the hierarchical all-reduce's
+    `node` and `rail` splits), as views."""
+    groups = node_groups(tc.net, tc.devices)
+    mine = next(g for g in groups if tc.rank in g)
+    return view(tc, mine), view(tc, [g[mine.index(tc.rank)] for g in groups])
 
 
 def allowed_on(net: Network, devices: Sequence[int], op: str) -> list[str]:
@@ -154,8 +170,7 @@ def estimate_s(tc: TimedComm, op: str, nbytes: float, itemsize: int, ch: Choice,
         return base + nbytes * (n + 1) / n / (spec.intra.bw_bytes_per_s * spec.nvls_efficiency)
     if ch.algorithm == "tree":
         return base + tree_estimate_s(tc, nbytes, itemsize, ch.protocol)
-    intra = tc.split("node", tc.net.node_of(tc.device))
-    rail = tc.split("rail", intra.rank)
+    intra, rail = hierarchy_views(tc)
     k = pipeline_depth(nbytes)
     seg = nbytes / k
     share = tc.net.spec.channel_share(ch.protocol, nbytes, tc.size)

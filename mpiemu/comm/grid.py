@@ -15,12 +15,21 @@ rank = tp_rank + tp * (dp_rank + dp * pp_rank). Worked example, 8 ranks, tp=2, d
     model-parallel:   [0, 1, 4, 5], [2, 3, 6, 7]       (one replica: the gradient norm)
 
 With pp = 1 the embedding group is the rank alone (the table is not duplicated).
+
+Folded (`comm.fold`, timing only): the job has one MPI rank per stage, MPI rank p playing
+emulated rank (0, 0, p); its TP and DP groups are `Mirror`s of their images, the PP and
+embedding groups real communicators between the stages' ranks, and the model-parallel and
+world groups mixed (scalar reductions only).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from mpi4py import MPI
+
+if TYPE_CHECKING:
+    from .fold import Fold
 
 
 @dataclass(frozen=True)
@@ -53,23 +62,51 @@ class ProcessGrid:
     """World communicator split into TP, DP, PP, embedding and model-parallel groups
     (communicators passed, never global)."""
 
-    def __init__(self, world: MPI.Comm, shape: GridShape) -> None:
+    def __init__(self, world: MPI.Comm, shape: GridShape, fold: "Fold | None" = None
+                 ) -> None:
+        self.world = world
+        self.shape = shape
+        self.fold = fold
+        if fold is not None:
+            self._folded(world, shape, fold)
+            return
         if world.Get_size() != shape.size:
             raise ValueError(f"parallel.tp*parallel.dp*parallel.pp = {shape.tp}*{shape.dp}*"
                              f"{shape.pp} = {shape.size} but the job has {world.Get_size()} "
                              "ranks")
-        self.world = world
-        self.shape = shape
         self.rank = world.Get_rank()
         self.tp_rank, self.dp_rank, self.pp_rank = shape.coords(self.rank)
         t, d, p = self.tp_rank, self.dp_rank, self.pp_rank
-        self.tp_comm = world.Split(color=d + shape.dp * p, key=t)
-        self.dp_comm = world.Split(color=t + shape.tp * p, key=d)
+        self.tp_comm: Any = world.Split(color=d + shape.dp * p, key=t)
+        self.dp_comm: Any = world.Split(color=t + shape.tp * p, key=d)
         self.pp_comm = world.Split(color=t + shape.tp * d, key=p)
-        self.mp_comm = world.Split(color=d, key=t + shape.tp * p)
-        ends = p in (0, shape.pp - 1)
-        self.embed_comm = world.Split(color=(t + shape.tp * d) if ends else MPI.UNDEFINED,
-                                      key=p)
+        self.mp_comm: Any = world.Split(color=d, key=t + shape.tp * p)
+        self.world_comm: Any = world
+        self.world_map = list(range(shape.size))    # device of each MPI world rank
+        self._embed(world, t + shape.tp * d)
+
+    def _embed(self, world: MPI.Comm, color: int) -> None:
+        ends = self.pp_rank in (0, self.shape.pp - 1)
+        self.embed_comm = world.Split(color=color if ends else MPI.UNDEFINED,
+                                      key=self.pp_rank)
+
+    def _folded(self, world: MPI.Comm, shape: GridShape, fold: "Fold") -> None:
+        """One MPI rank per stage: TP / DP groups mirrored, PP / embedding groups real."""
+        from .fold import Mirror
+        p = world.Get_rank()
+        self.rank = fold.rep(p)
+        self.tp_rank, self.dp_rank, self.pp_rank = 0, 0, p
+        s = shape
+        self.tp_comm = Mirror("tp", s.tp, 0, [s.rank_of(t, 0, p) for t in range(s.tp)])
+        self.dp_comm = Mirror("dp", s.dp, 0, [s.rank_of(0, d, p) for d in range(s.dp)])
+        self.pp_comm = world.Dup()
+        self.mp_comm = Mirror("mp", s.tp * s.pp, s.tp * p,
+                              [s.rank_of(t, 0, k) for k in range(s.pp) for t in range(s.tp)],
+                              real=world, mixed=True)
+        self.world_comm = Mirror("world", s.size, self.rank, range(s.size), real=world,
+                                 mixed=True)
+        self.world_map = [fold.rep(k) for k in range(world.Get_size())]
+        self._embed(world, 0)
 
     @property
     def tp(self) -> int:

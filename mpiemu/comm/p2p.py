@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -20,6 +20,7 @@ from ..hw.cost import ComputeModel
 from ..net import HEADER_LEN, Network, arrival, send
 from ..net.message import Feed
 from ..sim.timeline import SimTime, Timeline
+from .fold import Mirror
 
 
 def _oversubscribed() -> bool:
@@ -51,17 +52,22 @@ def wait_all(reqs: Sequence[MPI.Request]) -> None:
         os.sched_yield()
 
 
-def world_devices(comm: MPI.Comm) -> list[int]:
-    """The device (world rank) each rank of `comm` plays."""
+def world_devices(comm: Any, world_map: Sequence[int] | None = None) -> list[int]:
+    """The device each rank of `comm` plays: its world rank, or `world_map[world rank]` (a
+    folded job's MPI ranks play the stages' representatives); a `Mirror` knows its own."""
+    if isinstance(comm, Mirror):
+        return comm.devices
     if comm == MPI.COMM_WORLD:
-        return list(range(comm.Get_size()))
-    grp, world = comm.Get_group(), MPI.COMM_WORLD.Get_group()
-    try:
-        return [int(d) for d in MPI.Group.Translate_ranks(grp, list(range(comm.Get_size())),
-                                                          world)]
-    finally:
-        grp.Free()
-        world.Free()
+        ranks = list(range(comm.Get_size()))
+    else:
+        grp, world = comm.Get_group(), MPI.COMM_WORLD.Get_group()
+        try:
+            ranks = [int(d) for d in MPI.Group.Translate_ranks(
+                grp, list(range(comm.Get_size())), world)]
+        finally:
+            grp.Free()
+            world.Free()
+    return ranks if world_map is None else [world_map[r] for r in ranks]
 
 
 @dataclass
@@ -73,6 +79,7 @@ class RecvHandle:
     header: np.ndarray
     t_posted: SimTime
     source: int
+    fill: Callable[[], None] | None = field(default=None, repr=False)   # a mirrored header
     _arrive: SimTime | None = field(default=None, repr=False)
 
     def wait(self) -> SimTime:
@@ -83,6 +90,8 @@ class RecvHandle:
     def t_arrive(self) -> SimTime:
         """When the message is in this rank's memory (call after the requests completed)."""
         if self._arrive is None:
+            if self.fill is not None:
+                self.fill()
             self._arrive = self.tc.arrival(self.source, self.header)
         return self._arrive
 
@@ -118,9 +127,10 @@ class TimedComm:
     user's choice (`[collectives]`; "" lets `comm.cost.choose` pick).
     """
 
-    def __init__(self, comm: MPI.Comm, timeline: Timeline, net: Network,
+    def __init__(self, comm: Any, timeline: Timeline, net: Network,
                  model: ComputeModel, name: str = "world",
-                 devices: Sequence[int] | None = None) -> None:
+                 devices: Sequence[int] | None = None,
+                 world_map: Sequence[int] | None = None) -> None:
         self.comm = comm
         self.tl = timeline
         self.net = net
@@ -128,7 +138,8 @@ class TimedComm:
         self.name = name
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
-        self.devices = list(devices) if devices is not None else world_devices(comm)
+        self.world_map = world_map
+        self.devices = list(devices) if devices is not None else world_devices(comm, world_map)
         self.device = self.devices[self.rank]
         self.next = (self.rank + 1) % self.size
         self.prev = (self.rank - 1) % self.size
@@ -141,10 +152,11 @@ class TimedComm:
         self._pool: dict[tuple[str, str], np.ndarray] = {}
         self._subs: dict[str, TimedComm] = {}
 
-    def sibling(self, comm: MPI.Comm, name: str, timeline: Timeline | None = None
+    def sibling(self, comm: Any, name: str, timeline: Timeline | None = None
                 ) -> "TimedComm":
         """Another communicator on the same network and device model."""
-        tc = TimedComm(comm, timeline or self.tl, self.net, self.model, name)
+        tc = TimedComm(comm, timeline or self.tl, self.net, self.model, name,
+                       world_map=self.world_map)
         tc.algorithm, tc.protocol = self.algorithm, self.protocol
         return tc
 
@@ -211,10 +223,15 @@ class TimedComm:
                             dram_bytes=dram_bytes)
         return SendHandle(self.post(header, buf, dest, tag), header)
 
-    def irecv(self, buf: np.ndarray | None, source: int, tag: int, posted: SimTime
-              ) -> RecvHandle:
-        """Post a receive into `buf` (None: header only), posted at emulated time `posted`."""
+    def irecv(self, buf: np.ndarray | None, source: int, tag: int, posted: SimTime,
+              nbytes: float | None = None) -> RecvHandle:
+        """Post a receive into `buf` (None: header only), posted at emulated time `posted`
+        (`nbytes`: what the sender must send, checked when the sender is a mirrored image)."""
         header = np.empty(HEADER_LEN)
+        if isinstance(self.comm, Mirror):
+            mirror = self.comm
+            return RecvHandle(self, [], header, posted, source,
+                              fill=lambda: mirror.take(source, tag, header, nbytes))
         reqs = [self.comm.Irecv(header, source, tag)]
         if buf is not None:
             reqs.append(self.comm.Irecv(buf, source, tag))

@@ -217,7 +217,7 @@ class ReduceScatter(_Ring):
         tc = self.tc
         for p in (q for q in self.pieces if q.step == step):
             src = self.ls[p.lane].peers(tc.rank)[1]
-            h = tc.irecv(None, src, RS_TAG + p.lane, 0.0)
+            h = tc.irecv(None, src, RS_TAG + p.lane, 0.0, nbytes=self.nbytes(p))
             preqs = []
             if self.real:
                 buf, lo = self.rbuf[p.lane][step % 2], self._lane_lo(p)
@@ -299,7 +299,7 @@ class AllGather(_Ring):
 
     def _post(self, p: Piece) -> tuple[RecvHandle, list[MPI.Request]]:
         src = self.ls[p.lane].peers(self.tc.rank)[1]
-        h = self.tc.irecv(None, src, AG_TAG + p.lane, 0.0)
+        h = self.tc.irecv(None, src, AG_TAG + p.lane, 0.0, nbytes=self.nbytes(p))
         preqs = []
         if self.buf is not None:
             preqs = [self.tc.comm.Irecv(self.buf[a:b], src, AG_DATA + p.lane)

@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..comm.collectives import all_reduce
+from ..comm.collectives import all_reduce_scalars
 from ..comm.p2p import TimedComm
 from ..hw import nmc
 from .adam import ADAM_FLOPS, LAMB1_FLOPS, MASTER_BYTES, adam_direction, clip_coeff
@@ -117,8 +117,9 @@ class ShardedOptimizer:
         E.kernel("optim.grad_norm", Cost(2 * n, n * E.e, MASTER_BYTES), None)
         if self.norm_comm.size == 1:
             return float(np.sqrt(sq[0])) if sq is not None else 0.0
-        total, span = all_reduce(self.norm_comm, sq, after=E.t, count=1,
-                                 wire_itemsize=MASTER_BYTES, label="optim.grad_norm.ar")
+        total, span = all_reduce_scalars(self.norm_comm, sq, after=E.t, count=1,
+                                         wire_itemsize=MASTER_BYTES,
+                                         label="optim.grad_norm.ar")
         E.t = span.t_end
         return float(np.sqrt(total[0])) if total is not None else 0.0
 

@@ -42,10 +42,17 @@ class RunSection:
     numeric_dtype: str = "fp32"      # dtype of the real values when numerics are on
     emulated_dtype: str = "fp16"     # dtype the timing and byte model charges
     numerics_budget_tflop: float = 2.0   # real math a rank may do before a run is refused
+    fold: str = "auto"               # one MPI rank per stage when launched so (`run.fold`)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ConfigError("run.kind", self.kind, KINDS)
+        if self.fold not in ("auto", "on", "off"):
+            raise ConfigError("run.fold", self.fold, ("auto", "on", "off"))
+        if self.fold == "on" and self.numerics == "on":
+            raise ConfigError("run.fold", self.fold, "\"off\" or \"auto\" with run.numerics "
+                              "= \"on\" (folding mirrors timing only: set run.numerics = "
+                              "\"off\")")
         if not self.numerics_budget_tflop > 0:
             raise ConfigError("run.numerics_budget_tflop", self.numerics_budget_tflop,
                               "a budget > 0 (TFLOP of real math per rank)")

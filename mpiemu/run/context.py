@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 from .. import __version__
 from .._proc import launcher_free_env
+from ..comm.fold import Fold
 from ..comm.grid import GridShape, ProcessGrid
 from ..comm.p2p import TimedComm
 from ..hw.cost import ComputeModel, model_for
@@ -100,13 +101,19 @@ def write_manifest(out: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, out / "manifest.json")
 
 
-def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str]) -> RankContext:
-    """Collective: build the grid, create the run directory, manifest and rank trace files."""
-    spec = resolve_device(w, world.Get_rank())
-    grid = ProcessGrid(world, GridShape(w.parallel.tp, w.parallel.dp, w.parallel.pp))
+def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str],
+             fold: Fold | None = None) -> RankContext:
+    """Collective: build the grid, create the run directory, manifest and rank trace files
+    (`fold`: one MPI rank per stage, each file standing for its stage's images)."""
+    shape = GridShape(w.parallel.tp, w.parallel.dp, w.parallel.pp)
+    grid = ProcessGrid(world, shape, fold)
+    spec = resolve_device(w, grid.rank)
     hosts = world.allgather(socket.gethostname())
-    net = w.network_of(world.Get_size(), hosts)     # the real placement when it spans hosts
+    # the real placement when it spans hosts; a folded job's processes are not its GPUs
+    net = w.network_of(shape.size, () if fold else hosts)
     processes = world.gather([hosts[world.Get_rank()], os.getpid()], root=0)
+    stands_for = {str(fold.rep(r)): fold.members(r) for r in range(world.Get_size())} \
+        if fold else None
     if world.Get_rank() == 0:
         out.mkdir(parents=True, exist_ok=True)
         for stale in list(out.glob("rank-*.h5")) + list(out.glob("trace.h5")):
@@ -117,18 +124,21 @@ def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str]) -> RankCo
                              "versions": _versions(), "command": argv, "start": _now(),
                              "end": None, "device": as_table(spec),
                              "processes": processes,     # [host, pid] per rank
-                             "placement": list(net.placement) or "block"})
+                             "placement": list(net.placement) or "block",
+                             "emulated_ranks": shape.size,
+                             "folded": stands_for})   # file rank -> emulated ranks
         _start_watchman(out, processes or [])
     world.Barrier()
     attrs = {"rank": grid.rank, "world_size": world.Get_size(), "tp_rank": grid.tp_rank,
              "dp_rank": grid.dp_rank, "pp_rank": grid.pp_rank,
              "grid": [grid.tp, grid.dp, grid.pp], "device": as_table(spec),
              "config_hash": w.config_hash(), "mpiemu_version": __version__,
-             "workload": w.name}
+             "workload": w.name,
+             "stands_for": fold.members(world.Get_rank()) if fold else [grid.rank]}
     writer = TraceWriter(rank_file(out, grid.rank), attrs)
     tl = Timeline(writer)
     model = model_for(spec)
-    tp = TimedComm(grid.tp_comm, tl, net, model, "tp")
+    tp = TimedComm(grid.tp_comm, tl, net, model, "tp", world_map=grid.world_map)
     tp.algorithm, tp.protocol = w.collectives.algorithm, w.collectives.protocol
     dp = tp.sibling(grid.dp_comm, "dp")
     return RankContext(w, world, grid, spec, model, tl, tp, dp, out, writer)
@@ -165,9 +175,9 @@ def mark_failed(out: Path, rank: int, t_emulated: float, status: str = "failed")
 def close_run(ctx: RankContext, summary: dict[str, Any]) -> None:
     """Collective: mark traces complete, merge them, finish the manifest."""
     ctx.writer.close(complete=True, attrs={"t_end_emulated": ctx.tl.now()})
-    counts = ctx.world.gather(ctx.writer.n_events, root=0)
+    counts = ctx.world.gather((ctx.grid.rank, ctx.writer.n_events), root=0)
     if ctx.rank == 0:
-        write_merged(ctx.out, counts)  # type: ignore[arg-type]
+        write_merged(ctx.out, dict(counts))  # type: ignore[arg-type]
         manifest = json.loads((ctx.out / "manifest.json").read_text())
         manifest.update({"status": "complete", "end": _now(), "summary": summary})
         write_manifest(ctx.out, manifest)

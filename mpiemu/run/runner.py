@@ -10,6 +10,7 @@ from mpi4py import MPI
 from .config import Workload, load_workload, resolve_device
 from .context import RankContext, close_run, mark_failed, open_run
 from .errors import ConfigError
+from .fold import plan_fold
 from .mpi import AbortOnError, exit_on_error
 
 # kind -> module with `validate(w, world_size)` and `run(ctx) -> summary`
@@ -33,6 +34,8 @@ def kind_module(kind: str) -> KindModule:
 def validate(path: str | None, overrides: Sequence[str], world_size: int) -> Workload:
     """Everything that can be checked before any rank communicates; raises ConfigError."""
     w = load_workload(path, overrides)
+    if plan_fold(w, world_size) is not None:        # folded: checked on the emulated grid
+        world_size = w.parallel.tp * w.parallel.dp * w.parallel.pp
     w.check_world(world_size)
     resolve_device(w)
     kind_module(w.run.kind).validate(w, world_size)
@@ -75,7 +78,7 @@ def run_workload(path: str | None, overrides: Sequence[str], out: str | None,
         err = exc
     exit_on_error(world, err)
     assert w is not None
-    ctx = open_run(w, world, out_dir, argv)
+    ctx = open_run(w, world, out_dir, argv, plan_fold(w, world.Get_size()))
     guard.log_dir = out_dir
     guard.on_fail.append(lambda: ctx.writer.close(complete=False))
     guard.on_fail.append(lambda: mark_failed(out_dir, world.Get_rank(), ctx.tl.now(),

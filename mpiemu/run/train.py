@@ -78,7 +78,7 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
     pp = comm(grid.pp_comm, "pp") if grid.pp > 1 else None
     embed = comm(grid.embed_comm, "embed") if grid.pp > 1 else None
     distributed = w.optimizer.distributed and grid.dp > 1
-    mp = comm(ctx.world if distributed else grid.mp_comm, "world" if distributed else "mp")
+    mp = comm(grid.world_comm if distributed else grid.mp_comm, "world" if distributed else "mp")
     assert tp is not None and dp is not None and mp is not None
     cls = SunwayEngine if ctx.spec.kind == "sunway" else Engine
     eng = cls(tl, ctx.model, tp, dtype=w.run.emulated_dtype, numerics=numerics,
@@ -116,7 +116,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
     _header(ctx, cfg, gb, dims, mem.line())
     flops = {"model": model_flops(cfg, gb),
              "hardware": hardware_flops(cfg, gb, w.train.recompute),
-             "devices": ctx.world.Get_size(),
+             "devices": grid.shape.size,            # emulated GPUs (folded or not)
              "peak_flops_per_s": ctx.spec.peak(w.run.emulated_dtype)}
     rows: list[dict[str, Any]] = []
     t_run = time.perf_counter()
@@ -237,7 +237,7 @@ def _report_iteration(ctx: RankContext, it: int, loss: float, wall: float,
     prints its own, with MFU and HFU (`flops`: what the run counts per iteration); the first
     rank of each pipeline stage (TP and DP rank 0) reports that stage."""
     grid = ctx.grid
-    rt = make_trace({"rank": ctx.rank}, *ctx.writer.since_mark()) \
+    rt = make_trace({"rank": grid.rank}, *ctx.writer.since_mark()) \
         if grid.tp_rank == 0 and grid.dp_rank == 0 else None
     b = ctx.world.bcast(iteration_breakdown(rt, it) if ctx.rank == 0 and rt else None, root=0)
     mine = None if rt is None else \

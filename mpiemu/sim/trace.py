@@ -176,27 +176,31 @@ def _attr(value: Any) -> Any:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-def write_merged(run_dir: Path, counts: list[int], name: str = "trace.h5") -> Path:
-    """Rank 0's merged view: one virtual `/events` over all rank files, plus links to each.
+def write_merged(run_dir: Path, counts: dict[int, int], name: str = "trace.h5") -> Path:
+    """Rank 0's merged view: one virtual `/events` over all rank files (`counts`: events per
+    file rank, in rank order), plus links to each.
 
-    Codes in `name`/`resource` stay per rank; `/rank_offsets` says where each rank's rows
-    start and `/ranks/<r>` links to that rank's file (for its string table).
+    Codes in `name`/`resource` stay per rank; `/rank_offsets` says where each file's rows
+    start, `/file_ranks` which rank each file holds and `/ranks/<r>` links to that rank's
+    file (for its string table).
     """
     run_dir = Path(run_dir)
-    total = int(sum(counts))
-    layout = h5py.VirtualLayout(shape=(total,), dtype=EVENT_DTYPE)
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    for r, n in enumerate(counts):
+    ranks = sorted(counts)
+    sizes = [counts[r] for r in ranks]
+    layout = h5py.VirtualLayout(shape=(int(sum(sizes)),), dtype=EVENT_DTYPE)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    for i, (r, n) in enumerate(zip(ranks, sizes)):
         if n:
             src = h5py.VirtualSource(rank_file(run_dir, r).name, "events", shape=(n,))
-            layout[offsets[r]:offsets[r + 1]] = src
+            layout[offsets[i]:offsets[i + 1]] = src
     out = run_dir / name
     with h5py.File(out, "w") as f:
         f.create_virtual_dataset("events", layout)
         f.create_dataset("rank_offsets", data=offsets)
+        f.create_dataset("file_ranks", data=np.array(ranks, np.int64))
         grp = f.create_group("ranks")
-        for r in range(len(counts)):
+        for r in ranks:
             grp[str(r)] = h5py.ExternalLink(rank_file(run_dir, r).name, "/")
-        f.attrs["world_size"] = len(counts)
+        f.attrs["world_size"] = len(ranks)
         f.attrs["schema_version"] = SCHEMA_VERSION
     return out
