@@ -91,3 +91,29 @@ def expand(ranks: list[RankTrace], manifest: dict[str, Any]) -> list[RankTrace]:
         for m in folded.get(str(rt.rank), [rt.rank]):
             out.append(rt if m == rt.rank else images.image(m, fold.image(m)))
     return sorted(out, key=lambda r: r.rank)
+
+
+def timeline_differences(a: list[RankTrace], b: list[RankTrace]) -> list[str]:
+    """Where two runs' emulated timelines differ, rank by rank (times, bytes, peers, names and
+    routes compared exactly); empty when they are bit-identical (folded vs unfolded)."""
+    ra, rb = [r.rank for r in a], [r.rank for r in b]
+    if ra != rb:
+        return [f"ranks differ: {ra[:8]}... vs {rb[:8]}..."]
+    out = []
+    for x, y in zip(a, b):
+        if len(x.events) != len(y.events):
+            out.append(f"rank {x.rank}: {len(x.events)} vs {len(y.events)} events")
+            continue
+        for f in ("t_start", "t_end", "bytes", "peer", "stage"):
+            if not np.array_equal(x.events[f], y.events[f]):
+                i = int(np.argmax(x.events[f] != y.events[f]))
+                out.append(f"rank {x.rank}: {f} of event {i} ({x.names[i]}) "
+                           f"{x.events[f][i]!r} vs {y.events[f][i]!r}")
+                break
+        else:
+            for what, u, v in (("name", x.names, y.names), ("route", x.resources, y.resources)):
+                if not np.array_equal(u, v):
+                    i = int(np.argmax(u != v))
+                    out.append(f"rank {x.rank}: {what} of event {i} {u[i]!r} vs {v[i]!r}")
+                    break
+    return out

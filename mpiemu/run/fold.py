@@ -22,7 +22,7 @@ from ..comm.cost import allowed_on
 from ..comm.fold import Fold
 from ..comm.grid import GridShape
 from ..net import Network
-from .config import Workload, resolve_device
+from .config import Workload, resolve_device, resolve_network
 from .errors import ConfigError
 
 FOLDS = ("auto", "on", "off")
@@ -90,6 +90,7 @@ def _broken(net: Network, images: list[Callable[[int], int]], pairs: list[tuple[
 def plan_fold(w: Workload, world_size: int) -> Fold | None:
     """The job's fold (None: every emulated rank is an MPI rank); a launch that fits
     neither, or a fold that would not be exact, is refused in one line."""
+    resolve_network(w, resolve_device(w, 0))        # a bad value there is named first
     tp, dp, pp = w.parallel.tp, w.parallel.dp, w.parallel.pp
     full, mode = tp * dp * pp, w.run.fold
     if world_size == full and (mode != "on" or full == pp):
@@ -102,7 +103,6 @@ def plan_fold(w: Workload, world_size: int) -> Fold | None:
             f", or {pp} (one per pipeline stage) with run.fold = \"auto\" in timing-only runs")
         raise ConfigError("parallel.tp*parallel.dp*parallel.pp", f"{tp}*{dp}*{pp}={full}",
                           f"must equal the {world_size} ranks of this job{hint}")
-    resolve_device(w)
     why = obstacle(w)
     if why is not None:
         raise ConfigError("run.fold", mode, f"exact folding only; here {why}: launch "

@@ -1,0 +1,121 @@
+"""Symmetric folding (issue 12): a folded run's every emulated rank equals the unfolded run's,
+bit for bit; folding that would not be exact is refused in one line."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mpiemu.analysis import load
+from mpiemu.analysis.fold import timeline_differences
+from mpiemu.comm.fold import Fold, FoldError, Mirror
+from mpiemu.comm.grid import GridShape
+from mpiemu.run.errors import ConfigError
+from mpiemu.run.fold import plan_fold
+from mpiemu.run.runner import validate
+from tests.conftest import our_lines, run_mpi
+
+TIMING = ["--set", "run.numerics=off", "--set", "train.check_reference=false",
+          "--set", "run.iterations=2"]
+# (name, workload, overrides, emulated ranks, stages)
+CASES = [
+    ("tp-ring", "workloads/quickstart.toml",
+     ["--set", "parallel.dp=1", "--set", "train.global_batch=4"], 2, 1),
+    ("tp-dp-hierarchical", "workloads/pipeline-small.toml",
+     ["--set", "parallel.pp=1", "--set", "train.global_batch=4", "--set",
+      "network.preset=dgx-a100", "--set", "network.devices_per_node=2"], 4, 1),
+    ("tp-pp-dp-1f1b", "workloads/pipeline-small.toml", [], 8, 2),
+]
+
+
+@pytest.mark.parametrize("name, workload, extra, full, stages", CASES,
+                         ids=[c[0] for c in CASES])
+def test_folded_run_equals_the_unfolded_run_per_emulated_rank(
+        tmp_path: Path, name: str, workload: str, extra: list[str], full: int,
+        stages: int) -> None:
+    runs = {}
+    for n in (full, stages):
+        out = tmp_path / f"n{n}"
+        res = run_mpi(n, ["run", workload, *TIMING, *extra, "--out", str(out)])
+        assert res.returncode == 0, res.stderr
+        runs[n] = load(out)
+    folded = runs[stages]
+    assert json.loads((tmp_path / f"n{stages}" / "manifest.json").read_text())["folded"]
+    assert len(list((tmp_path / f"n{stages}").glob("rank-*.h5"))) == stages
+    assert [r.rank for r in folded.ranks] == list(range(full))   # every emulated GPU
+    assert timeline_differences(runs[full].ranks, folded.ranks) == []
+    # the check can fail: an image is not its representative (other ports, other peers)
+    assert not np.array_equal(folded.ranks[0].resources, folded.ranks[1].resources)
+
+
+def test_analyze_shows_every_emulated_rank_of_a_folded_run(tmp_path: Path) -> None:
+    res = run_mpi(2, ["run", "workloads/pipeline-small.toml", *TIMING, "--out", str(tmp_path)])
+    assert res.returncode == 0, res.stderr
+    out = run_mpi(1, ["analyze", str(tmp_path), "--json"])
+    assert out.returncode == 0, out.stderr
+    ranks = json.loads(out.stdout)["ranks"]
+    assert [r["rank"] for r in ranks] == list(range(8))
+
+
+def test_a_fold_that_is_not_exact_stops_at_its_first_uneven_collective(tmp_path: Path) -> None:
+    res = run_mpi(1, ["run", "workloads/pipeline-small.toml", *TIMING, "--set",
+                      "parallel.tp=1", "--set", "parallel.pp=1", "--set", "parallel.dp=3",
+                      "--set", "train.global_batch=6", "--out", str(tmp_path)])
+    assert res.returncode != 0
+    lines = [ln for ln in our_lines(res.stderr) if "FoldError" in ln]
+    assert lines and "does not divide" in lines[0] and "run.fold" in lines[0]
+
+
+@pytest.mark.parametrize("sets, world, needle", [
+    (["run.numerics=on"], 2, "run.numerics = \"on\""),
+    (["run.fold=on", "run.numerics=on"], 2, "folding mirrors timing only"),
+    (["run.fold=off"], 2, "must equal the 2 ranks"),
+    (["run.fold=on"], 8, "a job of parallel.pp = 2 ranks"),
+    (["run.fold=sometimes"], 2, "choose one of 'auto', 'on', 'off'"),
+    (["parallel.pp=1", "train.global_batch=4", "device.preset=t3-gpu"], 1, "ring fabric"),
+    (["parallel.pp=1", "train.global_batch=4", "optimizer.distributed=false",
+      "network.preset=dgx-a100", "network.devices_per_node=2"], 1, "tree"),
+    (["parallel.pp=1", "parallel.tp=4", "parallel.dp=2", "train.global_batch=4",
+      "network.preset=dgx-a100", "network.devices_per_node=2"], 1, "not the same"),
+    (["debug.fail_rank=1"], 2, "debug.fail_rank"),
+])
+def test_folds_that_cannot_be_exact_are_refused_in_one_line(
+        sets: list[str], world: int, needle: str) -> None:
+    args = [a for s in ["run.numerics=off", "train.check_reference=false", *sets]
+            for a in ("--set", s)]
+    with pytest.raises(ConfigError) as exc:
+        validate("workloads/pipeline-small.toml", args[1::2], world)
+    assert needle in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_unfolded_launch_needs_no_fold() -> None:
+    w = validate("workloads/pipeline-small.toml", ["run.numerics=off",
+                                                   "train.check_reference=false"], 8)
+    assert plan_fold(w, 8) is None
+    assert plan_fold(w, 2) == Fold(GridShape(2, 2, 2))
+
+
+def test_images_map_the_grid_onto_itself() -> None:
+    fold = Fold(GridShape(2, 3, 2))
+    assert fold.members(1) == [6, 7, 8, 9, 10, 11]
+    for g in fold.images():
+        assert sorted(g(d) for d in range(12)) == list(range(12))
+        assert all(g(d) // 6 == d // 6 for d in range(12))        # stages stay put
+
+
+def test_mirror_answers_a_receive_with_this_ranks_own_send_the_other_way() -> None:
+    m = Mirror("tp", 4, 0, [0, 1, 2, 3])
+    h = np.arange(5.0)
+    m.Isend(h, 1, 100)                     # to offset +1
+    got = np.empty(5)
+    m.take(3, 100, got, 4.0)               # from offset -1: the image of that send
+    assert np.array_equal(got, h)
+    with pytest.raises(FoldError, match="never sent"):
+        m.take(3, 100, got, None)
+    m.Isend(h, 1, 100)
+    with pytest.raises(FoldError, match="does not divide"):
+        m.take(3, 100, got, 8.0)
+    with pytest.raises(FoldError, match="spans pipeline stages"):
+        Mirror("mp", 4, 0, [0, 1, 2, 3], mixed=True).Isend(h, 1, 100)
