@@ -1,12 +1,17 @@
-"""Scale: wall time and peak memory of timing-only GPT-3 175B runs as the rank count grows.
+"""Scale: wall time and peak memory of timing-only runs, unfolded and folded (`run.fold`).
 
-Each emulated GPU is one MPI process today (symmetric folding, issue 12, is not built yet),
-so wall time grows with the ranks. Runs `workloads/gpt3-175b-tp8.toml` (TP 8, one iteration)
-at 8, 16, 32 and 64 ranks (DP 1, 2, 4, 8: two sequences per replica) and
-`workloads/gpt3-175b-tp8-pp8.toml` (TP 8 x PP 8, 64 ranks) with 8 micro-batches; prints wall
-seconds of the whole command, of the iteration alone (rank 0's), and the largest peak RSS of
-any rank (the launcher's children).
-Usage: python benchmarks/scale.py [--ranks 8 16 32 64] [--no-pipeline]
+Unfolded, each emulated GPU is one MPI process, so wall time grows with the ranks:
+`workloads/gpt3-175b-tp8.toml` (TP 8, one iteration) at 8, 16, 32 and 64 ranks (DP 1, 2, 4,
+8: two sequences per replica) and `workloads/gpt3-175b-tp8-pp8.toml` (TP 8 x PP 8, 64
+ranks) with 8 micro-batches. Folded, one MPI process per pipeline stage stands for its
+TP x DP GPUs: GPT-3 175B at TP 8 x PP 8 x DP 16 / 32 / 64 (1024 / 2048 / 4096 GPUs, global
+batch 1536 as Narayanan et al. 2021 Table 2) and the 1T model at TP 8 x PP 64 x DP 6 (3072
+GPUs, global batch 3072, Table 1), with the distributed optimizer (its DP reduce-scatter and
+all-gather are rings: folding is exact; NCCL's tree for a DP all-reduce across nodes is not).
+Prints wall seconds of the whole command, of the iteration alone (rank 0's), the largest peak
+RSS of any rank (the launcher's children) and the emulated iteration.
+`--exact` first checks folded == unfolded bit for bit on three workloads at 8, 16 and 32 ranks.
+Usage: python benchmarks/scale.py [--ranks 8 16 32 64] [--no-pipeline] [--no-folded] [--exact]
 """
 from __future__ import annotations
 
@@ -22,8 +27,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def one(ranks: int, workload: str, sets: list[str], out: Path) -> tuple[float, float, float]:
-    """(command wall s, iteration wall s, peak RSS MB of the largest rank) of one run."""
+def one(ranks: int, workload: str, sets: list[str], out: Path
+        ) -> tuple[float, float, float, float]:
+    """(command wall s, iteration wall s, peak RSS MB of the largest rank, emulated
+    iteration s) of one run."""
     bindir = Path(sys.executable).parent
     cmd = [str(bindir / "mpiexec"), "-n", str(ranks), str(bindir / "mpiemu"), "run", workload,
            "--out", str(out)]
@@ -34,25 +41,69 @@ def one(ranks: int, workload: str, sets: list[str], out: Path) -> tuple[float, f
     wall = time.perf_counter() - t0
     peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     rows = json.loads((out / "manifest.json").read_text())["summary"]["iterations"]
-    return wall, float(rows[0]["wall_s"]), peak_mb
+    return wall, float(rows[0]["wall_s"]), peak_mb, float(rows[0]["iteration_s"])
+
+
+PP8 = "workloads/gpt3-175b-tp8-pp8.toml"
+ZERO = ["optimizer.distributed=true"]
+FOLDED = [(8, 1024, PP8, ["parallel.dp=16", "train.global_batch=1536", *ZERO]),
+          (8, 2048, PP8, ["parallel.dp=32", "train.global_batch=1536", *ZERO]),
+          (8, 4096, PP8, ["parallel.dp=64", "train.global_batch=1536", *ZERO]),
+          (64, 3072, "workloads/megatron-1t-tp8-pp64.toml",
+           ["parallel.dp=6", "train.global_batch=3072", *ZERO])]
+SMALL = ["model.layers=8", "train.memory_check=warn", "run.iterations=1"]
+# (what, unfolded ranks, folded ranks, workload, overrides): three symmetry kinds
+EXACT = [("TP ring", 8, 1, "workloads/gpt3-175b-tp8.toml", ["model.layers=2", *SMALL[1:]]),
+         ("TP x DP, 4 nodes", 16, 1, PP8,
+          ["parallel.tp=4", "parallel.dp=4", "parallel.pp=1", "network.devices_per_node=4",
+           "parallel.schedule=1f1b", "parallel.virtual_stages=1", "train.global_batch=8",
+           *ZERO, *SMALL]),
+         ("TP x PP x DP, interleaved", 32, 4, PP8,
+          ["parallel.tp=4", "parallel.dp=2", "parallel.pp=4", "parallel.virtual_stages=2",
+           "train.global_batch=16", *ZERO, *SMALL])]
+
+
+def exact(tmp: Path) -> bool:
+    """Folded and unfolded runs of the EXACT workloads: bit-identical per emulated rank?"""
+    from mpiemu.analysis import load  # noqa: PLC0415
+    from mpiemu.analysis.fold import timeline_differences  # noqa: PLC0415
+    ok = True
+    for k, (what, full, folded, wl, sets) in enumerate(EXACT):
+        a, b = tmp / f"x{k}u", tmp / f"x{k}f"
+        one(full, wl, sets, a)
+        one(folded, wl, sets, b)
+        diff = timeline_differences(load(a).ranks, load(b).ranks)
+        ok &= not diff
+        print(f"exact: {what}: {full} ranks vs {folded} folded: "
+              f"{'bit-identical' if not diff else diff[0]}", flush=True)
+    return ok
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[8, 16, 32, 64])
     ap.add_argument("--no-pipeline", action="store_true", help="skip the TP 8 x PP 8 run")
+    ap.add_argument("--no-folded", action="store_true", help="skip the folded runs")
+    ap.add_argument("--exact", action="store_true", help="check folded == unfolded first")
     args = ap.parse_args()
-    runs = [(n, "workloads/gpt3-175b-tp8.toml",
+    runs = [(n, n, "workloads/gpt3-175b-tp8.toml",
              [f"parallel.dp={n // 8}", f"train.global_batch={2 * (n // 8)}"]) for n in args.ranks]
     if not args.no_pipeline:
-        runs.append((64, "workloads/gpt3-175b-tp8-pp8.toml", ["train.global_batch=8"]))
-    print(f"{'ranks':>6} {'workload':<36} {'command s':>10} {'iteration s':>12} "
-          f"{'peak MB/rank':>13}")
+        runs.append((64, 64, PP8, ["train.global_batch=8"]))
+    if not args.no_folded:
+        runs += FOLDED
     with tempfile.TemporaryDirectory() as tmp:
-        for k, (n, wl, sets) in enumerate(runs):
-            wall, it, peak = one(n, wl, sets, Path(tmp) / f"r{k}")
-            print(f"{n:>6} {Path(wl).stem + (' (8 micro-batches)' if 'pp8' in wl else ''):<36} "
-                  f"{wall:>10.1f} {it:>12.1f} {peak:>13.0f}", flush=True)
+        if args.exact and not exact(Path(tmp)):
+            return 1
+        print(f"{'ranks':>6} {'GPUs':>5} {'workload':<36} {'command s':>10} "
+              f"{'iteration s':>12} {'peak MB/rank':>13} {'emulated s':>11}")
+        for k, (n, gpus, wl, sets) in enumerate(runs):
+            wall, it, peak, emu = one(n, wl, sets, Path(tmp) / f"r{k}")
+            m = next((int(s.split("=")[1]) for s in sets if "global_batch" in s), 0)
+            dp = next((int(s.split("=")[1]) for s in sets if "parallel.dp" in s), 1)
+            what = Path(wl).stem + (f" ({m // dp} micro-batches)" if "pp" in wl else "")
+            print(f"{n:>6} {gpus:>5} {what:<36} {wall:>10.1f} {it:>12.1f} {peak:>13.0f} "
+                  f"{emu:>11.3f}", flush=True)
     print("peak MB/rank: the largest resident set of any rank so far (RUSAGE_CHILDREN)")
     return 0
 

@@ -29,7 +29,7 @@ from .cost import Choice, choose, estimate_s, node_groups, pipeline_depth
 from .fold import FoldError, Mirror
 from .p2p import TimedComm
 from .ring import AllGather, PlainGather, PlainReduce, ReduceScatter, ring_orders
-from .schedule import chunk_bounds, lanes, plan
+from .schedule import Lane, Piece, chunk_bounds, lanes, plan
 from .tree import tree_all_reduce
 
 __all__ = ["all_gather", "all_reduce", "all_reduce_scalars", "chunk_bounds",
@@ -99,12 +99,23 @@ def _rows(a: np.ndarray | None, unit: int) -> np.ndarray | None:
     return None if a is None else a.reshape(-1, unit)    # [n] -> [n / unit, unit]
 
 
+def _ring_plan(tc: TimedComm, m: int, bidirectional: bool, kind: str
+               ) -> tuple[list[Lane], list[Piece]]:
+    """Lanes and this rank's pieces of a plain ring over m rows (remembered per group)."""
+    key = ("plan", kind, m, bidirectional)
+    got = tc.memo.get(key)
+    if got is None:
+        ls = lanes(m, ring_orders(tc, bidirectional))
+        got = tc.memo[key] = (ls, plan(tc.rank, m, ls, 1, kind))
+    return got
+
+
 def _ring_rs(tc: TimedComm, flat: np.ndarray | None, n: int, itemsize: int, unit: int,
              bidirectional: bool, t: SimTime, out: np.ndarray | None, out_lo: int) -> SimTime:
     """The plain ring reduce-scatter; chunk `rank`'s sum goes to out (element out_lo on)."""
-    ls = lanes(n // unit, ring_orders(tc, bidirectional))
+    ls, pieces = _ring_plan(tc, n // unit, bidirectional, "rs")
     hooks = PlainReduce(tc, ls, unit, itemsize, t, _rows(flat, unit))
-    run = ReduceScatter(tc, ls, plan(tc.rank, n // unit, ls, 1, "rs"), unit, itemsize, hooks,
+    run = ReduceScatter(tc, ls, pieces, unit, itemsize, hooks,
                         dtype=None if flat is None else flat.dtype, out=_rows(out, unit),
                         own_lo=out_lo // unit).run()
     return run.done
@@ -113,9 +124,9 @@ def _ring_rs(tc: TimedComm, flat: np.ndarray | None, n: int, itemsize: int, unit
 def _ring_ag(tc: TimedComm, buf: np.ndarray | None, n: int, itemsize: int, unit: int,
              bidirectional: bool, t: SimTime) -> SimTime:
     """The plain ring all-gather in place (buf holds this rank's chunk)."""
-    ls = lanes(n // unit, ring_orders(tc, bidirectional))
+    ls, pieces = _ring_plan(tc, n // unit, bidirectional, "ag")
     hooks = PlainGather(tc, ls, unit, itemsize, t)
-    return AllGather(tc, ls, plan(tc.rank, n // unit, ls, 1, "ag"), unit, itemsize, hooks,
+    return AllGather(tc, ls, pieces, unit, itemsize, hooks,
                      _rows(buf, unit)).run().end
 
 

@@ -183,7 +183,18 @@ def estimate_s(tc: TimedComm, op: str, nbytes: float, itemsize: int, ch: Choice,
 
 def choose(tc: TimedComm, op: str, nbytes: float, itemsize: int, algorithm: str = "",
            protocol: str = "", bidirectional: bool = False) -> Choice:
-    """The lowest predicted (algorithm, protocol), within what is asked for."""
+    """The lowest predicted (algorithm, protocol), within what is asked for (remembered
+    per group and call shape: the estimates depend on nothing else)."""
+    key = ("choose", op, nbytes, itemsize, algorithm, protocol, bidirectional)
+    got = tc.memo.get(key)
+    if got is None:
+        got = tc.memo[key] = _choose(tc, op, nbytes, itemsize, algorithm, protocol,
+                                     bidirectional)
+    return got
+
+
+def _choose(tc: TimedComm, op: str, nbytes: float, itemsize: int, algorithm: str,
+            protocol: str, bidirectional: bool) -> Choice:
     algos = allowed(tc, op)
     if algorithm:
         if algorithm not in algos:

@@ -151,6 +151,9 @@ class TimedComm:
         self.protocol = ""
         self._pool: dict[tuple[str, str], np.ndarray] = {}
         self._subs: dict[str, TimedComm] = {}
+        # what depends only on the group, the network and the call's shape, kept per group
+        # (the emulator's own cost per op, not modelled): NCCL choices, ring orders, plans
+        self.memo: dict[tuple[object, ...], Any] = {}
 
     def sibling(self, comm: Any, name: str, timeline: Timeline | None = None
                 ) -> "TimedComm":

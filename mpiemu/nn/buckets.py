@@ -7,10 +7,14 @@ buckets). The collective runs on the `comm.dp` / `link.dp.*` streams, so in emul
 overlaps the compute stream; the optimizer waits for every bucket (`finish`). With the
 distributed optimizer (`shard`, ZeRO-1; Megatron-LM's DistributedOptimizer) each bucket is
 reduce-scattered instead: a DP rank keeps its contiguous share of the bucket's summed
-gradients (`BucketShard`), updates those parameters only and all-gathers them afterwards.
+gradients (`BucketShard`), updates those parameters only and all-gathers them afterwards;
+each such bucket is padded with zeros to a multiple of lcm(DP size, 128) elements, as
+Megatron-LM pads them for uniform sharding (megatron/core/distributed/
+param_and_grad_buffer.py, `_pad_end_of_bucket_if_needed`).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,13 +28,25 @@ from .engine import Array
 @dataclass
 class BucketShard:
     """One bucket under the distributed optimizer: its tensors, in order, and this DP
-    rank's element range [lo, hi) of their concatenation, with its summed gradients."""
+    rank's element range [lo, hi) of their concatenation padded to `padded` elements, with
+    its summed gradients."""
 
     names: list[str]
     count: int
     lo: int
     hi: int
     grad: Array
+    padded: int
+
+    def pad(self, a: np.ndarray) -> np.ndarray:
+        """A concatenation of the bucket's count elements, zero-padded to `padded`."""
+        return np.concatenate([a, np.zeros(self.padded - self.count, a.dtype)])
+
+
+def padded_count(count: int, dp: int) -> int:
+    """A sharded bucket's length: count rounded up to a multiple of lcm(dp, 128)."""
+    q = math.lcm(dp, 128)
+    return -(-count // q) * q
 
 
 @dataclass
@@ -71,11 +87,14 @@ class GradBuckets:
             flat = np.concatenate([np.ravel(grads[n]) for n in names])   # type: ignore[arg-type]
         label = f"dp.bucket{len(self.spans)}"
         if self.shard:
-            out, span = reduce_scatter(self.dp, flat, after=self._t_ready, count=count,
+            padded = padded_count(count, self.dp.size)
+            if flat is not None:
+                flat = np.concatenate([flat, np.zeros(padded - count, flat.dtype)])
+            out, span = reduce_scatter(self.dp, flat, after=self._t_ready, count=padded,
                                        wire_itemsize=self.itemsize, unit=1, label=label,
                                        bidirectional=self.bidirectional)
-            lo, hi = own_range(count, self.dp.size, self.dp.rank)
-            self.shards.append(BucketShard(names, count, lo, hi, out))
+            lo, hi = own_range(padded, self.dp.size, self.dp.rank)
+            self.shards.append(BucketShard(names, count, lo, hi, out, padded))
             self.spans.append(span)
             return
         out, span = all_reduce(self.dp, flat, after=self._t_ready, count=count,

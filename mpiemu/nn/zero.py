@@ -48,11 +48,11 @@ class DistributedAdam:
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(m, v, decay mask, norm mask) of bucket b's share, made on first use."""
         if b not in self.state:
-            decay = np.concatenate([np.full(self.by_name[n].size, self.by_name[n].decay)
-                                    for n in sh.names])[sh.lo:sh.hi]
-            counted = np.concatenate([np.full(self.by_name[n].size,
-                                              self.counted(self.by_name[n]))
-                                      for n in sh.names])[sh.lo:sh.hi]
+            decay = sh.pad(np.concatenate([np.full(self.by_name[n].size, self.by_name[n].decay)
+                                           for n in sh.names]))[sh.lo:sh.hi]
+            counted = sh.pad(np.concatenate([np.full(self.by_name[n].size,
+                                                     self.counted(self.by_name[n]))
+                                             for n in sh.names]))[sh.lo:sh.hi]
             z: np.ndarray = np.zeros(sh.hi - sh.lo, dtype)
             self.state[b] = (z, z.copy(), decay, counted)
         return self.state[b]
@@ -86,7 +86,7 @@ class DistributedAdam:
         """Adam (decoupled weight decay on matrices) on bucket b's share; the new values."""
         o = self.opt
         m, v, decay, _ = self._masks(b, sh, dtype)
-        w = np.concatenate([np.ravel(P[n]) for n in sh.names])[sh.lo:sh.hi]   # type: ignore[arg-type]
+        w = sh.pad(np.concatenate([np.ravel(P[n]) for n in sh.names]))[sh.lo:sh.hi]   # type: ignore[arg-type]
         g: np.ndarray = sh.grad if coeff >= 1.0 else sh.grad * coeff     # type: ignore[assignment,operator]
         step = adam_direction(o, self.steps, m, v, g)
         if o.weight_decay > 0:
@@ -100,7 +100,7 @@ class DistributedAdam:
         E, dp = self.E, self.buckets.dp
         t, end = E.t, E.t
         for b, (sh, w) in enumerate(zip(shards, new)):
-            full, span = all_gather(dp, w, total=sh.count, after=t, wire_itemsize=E.e,
+            full, span = all_gather(dp, w, total=sh.padded, after=t, wire_itemsize=E.e,
                                     unit=1, label=f"dp.param_gather{b}")
             end = max(end, span.t_end)
             for name in sh.names:

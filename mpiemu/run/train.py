@@ -210,9 +210,20 @@ def _header(ctx: RankContext, cfg: ModelConfig, gb: int, dims: Dims, mem: str) -
             + (f", Sunway {w.sunway.mode} {w.sunway.attention} scheduler {w.sunway.scheduler}"
                if ctx.spec.kind == "sunway" else ""),
             f"memory per rank{' of stage 0' if ctx.grid.pp > 1 else ''}: {mem}",
+            *_fold_words(ctx),
             f"{'iter':>4} {'loss':>10} {'iteration ms':>13} {'compute ms':>11} "
             f"{'TP comm ms':>11} {'DP comm ms':>11} {'DP total ms':>12} {'idle ms':>9} "
             f"{'MFU %':>6} {'wall s':>8}   progress (rank 0; comm = exposed)")
+
+
+def _fold_words(ctx: RankContext) -> list[str]:
+    """One line saying what a folded run's ranks stand for (none when unfolded)."""
+    g = ctx.grid
+    if g.fold is None:
+        return []
+    return [f"folded: {ctx.world.Get_size()} MPI ranks (one per pipeline stage) stand for "
+            f"{g.shape.size} emulated GPUs, {g.tp * g.dp} each (run.fold; traces expand "
+            "on load)"]
 
 
 def _pipeline_words(w: Workload) -> str:
