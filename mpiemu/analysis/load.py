@@ -61,6 +61,8 @@ class Run:
     manifest: dict[str, Any]
     ranks: list[RankTrace] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    # a folded run shown by its representatives (too large to expand): rank -> its images
+    stands_for: dict[int, list[int]] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -178,13 +180,20 @@ def _killed(path: Path, manifest: dict[str, Any]) -> str | None:
             f"alive on {here}: the job was killed (SIGKILL, out of memory?); status: killed")
 
 
-def load(run_dir: str | Path, allow_incomplete: bool = False) -> Run:
+EXPAND_MAX_EVENTS = 4_000_000     # a folded run larger than this stays folded unless asked
+
+
+def load(run_dir: str | Path, allow_incomplete: bool = False,
+         expand: bool | None = None) -> Run:
     """Load a run directory written by `mpiemu run` (for notebooks and the CLI).
 
     Refuses, with a `TraceError` naming the file and the problem, a directory whose
     manifest is not JSON, whose rank files do not open or hold impossible events, or that
     lacks ranks its manifest names; `allow_incomplete=True` keeps what is sound instead
-    and lists the rest in `Run.problems`."""
+    and lists the rest in `Run.problems`. A folded run (`run.fold`) is expanded to every
+    emulated rank (`analysis.fold`) when that holds at most EXPAND_MAX_EVENTS events or
+    `expand=True`; otherwise its representatives stand for their images (`Run.stands_for`:
+    their timelines are identical, so every per-rank figure is theirs)."""
     path = Path(run_dir)
     if not path.is_dir():
         raise FileNotFoundError(f"run directory {path} does not exist")
@@ -231,5 +240,10 @@ def load(run_dir: str | Path, allow_incomplete: bool = False) -> Run:
                          + (f" ({len(problems) - 1} more problems)" if len(problems) > 1 else ""))
     if not ranks:
         raise TraceError(f"{path}: no rank trace is readable ({problems[0]})")
-    from .fold import expand  # noqa: PLC0415 - fold imports this module
-    return Run(path, manifest, expand(ranks, manifest), problems)
+    from .fold import expand as expand_ranks  # noqa: PLC0415 - fold imports this module
+    folded = folded if isinstance(folded, dict) else {}
+    images = {rt.rank: [int(m) for m in folded.get(str(rt.rank), [rt.rank])] for rt in ranks}
+    total = sum(len(rt.events) * len(images[rt.rank]) for rt in ranks)
+    if folded and (expand is False or (expand is None and total > EXPAND_MAX_EVENTS)):
+        return Run(path, manifest, ranks, problems, images)
+    return Run(path, manifest, expand_ranks(ranks, manifest), problems)

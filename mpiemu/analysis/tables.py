@@ -95,6 +95,11 @@ def format_tables(run: Run, top: int = 25) -> list[str]:
     """Human-readable per-rank and per-op tables."""
     lines = [f"run {run.path}  status={run.manifest.get('status', '?')}  "
              f"ranks={len(run.ranks)}  makespan={run.makespan * 1e3:.4f} ms"]
+    if run.stands_for:
+        n = sum(len(v) for v in run.stands_for.values())
+        lines.append(f"folded: {len(run.ranks)} representatives stand for {n} emulated GPUs "
+                     "(each row for its stage's images, whose timelines are identical; per-op "
+                     "totals are the representatives'; load(run, expand=True) expands)")
     lines.append(f"{'rank':>5}{'makespan ms':>14}{'compute ms':>12}{'collective ms':>15}"
                  f"{'exposed comm ms':>17}{'events':>9}  complete")
     for rt in run.ranks:

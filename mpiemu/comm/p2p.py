@@ -10,6 +10,7 @@ latency after both; a receive completes at max(time posted, arrival) (DESIGN.md 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -36,6 +37,8 @@ def _oversubscribed() -> bool:
 
 
 _YIELD: bool | None = None
+YIELD_SPINS = 32        # emulator detail: test-and-yield rounds before a waiting rank sleeps
+MAX_SLEEP_S = 1e-3
 
 
 def wait_all(reqs: Sequence[MPI.Request]) -> None:
@@ -48,8 +51,16 @@ def wait_all(reqs: Sequence[MPI.Request]) -> None:
     if not _YIELD:
         MPI.Request.Waitall(reqs)
         return
+    spins = 0
     while not MPI.Request.Testall(reqs):
-        os.sched_yield()
+        # yield first (the peer may be about to answer), then sleep, longer and longer up to
+        # 1 ms: a rank that waits long (a far pipeline stage) leaves the cores to the ranks
+        # with work instead of taking its turn in every round of the scheduler
+        if spins < YIELD_SPINS:
+            os.sched_yield()
+        else:
+            time.sleep(min(MAX_SLEEP_S, 1e-5 * 2 ** min(spins - YIELD_SPINS, 7)))
+        spins += 1
 
 
 def world_devices(comm: Any, world_map: Sequence[int] | None = None) -> list[int]:

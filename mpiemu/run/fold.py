@@ -28,8 +28,9 @@ from .errors import ConfigError
 FOLDS = ("auto", "on", "off")
 
 
-def obstacle(w: Workload) -> str | None:
-    """Why folding this workload would not be exact (None: it is)."""
+def obstacle(w: Workload, stages: list[int] | None = None) -> str | None:
+    """Why folding this workload would not be exact (None: it is); `stages`: check the
+    network's symmetry around these stages only (default: all)."""
     if w.run.kind != "train":
         return f"run.kind = {w.run.kind!r} (folding covers train runs)"
     if w.run.numerics != "off":
@@ -49,7 +50,7 @@ def obstacle(w: Workload) -> str | None:
         return ("the DP group spans nodes, where NCCL may run its all-reduce as a tree (whose "
                 "ranks differ): set optimizer.distributed = true (reduce-scatter and "
                 "all-gather rings) or collectives.algorithm = \"ring\"")
-    return _network_obstacle(net, Fold(shape))
+    return _network_obstacle(net, Fold(shape), stages)
 
 
 def _signature(net: Network, a: int, b: int) -> tuple[object, ...]:
@@ -57,11 +58,11 @@ def _signature(net: Network, a: int, b: int) -> tuple[object, ...]:
     return (h.transport, h.inter_node, h.hops, h.ingress is None)
 
 
-def _network_obstacle(net: Network, fold: Fold) -> str | None:
+def _network_obstacle(net: Network, fold: Fold, stages: list[int] | None) -> str | None:
     """The first route that changes under a symmetry of a stage (None: none does)."""
     s = fold.shape
     images = fold.images()[1:]
-    for p in range(s.pp):
+    for p in range(s.pp) if stages is None else stages:
         rep = s.rank_of(0, 0, p)
         groups = [[s.rank_of(t, 0, p) for t in range(s.tp)],
                   [s.rank_of(0, d, p) for d in range(s.dp)]]
@@ -87,9 +88,10 @@ def _broken(net: Network, images: list[Callable[[int], int]], pairs: list[tuple[
     return None
 
 
-def plan_fold(w: Workload, world_size: int) -> Fold | None:
+def plan_fold(w: Workload, world_size: int, stages: list[int] | None = None) -> Fold | None:
     """The job's fold (None: every emulated rank is an MPI rank); a launch that fits
-    neither, or a fold that would not be exact, is refused in one line."""
+    neither, or a fold that would not be exact, is refused in one line (`stages`: the
+    stages whose symmetry to check; default all)."""
     resolve_network(w, resolve_device(w, 0))        # a bad value there is named first
     tp, dp, pp = w.parallel.tp, w.parallel.dp, w.parallel.pp
     full, mode = tp * dp * pp, w.run.fold
@@ -103,7 +105,7 @@ def plan_fold(w: Workload, world_size: int) -> Fold | None:
             f", or {pp} (one per pipeline stage) with run.fold = \"auto\" in timing-only runs")
         raise ConfigError("parallel.tp*parallel.dp*parallel.pp", f"{tp}*{dp}*{pp}={full}",
                           f"must equal the {world_size} ranks of this job{hint}")
-    why = obstacle(w)
+    why = obstacle(w, stages)
     if why is not None:
         raise ConfigError("run.fold", mode, f"exact folding only; here {why}: launch "
                           f"{full} ranks to run every emulated GPU")

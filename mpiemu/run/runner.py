@@ -10,6 +10,7 @@ from mpi4py import MPI
 from .config import Workload, load_workload, resolve_device
 from .context import RankContext, close_run, mark_failed, open_run
 from .errors import ConfigError
+from ..comm.fold import Fold
 from .fold import plan_fold
 from .mpi import AbortOnError, exit_on_error
 
@@ -33,13 +34,21 @@ def kind_module(kind: str) -> KindModule:
 
 def validate(path: str | None, overrides: Sequence[str], world_size: int) -> Workload:
     """Everything that can be checked before any rank communicates; raises ConfigError."""
+    return validate_job(path, overrides, world_size)[0]
+
+
+def validate_job(path: str | None, overrides: Sequence[str], world_size: int,
+                 rank: int | None = None) -> tuple[Workload, Fold | None]:
+    """`validate`, and the job's fold (`rank`: in a folded job, check this rank's stage's
+    symmetry only: every rank checks its own, the errors are agreed on collectively)."""
     w = load_workload(path, overrides)
-    if plan_fold(w, world_size) is not None:        # folded: checked on the emulated grid
+    fold = plan_fold(w, world_size, None if rank is None else [rank])
+    if fold is not None:                # folded: checked on the emulated grid
         world_size = w.parallel.tp * w.parallel.dp * w.parallel.pp
     w.check_world(world_size)
     resolve_device(w)
     kind_module(w.run.kind).validate(w, world_size)
-    return w
+    return w, fold
 
 
 def check_out_dir(out: Path, field: str) -> None:
@@ -68,9 +77,10 @@ def run_workload(path: str | None, overrides: Sequence[str], out: str | None,
     guard = AbortOnError(world).install()
     err: ConfigError | None = None
     w: Workload | None = None
+    fold: Fold | None = None
     out_dir = Path(out) if out else Path("runs")
     try:
-        w = validate(path, overrides, world.Get_size())
+        w, fold = validate_job(path, overrides, world.Get_size(), world.Get_rank())
         out_dir = Path(out) if out else default_out(w)
         if world.Get_rank() == 0:
             check_out_dir(out_dir, "--out" if out else "name")
@@ -78,7 +88,7 @@ def run_workload(path: str | None, overrides: Sequence[str], out: str | None,
         err = exc
     exit_on_error(world, err)
     assert w is not None
-    ctx = open_run(w, world, out_dir, argv, plan_fold(w, world.Get_size()))
+    ctx = open_run(w, world, out_dir, argv, fold)
     guard.log_dir = out_dir
     guard.on_fail.append(lambda: ctx.writer.close(complete=False))
     guard.on_fail.append(lambda: mark_failed(out_dir, world.Get_rank(), ctx.tl.now(),
