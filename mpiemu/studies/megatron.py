@@ -113,13 +113,15 @@ def _utilization(cfg: dict[str, Any], iteration_s: float) -> tuple[float, float]
 
 
 def _launch(ranks: int, workload: str, sets: list[str], out: Path, reuse: bool) -> None:
-    """Run it, unless `reuse` and a complete run is already there (same sets: the caller's
+    """Run it on `ranks` emulated GPUs (folded: one process per pipeline stage, where that
+    is exact), unless `reuse` and a complete run is already there (same sets: the caller's
     promise, as `--reuse` says)."""
     manifest = out / "manifest.json"
     if reuse and manifest.exists() and json.loads(manifest.read_text()).get("status") == \
             "complete":
         return
-    launch.run(ranks, WORKLOADS / workload, sets, out, timeout=3000)
+    wl = WORKLOADS / workload
+    launch.run(launch.processes(wl, sets, ranks), wl, sets, out, timeout=3000)
 
 
 def _num(cell: str) -> float | None:

@@ -41,3 +41,19 @@ def run(ranks: int, workload: Path | str, sets: Sequence[str], out: Path,
         raise RuntimeError(f"{' '.join(cmd[4:])} failed ({res.returncode}): "
                            f"{(res.stderr or res.stdout).strip()[-2000:]}")
     return res.stdout
+
+
+def processes(workload: Path | str, sets: Sequence[str], gpus: int) -> int:
+    """MPI processes for an emulated job of `gpus` GPUs: one per pipeline stage when it
+    folds exactly (`run.fold`: bit-identical emulated times), else one per GPU."""
+    from ..run.config import load_workload  # noqa: PLC0415
+    from ..run.errors import ConfigError  # noqa: PLC0415
+    from ..run.fold import plan_fold  # noqa: PLC0415
+    w = load_workload(str(workload), list(sets))
+    stages = w.parallel.pp
+    if stages >= gpus:
+        return gpus
+    try:
+        return stages if plan_fold(w, stages) is not None else gpus
+    except ConfigError:
+        return gpus
