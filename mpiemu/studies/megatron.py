@@ -5,8 +5,10 @@ DGX A100 clusters (Korthikanti et al. 2022 Tables 4 and 5), every run timing onl
   recompute, SP, full and selective recompute, selective + SP; two-layer runs of
   `workloads/megatron-22b-tp8.toml`, layer 1's span in rank 0's trace (forward, and backward
   with its recomputation);
-* `iterations.csv`: iteration time and MFU / HFU (Table 5) of GPT 22B (8 ranks) and GPT-3
-  175B (TP 8 x PP 8, interleaved x3: 64 ranks), full recompute and selective + SP;
+* `iterations.csv`: iteration time and MFU / HFU (Table 5) of GPT 22B (8 GPUs), GPT-3 175B
+  (TP 8 x PP 8, interleaved x3: 64 GPUs) and MT-NLG 530B (TP 8 x PP 35, interleaved x3: 280
+  GPUs), full recompute and selective + SP, each folded to one process per stage
+  (`run.fold`, exact);
 * README.md: ours beside theirs with the difference, the rows not emulated and why.
 Nothing is fitted: the device (`a100-sxm4-80gb`) and network (`dgx-a100`) presets are the
 ones every other study uses. Golden test: the first and last layer rows (8 ranks, 2 layers).
@@ -145,7 +147,7 @@ def main(out_dir: Path, argv: list[str]) -> int:
                     help="with --keep-runs: take complete runs already there instead of "
                          "running them again (they must come from this code and config)")
     ap.add_argument("--skip-175b", action="store_true",
-                    help="leave out the two 64-rank GPT-3 175B runs (the slow part)")
+                    help="leave out the runs of more than 8 GPUs (175B, 530B: the slow part)")
     args = ap.parse_args([a for a in argv if a != "--"])
     out_dir = args.out or out_dir
     out_dir.mkdir(parents=True, exist_ok=True)

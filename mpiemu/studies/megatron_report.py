@@ -28,9 +28,11 @@ def _ratio_line(rows: list[Row], what: str) -> str:
 def markdown(layers: list[Row], its: list[Row]) -> list[str]:
     fig = load_figures("megatron")
     out = ["# Megatron-LM training: emulated vs published (DGX A100)", "",
-           "Regenerate: `make reports` or `mpiemu report megatron` (the two GPT-3 175B runs "
-           "take 64 ranks and about 10 to 15 minutes each on a 2-core machine; `--skip-175b` "
-           "leaves them out, `--keep-runs DIR --reuse` rebuilds the tables from runs kept "
+           "Regenerate: `make reports` or `mpiemu report megatron` (runs of more GPUs than "
+           "pipeline stages fold: one process per stage stands for its TP x DP GPUs, with "
+           "bit-identical emulated times, docs/folding.md; the 280-GPU MT-NLG runs take about "
+           "two minutes each on a 2-core machine; `--skip-175b` leaves out every run of more "
+           "than 8 GPUs, `--keep-runs DIR --reuse` rebuilds the tables from runs kept "
            "earlier). Device preset "
            f"`{fig['device'].value}`, network preset `dgx-a100`, timing only; nothing is "
            "fitted per configuration.", "",
