@@ -41,7 +41,7 @@ def one(ranks: int, workload: str, sets: list[str], out: Path
     wall = time.perf_counter() - t0
     peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     rows = json.loads((out / "manifest.json").read_text())["summary"]["iterations"]
-    return wall, float(rows[0]["wall_s"]), peak_mb, float(rows[0]["iteration_s"])
+    return wall, float(rows[0]["wall_s"]), peak_mb, float(rows[0]["t_end"] - rows[0]["t_start"])
 
 
 PP8 = "workloads/gpt3-175b-tp8-pp8.toml"

@@ -69,11 +69,12 @@ def switch_reduce(tl: Timeline, net: Network, device: int, nbytes: float, ready:
     the device's ports carry nbytes (N+1)/N, at the port rate x the NVLS efficiency,
     pipelined (both directions at once); returns when the device holds the result."""
     n, node, a = net.per_node, net.node_of(device), net.local(device)
-    hop = net.hop(device, net.member(node, a + 1 if a + 1 < n else a - 1))
-    assert hop.ingress is not None                      # a switch: checked by the caller
-    wire = nbytes * (n + 1) / n / (hop.transport.bw_bytes_per_s * net.spec.nvls_efficiency)
-    t0, t_out = tl.occupy(hop.egress, ready, wire)
-    _, t_in = tl.occupy(hop.ingress, ready, wire)
-    tl.record(label, "comm", f"{hop.egress}>switch>{hop.ingress}", t0, max(t_out, t_in), 0.0,
+    peer = net.member(node, a + 1 if a + 1 < n else a - 1)
+    out, back = net.hop(device, peer), net.hop(peer, device)     # this device's two ports
+    assert back.ingress is not None                     # a switch: checked by the caller
+    wire = nbytes * (n + 1) / n / (out.transport.bw_bytes_per_s * net.spec.nvls_efficiency)
+    t0, t_out = tl.occupy(out.egress, ready, wire)
+    _, t_in = tl.occupy(back.ingress, ready, wire)
+    tl.record(label, "comm", f"{out.egress}>switch>{back.ingress}", t0, max(t_out, t_in), 0.0,
               int(nbytes), 0.0, -1, -1, None)
     return max(t_out, t_in)
