@@ -120,3 +120,23 @@ def test_mirror_answers_a_receive_with_this_ranks_own_send_the_other_way() -> No
         m.take(3, 100, got, 8.0)
     with pytest.raises(FoldError, match="spans pipeline stages"):
         Mirror("mp", 4, 0, [0, 1, 2, 3], mixed=True).Isend(h, 1, 100)
+
+
+def test_a_folded_run_too_large_to_expand_loads_as_its_representatives(tmp_path: Path
+                                                                        ) -> None:
+    from mpiemu.analysis import format_tables
+    res = run_mpi(2, ["run", "workloads/pipeline-small.toml", *TIMING, "--out", str(tmp_path)])
+    assert res.returncode == 0, res.stderr
+    run = load(tmp_path, expand=False)
+    assert [r.rank for r in run.ranks] == [0, 4]
+    assert run.stands_for == {0: [0, 1, 2, 3], 4: [4, 5, 6, 7]}
+    assert "folded: 2 representatives stand for 8 emulated GPUs" in format_tables(run)[1]
+    full = load(tmp_path)
+    assert not full.stands_for and len(full.ranks) == 8
+
+
+def test_studies_launch_one_process_per_stage_where_folding_is_exact() -> None:
+    from mpiemu.studies.runs import processes
+    wl = "workloads/pipeline-small.toml"
+    assert processes(wl, ["run.numerics='off'", "train.check_reference=false"], 8) == 2
+    assert processes(wl, [], 8) == 8                      # numerics on: every GPU a process
