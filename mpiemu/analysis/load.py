@@ -228,9 +228,10 @@ def load(run_dir: str | Path, allow_incomplete: bool = False,
             ranks.append(rt)
     world = manifest.get("world_size")
     folded = manifest.get("folded")
+    folded = folded if isinstance(folded, dict) else {}     # file rank -> emulated ranks
     if isinstance(world, int):
         have = {int(f.stem.split("-")[1]) for f in files if f.stem.split("-")[1].isdigit()}
-        files_of = {int(r) for r in folded} if isinstance(folded, dict) else set(range(world))
+        files_of = {int(r) for r in folded} if folded else set(range(world))
         gone = sorted(files_of - have)
         if gone:
             problems.append(f"{path}: rank files missing for ranks {gone} of the manifest's "
@@ -241,7 +242,6 @@ def load(run_dir: str | Path, allow_incomplete: bool = False,
     if not ranks:
         raise TraceError(f"{path}: no rank trace is readable ({problems[0]})")
     from .fold import expand as expand_ranks  # noqa: PLC0415 - fold imports this module
-    folded = folded if isinstance(folded, dict) else {}
     images = {rt.rank: [int(m) for m in folded.get(str(rt.rank), [rt.rank])] for rt in ranks}
     total = sum(len(rt.events) * len(images[rt.rank]) for rt in ranks)
     if folded and (expand is False or (expand is None and total > EXPAND_MAX_EVENTS)):

@@ -41,10 +41,6 @@ class Fold:
 
     shape: GridShape
 
-    @property
-    def classes(self) -> int:
-        return self.shape.pp
-
     def rep(self, mpi_rank: int) -> int:
         """The emulated rank MPI rank `mpi_rank` plays."""
         return self.shape.rank_of(0, 0, mpi_rank)

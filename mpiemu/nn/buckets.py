@@ -40,13 +40,18 @@ class BucketShard:
 
     def pad(self, a: np.ndarray) -> np.ndarray:
         """A concatenation of the bucket's count elements, zero-padded to `padded`."""
-        return np.concatenate([a, np.zeros(self.padded - self.count, a.dtype)])
+        return zero_padded(a, self.padded)
 
 
 def padded_count(count: int, dp: int) -> int:
     """A sharded bucket's length: count rounded up to a multiple of lcm(dp, 128)."""
     q = math.lcm(dp, 128)
     return -(-count // q) * q
+
+
+def zero_padded(a: np.ndarray, n: int) -> np.ndarray:
+    """The flat array a followed by zeros up to n elements."""
+    return np.concatenate([a, np.zeros(n - a.size, a.dtype)])
 
 
 @dataclass
@@ -89,7 +94,7 @@ class GradBuckets:
         if self.shard:
             padded = padded_count(count, self.dp.size)
             if flat is not None:
-                flat = np.concatenate([flat, np.zeros(padded - count, flat.dtype)])
+                flat = zero_padded(flat, padded)
             out, span = reduce_scatter(self.dp, flat, after=self._t_ready, count=padded,
                                        wire_itemsize=self.itemsize, unit=1, label=label,
                                        bidirectional=self.bidirectional)

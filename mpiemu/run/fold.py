@@ -25,9 +25,6 @@ from ..net import Network
 from .config import Workload, resolve_device, resolve_network
 from .errors import ConfigError
 
-FOLDS = ("auto", "on", "off")
-
-
 def obstacle(w: Workload, stages: list[int] | None = None) -> str | None:
     """Why folding this workload would not be exact (None: it is); `stages`: check the
     network's symmetry around these stages only (default: all)."""
