@@ -6,15 +6,27 @@ import os
 from pathlib import Path
 
 _LAUNCHER = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCAL", "MPICH_", "OMPI_", "PRTE_")
-_USERS_OWN = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM",   # launcher settings
-              "PRTE_MCA_rmaps_default_mapping_policy")                     # the user chose
+# The user's own MPI settings pass through: Open MPI / PRRTE / PMIx MCA parameters and the
+# run-as-root pair; not the parameters a launcher sets for the processes it starts (Open MPI
+# 4's mpirun: ess, orte_*, pmix, initial_wdir, mpi_oversubscribe, shmem_*; Open MPI 5's prte).
+_USERS_OWN = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_MCA_", "PRTE_MCA_", "PMIX_MCA_")
+_SET_BY_LAUNCHER = ("ess", "orte_", "prte_", "pmix", "initial_wdir", "mpi_oversubscribe",
+                    "shmem_", "mca_base_component_show_load_errors")
+
+
+def _users_own(name: str) -> bool:
+    """An MPI setting the user made (kept for child jobs), not one its launcher made."""
+    if not name.startswith(_USERS_OWN):
+        return False
+    param = name.split("_MCA_", 1)[1] if "_MCA_" in name else ""
+    return not param.startswith(_SET_BY_LAUNCHER)
 
 
 def launcher_free_env(**extra: str) -> dict[str, str]:
     """This environment minus the launcher's variables (a child starts its own MPI job, or
     none, even when we run under mpiexec), one BLAS thread, plus `extra`."""
     env = {k: v for k, v in os.environ.items()
-           if k in _USERS_OWN or not k.startswith(_LAUNCHER)}
+           if _users_own(k) or not k.startswith(_LAUNCHER)}
     env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", **extra)
     return env
 

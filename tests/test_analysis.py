@@ -81,6 +81,14 @@ def test_every_hta_kernel_has_a_launch_inside_its_profiler_step(train_dir: Path,
         for k in kernels:
             t = launches[k["args"]["correlation"]]
             assert t <= k["ts"] and any(a <= t <= b for a, b in steps)
+        # HTA's critical path keeps CPU events of positive duration, properly nested per thread
+        by_thread: dict[int, list[tuple[int, int]]] = {}
+        for e in ev:
+            if e.get("cat") == "cuda_runtime":
+                by_thread.setdefault(e["tid"], []).append((e["ts"], e["ts"] + e["dur"]))
+        spans = [sorted(v) for v in by_thread.values()]
+        assert all(b0 <= a1 for v in spans for (_, b0), (a1, _) in zip(v, v[1:]))
+        assert sum(b > a for v in spans for a, b in v) >= 0.9 * len(kernels)
 
 
 def test_hta_itself_analyses_the_export(train_dir: Path, tmp_path: Path) -> None:
@@ -92,6 +100,10 @@ def test_hta_itself_analyses_the_export(train_dir: Path, tmp_path: Path) -> None
     assert len(a.get_gpu_kernel_breakdown(visualize=False)[0]) > 0
     a.get_comm_comp_overlap(visualize=False)
     a.get_idle_time_breakdown(visualize=False)
+    for it in range(3):
+        graph, ok = a.critical_path_analysis(rank=1, annotation="ProfilerStep", instance_id=it)
+        kernels = {graph.node_list[n].ev_idx for n in graph.critical_path_nodes}
+        assert ok and len(kernels) > 10, (it, len(kernels))
 
 
 def test_compare_of_a_run_with_itself_is_no_change(run_dir: Path) -> None:

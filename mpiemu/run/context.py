@@ -44,6 +44,7 @@ class RankContext:
     dp: TimedComm
     out: Path
     writer: TraceWriter
+    processes: list[list[Any]]        # [host, pid] per MPI rank
 
     @property
     def rank(self) -> int:
@@ -111,7 +112,7 @@ def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str],
     hosts = world.allgather(socket.gethostname())
     # the real placement when it spans hosts; a folded job's processes are not its GPUs
     net = w.network_of(shape.size, () if fold else hosts)
-    processes = world.gather([hosts[world.Get_rank()], os.getpid()], root=0)
+    processes = world.allgather([hosts[world.Get_rank()], os.getpid()])
     stands_for = {str(fold.rep(r)): fold.members(r) for r in range(world.Get_size())} \
         if fold else None
     if world.Get_rank() == 0:
@@ -127,7 +128,7 @@ def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str],
                              "placement": list(net.placement) or "block",
                              "emulated_ranks": shape.size,
                              "folded": stands_for})   # file rank -> emulated ranks
-        _start_watchman(out, processes or [])
+        _start_watchman(out, processes)
     world.Barrier()
     attrs = {"rank": grid.rank, "world_size": world.Get_size(), "tp_rank": grid.tp_rank,
              "dp_rank": grid.dp_rank, "pp_rank": grid.pp_rank,
@@ -141,18 +142,19 @@ def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str],
     tp = TimedComm(grid.tp_comm, tl, net, model, "tp", world_map=grid.world_map)
     tp.algorithm, tp.protocol = w.collectives.algorithm, w.collectives.protocol
     dp = tp.sibling(grid.dp_comm, "dp")
-    return RankContext(w, world, grid, spec, model, tl, tp, dp, out, writer)
+    return RankContext(w, world, grid, spec, model, tl, tp, dp, out, writer, processes)
 
 
 def _start_watchman(out: Path, processes: list[list[Any]]) -> None:
     """`run.watch` beside the job, in its own session (the launcher's kill misses it): it
-    marks the manifest `failed` if every rank on this host dies without a word."""
+    marks the manifest `failed` if the ranks on this host die without a word, and says so on
+    the job's stderr (it holds that stream only until the last rank has ended)."""
     here = socket.gethostname()
     pairs = [f"{r}:{pid}" for r, (host, pid) in enumerate(processes) if host == here]
     env = launcher_free_env(MPI4PY_RC_INITIALIZE="false")   # no MPI process: no MPI_Init
     subprocess.Popen([sys.executable, "-m", "mpiemu.run.watch", str(out), *pairs],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                     stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+                     start_new_session=True, close_fds=True,      # stderr: the job's own
                      env=env)
 
 

@@ -16,6 +16,7 @@ from typing import Callable
 
 from mpi4py import MPI
 
+from .._proc import alive
 from .errors import one_line
 
 EXIT_CONFIG = 2
@@ -63,6 +64,8 @@ class AbortOnError:
         self.on_fail: list[Callable[[], None]] = []
         self.log_dir: Path | None = None
         self.interrupted = False          # SIGINT / SIGTERM rather than a failure
+        self.peers: dict[int, int] = {}    # rank -> pid of the other ranks on this host
+        self.peers_gone: list[int] = []    # those already dead when we were stopped
         self._prev = sys.excepthook
 
     def install(self) -> "AbortOnError":
@@ -77,6 +80,8 @@ class AbortOnError:
               tb: TracebackType | None) -> None:
         rank = self.comm.Get_rank()
         self.interrupted = issubclass(tp, KeyboardInterrupt)
+        if self.interrupted:       # Open MPI's mpirun stops the survivors of a killed rank
+            self.peers_gone = [r for r, pid in self.peers.items() if not alive(pid)]
         for cb in self.on_fail:
             try:
                 cb()
@@ -92,6 +97,8 @@ class AbortOnError:
             except OSError:
                 pass
         what = "interrupted" if self.interrupted else f"failed: {tp.__name__}: {one_line(val)}"
+        if self.peers_gone:        # the watchman names the rank that died first
+            what = f"stopped by the launcher: rank(s) {self.peers_gone} had died"
         sys.stderr.write(f"mpiemu: rank {rank} {what}{where}\n")
         if os.environ.get("MPIEMU_DEBUG"):
             sys.stderr.write(text)

@@ -1,6 +1,8 @@
 """Run a workload on every rank: validate collectively, open traces, dispatch by kind, close."""
 from __future__ import annotations
 
+import socket
+
 import importlib
 from pathlib import Path
 from typing import Any, Protocol, Sequence
@@ -91,8 +93,11 @@ def run_workload(path: str | None, overrides: Sequence[str], out: str | None,
     ctx = open_run(w, world, out_dir, argv, fold)
     guard.log_dir = out_dir
     guard.on_fail.append(lambda: ctx.writer.close(complete=False))
-    guard.on_fail.append(lambda: mark_failed(out_dir, world.Get_rank(), ctx.tl.now(),
-                                             "interrupted" if guard.interrupted else "failed"))
+    here = socket.gethostname()
+    guard.peers = {r: pid for r, (host, pid) in enumerate(ctx.processes)
+                   if host == here and r != world.Get_rank()}
+    guard.on_fail.append(lambda: None if guard.peers_gone else mark_failed(
+        out_dir, world.Get_rank(), ctx.tl.now(), "interrupted" if guard.interrupted else "failed"))
     summary = kind_module(w.run.kind).run(ctx)
     close_run(ctx, summary)
     guard.uninstall()
