@@ -168,8 +168,11 @@ def watch(out: Path, ranks: dict[int, int]) -> None:
                          f"killed without a word (SIGKILL, out of memory)"
                          + (f"; then ranks {then}" if then else ""))
     write_manifest(out, manifest)
-    sys.stderr.write(f"mpiemu: {manifest['cause']} (watchman; manifest in {out})\n")
-    sys.stderr.flush()
+    try:                         # the job's stderr may be gone (Open MPI forwards it)
+        sys.stderr.write(f"mpiemu: {manifest['cause']} (watchman; manifest in {out})\n")
+        sys.stderr.flush()
+    except OSError:
+        pass
 
 
 def main(argv: list[str]) -> int:
