@@ -215,7 +215,6 @@ def _names_killed(stderr: str, rank: int) -> bool:
 def test_sigkill_of_a_rank_ends_the_job_and_every_trace_still_opens(tmp_path: Path) -> None:
     """A rank killed outright: the launcher ends the job within seconds; committed events
     (part files, `sim.trace`) of every rank read back; the manifest names the killed rank."""
-    import json
     import os
     import signal
     proc = _long_job(tmp_path, lambda: len(list(tmp_path.glob("rank-00001.h5.part-*"))) >= 2)
@@ -326,7 +325,6 @@ def test_injected_faults_end_the_job_promptly_and_leave_readable_traces(
     inside a trace flush, or SIGKILL of rank 0 or the last rank: the job ends within 10 s,
     non-zero, naming the failing rank (a raise); the manifest says `failed`; every rank's
     trace opens and `analyze --allow-incomplete` reads the directory."""
-    import json
     rank = 0 if at_rank == "first" else ranks - 1
     t0 = time.monotonic()
     res = run_mpi(ranks, ["run", "workloads/quickstart.toml", "--set", f"parallel.tp={ranks}",
