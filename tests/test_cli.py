@@ -206,10 +206,11 @@ def _final_manifest(out: Path, wait_s: float = 5.0) -> dict[str, Any]:
 
 
 def _names_killed(stderr: str, rank: int) -> bool:
-    """The job's stderr names `rank` as killed: the watchman's line (MPICH), or the
-    survivors' when Open MPI's mpirun stopped them (its own pipe may drop the watchman's)."""
+    """The job's stderr names `rank` as killed: the watchman's line (MPICH), or under Open
+    MPI, whose forwarding may drop the watchman's line, the survivors' or mpirun's own."""
     return (f"mpiemu: rank {rank} killed without a word" in stderr
-            or f"rank(s) [{rank}] had died" in stderr)
+            or f"rank(s) [{rank}] had died" in stderr
+            or f"noticed that process rank {rank} with PID" in stderr)
 
 
 def test_sigkill_of_a_rank_ends_the_job_and_every_trace_still_opens(tmp_path: Path) -> None:
