@@ -22,7 +22,7 @@ export MPLBACKEND ?= Agg
 PYTEST     := $(BIN)/python -m pytest -q -p no:cacheprovider
 MPI_PYTEST := $(BIN)/python -m mpi4py -m pytest -q -p no:cacheprovider --only-mpi
 
-.PHONY: install run test lint test-serial test-mpi bench reports goldens goldens-openmpi install-site-mpi clean
+.PHONY: install run test lint test-serial test-mpi test-hta bench reports goldens goldens-openmpi install-site-mpi clean
 
 $(STAMP): pyproject.toml
 	@if [ -f $(SITE) ]; then \
@@ -41,8 +41,9 @@ run: $(STAMP)
 	$(MPIEXEC) -n $(NP) $(BIN)/mpiemu run workloads/quickstart.toml --out runs/quickstart
 	$(BIN)/mpiemu analyze runs/quickstart --top 12
 
-## make test: static checks, serial tests (and MPI tests at 1 rank), MPI tests at 2 and 4 ranks
-test: $(STAMP) lint test-serial test-mpi
+## make test: static checks, serial tests (and MPI tests at 1 rank), MPI tests at 2 and 4 ranks,
+## and Holistic Trace Analysis itself on our export (its own venv: it needs pandas < 3)
+test: $(STAMP) lint test-serial test-mpi test-hta
 
 lint: $(STAMP)
 	$(BIN)/python -m pyflakes mpiemu tests benchmarks
@@ -57,6 +58,17 @@ test-mpi: $(STAMP)
 	for n in 3 5 8; do MPIEMU_EXPECT_RANKS=$$n $(MPIEXEC) -n $$n $(MPI_PYTEST) \
 		tests/test_ring_mpi.py tests/test_overlap_numerics_mpi.py tests/test_pipeline_parity.py \
 		|| exit 1; done
+
+HTA := .venv-hta
+$(HTA)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(HTA)
+	$(HTA)/bin/python -m pip install -q --upgrade pip
+	$(HTA)/bin/python -m pip install -q -e '.[test]' 'HolisticTraceAnalysis>=0.5' 'pandas>=2.1,<3'
+	touch $@
+
+## make test-hta: HTA's temporal, idle, kernel, overlap and critical-path analyses on an export
+test-hta: $(HTA)/.installed
+	MPIEMU_REQUIRE_HTA=1 $(HTA)/bin/python -m pytest -q -p no:cacheprovider tests/test_analysis.py -k hta
 
 ## make bench: the benchmarks reported in the README (not part of the test suite)
 bench: $(STAMP)
@@ -101,4 +113,4 @@ install-site-mpi:
 	@echo "site MPI: $$(mpiexec --version 2>&1 | head -1); mpi4py: $$($(BIN)/python -m mpi4py --mpi-library)"
 
 clean:
-	rm -rf $(VENV) .venv-openmpi runs build *.egg-info
+	rm -rf $(VENV) .venv-openmpi .venv-hta runs build *.egg-info
