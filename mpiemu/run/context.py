@@ -24,7 +24,7 @@ from ..comm.p2p import TimedComm
 from ..hw.cost import ComputeModel, model_for
 from ..hw.specs import DeviceSpec, dtype_bytes
 from ..sim.timeline import Timeline
-from ..sim.trace import TraceWriter, rank_file, write_merged
+from ..sim.trace import TraceWriter, commit, rank_file, write_merged
 from .config import Workload, resolve_device
 from .mpi import say
 from .schema import as_table
@@ -97,9 +97,9 @@ def _now() -> str:
 
 def write_manifest(out: Path, data: dict[str, Any]) -> None:
     """Atomically (re)write manifest.json."""
-    tmp = out / f"manifest.json.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
-    os.replace(tmp, out / "manifest.json")
+    text = json.dumps(data, indent=2, sort_keys=True, default=str)
+    commit(out / "manifest.json", lambda tmp: tmp.write_text(text),
+           tmp=out / f"manifest.json.{os.getpid()}.tmp")
 
 
 def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str],

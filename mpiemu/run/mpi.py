@@ -80,8 +80,9 @@ class AbortOnError:
               tb: TracebackType | None) -> None:
         rank = self.comm.Get_rank()
         self.interrupted = issubclass(tp, KeyboardInterrupt)
-        if self.interrupted:       # Open MPI's mpirun stops the survivors of a killed rank
-            self.peers_gone = [r for r, pid in self.peers.items() if not alive(pid)]
+        # a peer already dead: we are its consequence (Open MPI's mpirun stops the survivors
+        # of a killed rank; a broken connection raises here); the watchman names it
+        self.peers_gone = [r for r, pid in self.peers.items() if not alive(pid)]
         for cb in self.on_fail:
             try:
                 cb()
@@ -98,7 +99,7 @@ class AbortOnError:
                 pass
         what = "interrupted" if self.interrupted else f"failed: {tp.__name__}: {one_line(val)}"
         if self.peers_gone:        # the watchman names the rank that died first
-            what = f"stopped by the launcher: rank(s) {self.peers_gone} had died"
+            what = f"stopped: rank(s) {self.peers_gone} had died ({what})"
         sys.stderr.write(f"mpiemu: rank {rank} {what}{where}\n")
         if os.environ.get("MPIEMU_DEBUG"):
             sys.stderr.write(text)

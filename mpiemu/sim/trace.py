@@ -13,11 +13,12 @@ deletes counts nothing twice). `read_trace` is the reader's side (DESIGN.md, Tra
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import h5py
 import numpy as np
@@ -27,6 +28,23 @@ from .events import EVENT_DTYPE, SCHEMA_VERSION, StringTable
 STRING_DTYPE = h5py.string_dtype("utf-8")
 CHUNK_EVENTS = 4096   # ~400 KiB per chunk of the compound dtype (h5py guide: 10 KiB-1 MiB)
 FLUSH_INTERVAL_S = 2.0
+
+
+def commit(final: Path, write: Callable[[Path], object], tmp: Path | None = None) -> None:
+    """Write `final` through `write(tmp)` and an atomic rename. A failed write (a full disk)
+    removes its partial file, so what it took is free again for the manifest that reports the
+    failure, and is raised as an OSError naming the file and the reason, without HDF5's
+    details."""
+    tmp = tmp or final.with_name(final.name + ".tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, final)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        code = exc.errno or errno.EIO
+        if "No space left" in str(exc):
+            code = errno.ENOSPC
+        raise OSError(code, f"cannot write {final}: {os.strerror(code)}") from None
 
 
 def rank_file(run_dir: Path, rank: int) -> Path:
@@ -109,16 +127,17 @@ class TraceWriter:
         self._rows.clear()
         self._part += 1
         final = self.path.with_name(f"{self.path.name}.part-{self._part:06d}")
-        tmp = final.with_name(final.name + ".tmp")
-        with h5py.File(tmp, "w") as f:
-            f.create_dataset("events", data=block)
-            f.create_dataset("strings", data=np.array(new_strings, dtype=object),
-                             dtype=STRING_DTYPE)
-            f.attrs["first_event"] = self._n
-        if self.fail_next_flush:          # debug.fail_at = "flush": die before the commit
-            self.fail_next_flush = False
-            raise RuntimeError("injected failure inside a trace flush (debug.fail_at)")
-        os.replace(tmp, final)
+
+        def write(tmp: Path) -> None:
+            with h5py.File(tmp, "w") as f:
+                f.create_dataset("events", data=block)
+                f.create_dataset("strings", data=np.array(new_strings, dtype=object),
+                                 dtype=STRING_DTYPE)
+                f.attrs["first_event"] = self._n
+            if self.fail_next_flush:      # debug.fail_at = "flush": die before the commit
+                self.fail_next_flush = False
+                raise RuntimeError("injected failure inside a trace flush (debug.fail_at)")
+        commit(final, write)
         self._since_mark.append((self._n, block))
         self._n += len(block)
 
@@ -143,7 +162,12 @@ class TraceWriter:
 
     def _compact(self, attrs: Mapping[str, Any]) -> None:
         parts = part_files(self.path)
-        tmp = self.path.with_name(self.path.name + ".tmp")
+        commit(self.path, lambda tmp: self._merge(tmp, parts, attrs))
+        for _, p in parts:
+            p.unlink()
+
+    def _merge(self, tmp: Path, parts: list[tuple[int, Path]],
+               attrs: Mapping[str, Any]) -> None:
         with h5py.File(self.path, "r") as src, h5py.File(tmp, "w") as dst:
             _tables(dst)
             for key, value in src.attrs.items():
@@ -158,9 +182,6 @@ class TraceWriter:
                 dst.attrs[key] = _attr(value)
             dst.attrs["complete"] = True
             dst.attrs["parts_merged"] = parts[-1][0] if parts else 0
-        os.replace(tmp, self.path)
-        for _, p in parts:
-            p.unlink()
 
     @property
     def n_events(self) -> int:
