@@ -22,6 +22,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
+
 from .export import iteration_spans
 from .load import RankTrace, Run
 
@@ -31,49 +33,63 @@ LAUNCH_TID = 100        # + stream id: the CPU thread that launches that stream'
 KERNEL_CATS = ("compute", "comm", "memory")
 
 
-def _ns(t: float) -> int:
-    return int(round(float(t) * UNIT))
+def _kernel_mask(rt: RankTrace) -> np.ndarray:
+    """Events that are kernels: compute, communication or memory ops on a stream or route
+    (not `in:` receive records, not collective summaries)."""
+    keep = np.zeros(len(rt.events), dtype=bool)
+    for c in KERNEL_CATS:
+        keep |= rt.cats == c
+    for code, first in zip(*np.unique(rt.events["resource"], return_index=True)):
+        if str(rt.resources[first]).startswith("in:"):
+            keep &= rt.events["resource"] != code
+    return keep
 
 
-def _streams(rt: RankTrace) -> dict[str, int]:
-    names = sorted({str(r) for r, c in zip(rt.resources, rt.cats)
-                    if c in KERNEL_CATS and not str(r).startswith("in:")},
+def _streams(rt: RankTrace, keep: np.ndarray) -> dict[str, int]:
+    names = sorted({str(r) for r in rt.resources[keep].tolist()},
                    key=lambda r: (r != "compute", r))
     return {r: 7 + i for i, r in enumerate(names)}          # PyTorch's default stream is 7
 
 
 def _steps(rt: RankTrace) -> Iterator[dict[str, Any]]:
     for it, start, end in iteration_spans(rt):
-        t0, t1 = _ns(start), _ns(end)
+        t0, t1 = int(round(start * UNIT)), int(round(end * UNIT))
         yield {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{it}",
                "pid": CPU_PID, "tid": CPU_TID, "ts": t0, "dur": t1 - t0, "args": {}}
 
 
-def _kernels(rt: RankTrace, streams: dict[str, int]) -> Iterator[dict[str, Any]]:
+def _kernels(rt: RankTrace, keep: np.ndarray, streams: dict[str, int]) -> list[str]:
+    """Each kernel and its launch, as JSON text, in stream order; a launch lasts 1 ns unless
+    the stream's next kernel starts in the same ns (then 0: the thread's events must nest)."""
     ev = rt.events
-    rows = [i for i in range(len(ev)) if str(rt.resources[i]) in streams
-            and str(rt.cats[i]) in KERNEL_CATS]
-    starts = {i: _ns(ev["t_start"][i]) for i in rows}
-    rows.sort(key=lambda i: (streams[str(rt.resources[i])], starts[i], i))
-    for j, i in enumerate(rows):
-        res, cat = str(rt.resources[i]), str(rt.cats[i])
-        ts, tid = starts[i], streams[res]
-        dur = _ns(ev["t_end"][i]) - ts
-        nxt = rows[j + 1] if j + 1 < len(rows) else None
-        free = nxt is None or streams[str(rt.resources[nxt])] != tid or starts[nxt] > ts
-        name = ("ncclKernel_" if cat == "comm" else "") + str(rt.names[i])
-        yield {"ph": "X", "cat": "kernel", "name": name, "pid": GPU_PID,
-               "tid": tid, "ts": ts, "dur": dur,
-               "args": {"stream": tid, "correlation": i + 1, "device": GPU_PID,
-                        "iteration": int(ev["iteration"][i])}}
-        yield {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": CPU_PID,
-               "tid": LAUNCH_TID + tid, "ts": ts, "dur": int(free),
-               "args": {"correlation": i + 1, "cbid": 211}}
+    idx = np.flatnonzero(keep)
+    tid = np.array([streams[str(r)] for r in rt.resources[idx].tolist()], dtype=np.int64)
+    ts = np.round(ev["t_start"][idx] * UNIT).astype(np.int64)
+    dur = np.round(ev["t_end"][idx] * UNIT).astype(np.int64) - ts
+    order = np.lexsort((idx, ts, tid))
+    idx, tid, ts, dur = idx[order], tid[order], ts[order], dur[order]
+    free = np.ones(len(idx), dtype=np.int64)
+    free[:-1] = (tid[1:] != tid[:-1]) | (ts[1:] > ts[:-1])
+    names = [("ncclKernel_" if c == "comm" else "") + str(n)
+             for n, c in zip(rt.names[idx].tolist(), rt.cats[idx].tolist())]
+    esc = {n: json.dumps(n) for n in set(names)}
+    its = ev["iteration"][idx].astype(int).tolist()
+    out: list[str] = []
+    for i, t, a, d, f, n, it in zip(idx.tolist(), tid.tolist(), ts.tolist(), dur.tolist(),
+                                    free.tolist(), names, its):
+        out.append(f'{{"ph": "X", "cat": "kernel", "name": {esc[n]}, "pid": {GPU_PID}, '
+                   f'"tid": {t}, "ts": {a}, "dur": {d}, "args": {{"stream": {t}, '
+                   f'"correlation": {i + 1}, "device": {GPU_PID}, "iteration": {it}}}}}')
+        out.append(f'{{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", '
+                   f'"pid": {CPU_PID}, "tid": {LAUNCH_TID + t}, "ts": {a}, "dur": {f}, '
+                   f'"args": {{"correlation": {i + 1}, "cbid": 211}}}}')
+    return out
 
 
-def hta_events(rt: RankTrace) -> list[dict[str, Any]]:
-    """All events of one rank in the PyTorch profiler layout."""
-    streams = _streams(rt)
+def hta_events(rt: RankTrace) -> list[str]:
+    """All events of one rank in the PyTorch profiler layout, each as JSON text."""
+    keep = _kernel_mask(rt)
+    streams = _streams(rt, keep)
     meta = [{"ph": "M", "pid": GPU_PID, "name": "process_name", "args": {"name": "GPU 0"}},
             {"ph": "M", "pid": CPU_PID, "name": "process_name",
              "args": {"name": f"rank {rt.rank} (emulated)"}}]
@@ -81,7 +97,7 @@ def hta_events(rt: RankTrace) -> list[dict[str, Any]]:
               "args": {"name": f"stream {tid} {res}"}} for res, tid in streams.items()]
     meta += [{"ph": "M", "pid": CPU_PID, "tid": LAUNCH_TID + tid, "name": "thread_name",
               "args": {"name": f"launches of stream {tid}"}} for tid in streams.values()]
-    return [*meta, *_steps(rt), *_kernels(rt, streams)]
+    return [json.dumps(e) for e in [*meta, *_steps(rt)]] + _kernels(rt, keep, streams)
 
 
 def write_hta(run: Run, out_dir: Path) -> list[Path]:
@@ -90,14 +106,15 @@ def write_hta(run: Run, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for rt in run.ranks:
-        doc = {"schemaVersion": 1,
-               "distributedInfo": {"backend": "nccl", "rank": rt.rank,
-                                   "world_size": len(run.ranks)},
-               "deviceProperties": [{"id": 0, "name": str(rt.attrs.get("device", "emulated"))
-                                     [:60]}],
-               "traceEvents": hta_events(rt)}
+        head = json.dumps({"schemaVersion": 1,
+                           "distributedInfo": {"backend": "nccl", "rank": rt.rank,
+                                               "world_size": len(run.ranks)},
+                           "deviceProperties": [{"id": 0, "name": str(
+                               rt.attrs.get("device", "emulated"))[:60]}]})
         p = out_dir / f"rank-{rt.rank:05d}.json.gz"
-        with gzip.open(p, "wt") as f:
-            f.write(json.dumps(doc))        # default separators: HTA's rank regex needs ": "
+        with gzip.open(p, "wt", compresslevel=1) as f:   # ": " separators: HTA's rank regex
+            f.write(head[:-1] + ', "traceEvents": [')
+            f.write(", ".join(hta_events(rt)))
+            f.write("]}")
         paths.append(p)
     return paths
