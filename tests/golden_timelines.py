@@ -1,4 +1,4 @@
-"""Golden timelines: the emulated event timeline of four small runs, stored and compared.
+"""Golden timelines: the emulated event timeline of six small runs, stored and compared.
 
 A change to emulated time anywhere (a model constant, the network, the ring, the trainer)
 shows as a readable diff against `tests/golden/<case>.csv.gz`. When the change is meant:
@@ -31,6 +31,15 @@ CASES: dict[str, tuple[int, str, list[str]]] = {
     "sunway_layer": (2, "workloads/gpt3-6.7b-sunway-tp8.toml",
                      ["parallel.tp=2", "model.layers=1", "model.seq_len=512",
                       "train.global_batch=1"]),
+    # interleaved 1F1B, TP 2 x PP 2, 2 model chunks per stage, 4 micro-batches, SP, ZeRO-1
+    "pipeline": (4, "workloads/pipeline-small.toml",
+                 ["parallel.dp=1", "parallel.schedule='interleaved'", "parallel.virtual_stages=2",
+                  "train.global_batch=4", "run.iterations=1", "run.numerics=off",
+                  "train.check_reference=false"]),
+    # TP 2 x PP 2 x DP 2 on 2 processes (run.fold: one per stage), expanded to 8 ranks
+    "folded": (2, "workloads/pipeline-small.toml",
+               ["run.iterations=1", "run.numerics=off", "train.check_reference=false",
+                "run.fold='on'"]),
 }
 
 

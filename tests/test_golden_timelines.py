@@ -1,4 +1,5 @@
-"""Every emulated event time of four small runs equals its golden file, numerics on or off
+"""Every emulated event time of six small runs (a pipeline schedule and a folded run among
+them) equals its golden file, numerics on or off
 (tests/golden_timelines.py; `make goldens` regenerates after an intended change)."""
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 
 from tests.golden_timelines import CASES, read_golden, run_case, timeline
 
-NUMERICS_TOO = {"quickstart": ["run.numerics=on"], "collectives": ["run.numerics=on"]}
+NUMERICS_TOO = {"quickstart": ["run.numerics=on"], "collectives": ["run.numerics=on"],
+                "pipeline": ["run.numerics=on"]}
 
 
 def _diff(name: str, got: list[str]) -> str:
