@@ -186,30 +186,29 @@ def _flows(run: Run, threads: dict[int, np.ndarray]) -> list[str]:
     recvs = np.concatenate([_messages(rt, True, route_id) for rt in run.ranks])
     both = np.concatenate([sends, recvs])
     side = np.r_[np.zeros(len(sends)), np.ones(len(recvs))]
-    # k-th send of a (route, start) key meets the k-th receive of the same key
+    # sorted by key, sends before receives, each in (rank, event) order: the k-th send of a
+    # (route, start) key meets the k-th receive of the same key
     order = np.lexsort((both[:, 3], both[:, 2], side, both[:, 1], both[:, 0]))
-    key = both[order][:, :2]
-    new = np.r_[True, np.any(key[1:] != key[:-1], axis=1)]
+    key, s_sorted = both[order][:, :2], side[order]
+    new = np.r_[True, np.any(key[1:] != key[:-1], axis=1)] if len(key) else np.zeros(0, bool)
     grp = np.cumsum(new) - 1
     first_of = np.flatnonzero(new)
-    s_sorted = side[order]
-    pos = np.arange(len(order)) - first_of[grp]           # position within the key
     n_send = np.bincount(grp, weights=1 - s_sorted, minlength=len(first_of)).astype(int)
-    pos = np.where(s_sorted == 1, pos - n_send[grp], pos)  # receives count from their own first
-    pair = {(int(g), int(p)): j for j, (g, p, sd) in
-            enumerate(zip(grp.tolist(), pos.tolist(), s_sorted.tolist())) if sd == 1}
+    n_recv = np.bincount(grp, weights=s_sorted, minlength=len(first_of)).astype(int)
+    j = np.flatnonzero(s_sorted == 0)
+    g, k = grp[j], j - first_of[grp[j]]
+    ok = k < n_recv[g]
+    snd = both[order[j[ok]]]
+    rcv = both[order[first_of[g[ok]] + n_send[g[ok]] + k[ok]]]
+    by_sender = np.lexsort((snd[:, 3], snd[:, 2]))     # ids in the senders' order
+    snd, rcv = snd[by_sender], rcv[by_sender]
     out: list[str] = []
-    k = 0
-    for j, (g, p, sd) in enumerate(zip(grp.tolist(), pos.tolist(), s_sorted.tolist())):
-        if sd or (g, p) not in pair:
-            continue
-        snd, rcv = both[order[j]], both[order[pair[(g, p)]]]
-        k += 1
-        ts = float(snd[1]) * US
-        r, i, r2, i2 = int(snd[2]), int(snd[3]), int(rcv[2]), int(rcv[3])
-        out.append(f'{{"ph": "s", "id": {k}, "pid": {r}, "tid": {threads[r][i]}, '
+    for n, (s_row, r_row) in enumerate(zip(snd.tolist(), rcv.tolist()), start=1):
+        ts = s_row[1] * US
+        r, i, r2, i2 = int(s_row[2]), int(s_row[3]), int(r_row[2]), int(r_row[3])
+        out.append(f'{{"ph": "s", "id": {n}, "pid": {r}, "tid": {threads[r][i]}, '
                    f'"ts": {ts!r}, "name": "message", "cat": "flow"}}')
-        out.append(f'{{"ph": "f", "bp": "e", "id": {k}, "pid": {r2}, '
+        out.append(f'{{"ph": "f", "bp": "e", "id": {n}, "pid": {r2}, '
                    f'"tid": {threads[r2][i2]}, "ts": {ts!r}, "name": "message", '
                    f'"cat": "flow"}}')
     return out

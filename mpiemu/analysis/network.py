@@ -49,13 +49,14 @@ def busiest_ports(run: Run) -> list[PortBusy]:
         ev = rt.events
         coll = rt.cats == "collective"
         coll_s = union_length(ev["t_start"][coll], ev["t_end"][coll])
-        ports: dict[str, list[int]] = {}
-        for i, res in enumerate(rt.resources):
-            port = egress_port(res)
-            if rt.cats[i] == "comm" and port is not None:
-                ports.setdefault(port, []).append(i)
-        for port, idx in ports.items():
-            ix = np.array(idx)
+        ports: dict[str, list[np.ndarray]] = {}
+        for code, first in zip(*np.unique(ev["resource"], return_index=True)):
+            port = egress_port(str(rt.resources[first]))
+            if port is not None:
+                idx = np.flatnonzero(ev["resource"] == code)
+                ports.setdefault(port, []).append(idx[rt.cats[idx] == "comm"])
+        for port, parts in ports.items():
+            ix = np.sort(np.concatenate(parts))
             busy = union_length(ev["t_start"][ix], ev["t_end"][ix])
             kind = KINDS[port.split(".")[0]]
             if kind not in best or busy > best[kind].busy_s:
