@@ -76,6 +76,7 @@ bench: $(STAMP)
 	$(MPIEXEC) -n 4 $(BIN)/python -m mpi4py benchmarks/overlap.py
 	$(BIN)/python benchmarks/emulation_tax.py
 	$(BIN)/python benchmarks/long_run.py
+	$(BIN)/python benchmarks/analysis.py
 	$(BIN)/python benchmarks/scale.py
 
 ## make goldens: regenerate tests/golden/ (the emulated timelines the tests compare against)
