@@ -22,6 +22,8 @@ from .tables import union_length
 
 TP_GROUPS = ("coll.tp", "coll.mp", "coll.world")     # model-parallel collectives
 DP_GROUPS = ("coll.dp", "coll.embed")                # gradient synchronization
+# the event fields a breakdown reads (a running rank reads back only these: run/train.py)
+BREAKDOWN_FIELDS = ("name", "cat", "resource", "phase", "iteration", "t_start", "t_end")
 
 
 @dataclass(frozen=True)
@@ -78,8 +80,7 @@ def _breakdown(rt: RankTrace, inside: np.ndarray, iteration: int, t0: float, t1:
     cats, res = rt.cats[inside], rt.resources[inside]
     coll = cats == "collective"
     if sync_is_idle:
-        names = rt.names[inside].astype(str)
-        coll &= ~(np.char.startswith(names, "optim.") | np.char.startswith(names, "pp."))
+        coll &= ~rt.name_startswith(("optim.", "pp."), inside)
     sets = []
     tp = np.isin(res, TP_GROUPS)
     dp = np.isin(res, DP_GROUPS)

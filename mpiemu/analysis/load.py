@@ -43,10 +43,19 @@ class RankTrace:
         if name is not None:
             mask &= self.names == name
         if prefix is not None:
-            mask &= np.char.startswith(self.names.astype(str), prefix)
+            mask &= self.name_startswith((prefix,))
         if phase is not None:
             mask &= self.phases == phase
         return mask
+
+    def name_startswith(self, prefixes: tuple[str, ...],
+                        idx: np.ndarray | None = None) -> np.ndarray:
+        """Whether each event's name (of `idx`, or all) starts with one of `prefixes`: tested
+        once per distinct name code, not once per event (no per-event string copies)."""
+        codes = self.events["name"] if idx is None else self.events["name"][idx]
+        uniq, first = np.unique(codes, return_index=True)
+        names = (self.names if idx is None else self.names[idx])[first]
+        return np.isin(codes, uniq[[str(n).startswith(prefixes) for n in names]])
 
 
 class TraceError(ValueError):

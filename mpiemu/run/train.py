@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..analysis.breakdown import IterationBreakdown, iteration_breakdown
+from ..analysis.breakdown import BREAKDOWN_FIELDS, IterationBreakdown, iteration_breakdown
 from ..analysis.load import make_trace
 from ..nn.check import check_against_reference
 from ..nn.config import ModelConfig
@@ -248,7 +248,7 @@ def _report_iteration(ctx: RankContext, it: int, loss: float, wall: float,
     prints its own, with MFU and HFU (`flops`: what the run counts per iteration); the first
     rank of each pipeline stage (TP and DP rank 0) reports that stage."""
     grid = ctx.grid
-    rt = make_trace({"rank": grid.rank}, *ctx.writer.since_mark()) \
+    rt = make_trace({"rank": grid.rank}, *ctx.writer.since_mark(BREAKDOWN_FIELDS)) \
         if grid.tp_rank == 0 and grid.dp_rank == 0 else None
     b = ctx.world.bcast(iteration_breakdown(rt, it) if ctx.rank == 0 and rt else None, root=0)
     mine = None if rt is None else \

@@ -90,7 +90,7 @@ class TraceWriter:
         self.fail_next_flush = False     # debug.fail_at = "flush" (context.maybe_fail)
         self._last_flush = time.monotonic()
         self._mark = 0                                  # n_events at the last mark()
-        self._since_mark: list[tuple[int, np.ndarray]] = []  # (first event, block)
+        self._since_mark: list[tuple[int, Path]] = []  # (first event, part) since mark()
         for _, old in part_files(self.path):        # a rerun into the same directory
             old.unlink()
         with h5py.File(self.path, "w") as f:
@@ -138,7 +138,7 @@ class TraceWriter:
                 self.fail_next_flush = False
                 raise RuntimeError("injected failure inside a trace flush (debug.fail_at)")
         commit(final, write)
-        self._since_mark.append((self._n, block))
+        self._since_mark.append((self._n, final))
         self._n += len(block)
 
     def mark(self) -> None:
@@ -146,12 +146,28 @@ class TraceWriter:
         self._mark = self.n_events
         self._since_mark = []
 
-    def since_mark(self) -> tuple[np.ndarray, list[str]]:
-        """Events recorded since `mark` (committed or still buffered) and the whole string
-        table, from memory (no file is read)."""
+    def since_mark(self, fields: tuple[str, ...] | None = None
+                   ) -> tuple[np.ndarray, list[str]]:
+        """Events recorded since `mark` (committed or still buffered), only `fields` if
+        given, and the whole string table. Committed blocks are read back from their part
+        files (just written: the page cache holds them), so a rank keeps no copy of its
+        iteration in memory; the cost is linear in the iteration's events, flat over a long
+        run."""
+        names = list(fields or EVENT_DTYPE.names or ())
+        dtype = np.dtype([(n, EVENT_DTYPE[n]) for n in names])
         first = self._since_mark[0][0] if self._since_mark else self._n
-        blocks = [b for _, b in self._since_mark] + [np.array(self._rows, dtype=EVENT_DTYPE)]
-        return np.concatenate(blocks)[self._mark - first:], list(self.strings._codes)
+        out = np.empty(self.n_events - first, dtype=dtype)
+        at = 0
+        for _, part in self._since_mark:
+            with h5py.File(part, "r") as f:
+                block = f["events"].fields(names)[()]
+                out[at:at + len(block)] = block
+                at += len(block)
+        if self._rows:
+            rows = np.array(self._rows, dtype=EVENT_DTYPE)
+            for n in names:
+                out[n][at:] = rows[n]
+        return out[self._mark - first:], list(self.strings._codes)
 
     def close(self, complete: bool, attrs: Mapping[str, Any] | None = None) -> None:
         """Commit what is buffered; at a clean end (`complete`) compact the parts into the
