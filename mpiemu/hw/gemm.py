@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Iterator
 
 from .specs import MATRIX_DTYPES, DeviceSpec, GemmTiling
@@ -97,19 +98,20 @@ class GemmCost:
     split_k: int = 1
     layout: str = "NN"
 
-    @property
+    # cached: a cost is computed once per shape (hw/cost.py) and read at every micro-batch
+    @cached_property
     def time_s(self) -> float:
         return self.launch_s + sum(s.time_s for s in self.stages)
 
-    @property
+    @cached_property
     def dram_read_bytes(self) -> float:
         return sum(s.dram_read_bytes for s in self.stages)
 
-    @property
+    @cached_property
     def dram_write_bytes(self) -> float:
         return sum(s.dram_write_bytes for s in self.stages)
 
-    @property
+    @cached_property
     def dram_bytes(self) -> float:
         return self.dram_read_bytes + self.dram_write_bytes
 
