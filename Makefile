@@ -63,7 +63,7 @@ HTA := .venv-hta
 $(HTA)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(HTA)
 	$(HTA)/bin/python -m pip install -q --upgrade pip
-	$(HTA)/bin/python -m pip install -q -e '.[test]' 'HolisticTraceAnalysis>=0.5' 'pandas>=2.1,<3'
+	$(HTA)/bin/python -m pip install -q -e '.[test]' 'HolisticTraceAnalysis==0.5.0' 'pandas>=2.1,<3'
 	touch $@
 
 ## make test-hta: HTA's temporal, idle, kernel, overlap and critical-path analyses on an export
