@@ -27,6 +27,11 @@ CASES = [
      ["--set", "parallel.pp=1", "--set", "train.global_batch=4", "--set",
       "network.preset=dgx-a100", "--set", "network.devices_per_node=2"], 4, 1),
     ("tp-pp-dp-1f1b", "workloads/pipeline-small.toml", [], 8, 2),
+    ("layer-sweep", "workloads/comp_vs_comm.toml",        # thesis ch. 5, TP x DP on 1 process
+     ["--set", "parallel.dp=2", "--set", "layer_sweep.hidden=[1024, 2048]", "--set",
+      "layer_sweep.seq_len=[1024]", "--set", "layer_sweep.batch=[1]", "--set",
+      "layer_sweep.compute_scale=[1, 2]", "--set", "network.devices_per_node=0", "--set",
+      "overlap.bidirectional=true"], 8, 1),
 ]
 
 
@@ -46,6 +51,9 @@ def test_folded_run_equals_the_unfolded_run_per_emulated_rank(
     assert len(list((tmp_path / f"n{stages}").glob("rank-*.h5"))) == stages
     assert [r.rank for r in folded.ranks] == list(range(full))   # every emulated GPU
     assert timeline_differences(runs[full].ranks, folded.ranks) == []
+    sweep = [(tmp_path / f"n{n}" / "layer_sweep.csv") for n in (full, stages)]
+    if sweep[0].exists():                # the study's table itself, bit for bit
+        assert sweep[0].read_text() == sweep[1].read_text()
     # the check can fail: an image is not its representative (other ports, other peers)
     assert not np.array_equal(folded.ranks[0].resources, folded.ranks[1].resources)
 

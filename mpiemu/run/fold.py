@@ -5,7 +5,8 @@ ranks, `run.fold = "auto"` or `"on"`, runs one rank per stage standing for its t
 symmetric images (`comm.fold`), when that is exact:
 
 * timing only (`run.numerics = "off"`): real values differ between replicas;
-* a `train` run, every rank on the same device, no injected fault on one rank;
+* a `train` or `layer_sweep` run, every rank on the same device, no injected fault on one
+  rank;
 * the network looks the same from every image: each route inside a TP group, inside a DP
   group and between stages keeps its transport, node crossing and hop count when every
   device is shifted by the same (tp, dp) offset (`Fold.image`). A TP group split across
@@ -25,11 +26,15 @@ from ..net import Network
 from .config import Workload, resolve_device, resolve_network
 from .errors import ConfigError
 
+# kinds whose ranks differ only by their place in the grid (layer_sweep: thesis ch. 5 to TP 256)
+FOLDABLE_KINDS = ("train", "layer_sweep")
+
+
 def obstacle(w: Workload, stages: list[int] | None = None) -> str | None:
     """Why folding this workload would not be exact (None: it is); `stages`: check the
     network's symmetry around these stages only (default: all)."""
-    if w.run.kind != "train":
-        return f"run.kind = {w.run.kind!r} (folding covers train runs)"
+    if w.run.kind not in FOLDABLE_KINDS:
+        return f"run.kind = {w.run.kind!r} (folding covers {' and '.join(FOLDABLE_KINDS)} runs)"
     if w.run.numerics != "off":
         return "run.numerics = \"on\" (replicas hold different values; folding mirrors timing only)"
     if w.device.rank_presets:

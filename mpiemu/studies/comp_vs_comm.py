@@ -3,12 +3,12 @@ Transformers and hardware scale, from emulated runs (not formulas).
 
 Every point is one transformer layer (forward + backward) of the `layer_sweep` kind on real
 MPI ranks, timing only (`workloads/comp_vs_comm.toml`, MI210 preset, the network of
-`comp_vs_comm.toml`): one `mpiexec -n TP` job per TP degree of `--tp` for the serialized TP
-shares (Figs. 5.9, 5.12) and one TP x DP job for the DP all-reduce against the backward
-GEMMs that hide it (Figs. 5.10, 5.11), each over H x SL x B x compute scale (Table 5.1).
-Writes tp.csv, dp.csv, tp_share.png, dp_share.png and README.md (`comp_vs_comm_report.py`).
-TP degrees not run are listed as missing; `--tp 32 64 ...` adds them (each job needs TP
-ranks). Golden test: the TP = 4, scale 1, H <= 8K rows (one 4-rank job).
+`comp_vs_comm.toml`): one job per TP degree of `--tp` (4 to 256, Table 5.1) for the
+serialized TP shares (Figs. 5.9, 5.12) and one TP x DP job for the DP all-reduce against the
+backward GEMMs that hide it (Figs. 5.10, 5.11), each over H x SL x B x compute scale. Each
+job folds onto one process (`run.fold`: its TP x DP ranks are symmetric; bit-identical times,
+tests/test_fold.py). Writes tp.csv, dp.csv, tp_share.png, dp_share.png and README.md
+(`comp_vs_comm_report.py`). Golden test: the TP = 4, scale 1, H <= 8K rows.
 """
 from __future__ import annotations
 
@@ -53,9 +53,10 @@ def sweep(tp: int, dp: int, runs: Path, hidden: list[int] | None = None,
             f"layer_sweep.batch={_list(f['batch'])}", f"layer_sweep.head_dim={f['head_dim']}",
             f"layer_sweep.compute_scale={_list(scales or f['compute_scales'])}",
             *f["network"], *extra]
-    print(f"running: mpiexec -n {tp * dp} mpiemu run {WORKLOAD.name} (tp={tp}, dp={dp}, "
+    n = launch.processes(WORKLOAD, sets, tp * dp)     # folded (one process) where exact
+    print(f"running: mpiexec -n {n} mpiemu run {WORKLOAD.name} (tp={tp}, dp={dp}, "
           f"{len(hs)} H)", flush=True)
-    launch.run(tp * dp, WORKLOAD, sets, out, timeout=3000)
+    launch.run(n, WORKLOAD, sets, out, timeout=3000)
     rows = []
     for r in read_csv(out / "layer_sweep.csv"):
         row: Row = {k: int(r[k]) if k in INTS else float(r[k]) for k in KEEP}

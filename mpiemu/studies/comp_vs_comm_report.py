@@ -83,8 +83,9 @@ def tp_tables(rows: list[Row]) -> list[str]:
                             f"({_verdict([r['tp_share'] for r in _at(at, s)], *f['tp_share'][s])})"
                             for s in _scales())
                 + ". The share grows with H along the highlighted diagonal (the edge (H + SL) / "
-                "TP of Eq. 5.6 shrinks as SL stays), so the upper ends of the thesis's ranges "
-                "come from the pairs not run here (TP 32 to 256, below)."]
+                "TP of Eq. 5.6 shrinks as SL stays)"
+                + (", so the upper ends of the thesis's ranges come from the pairs not run here "
+                   "(below)." if big[1] < max(f["tp_all"]) else ".")]
     return lines + tail + ["", "Per highlighted pair (B = 1):", ""] + md_table(
         ["H / TP", "SL"] + [f"{s}x" for s in _scales()], per)
 
@@ -126,22 +127,43 @@ def missing_lines(tp_rows: list[Row], tps: Iterable[int]) -> list[str]:
     f = _fig()
     ran = set(tps)
     absent = [t for t in f["tp_all"] if t not in ran]
-    cs = f["case_study"]
+    if not absent:
+        return []
     n_pts = len(f["seq_len"]) * len(f["batch"]) * len(f["compute_scales"])
     counts = ", ".join(f"TP = {t}: {sum((h // f['head_dim']) % t == 0 for h in f['hidden']) * n_pts}"
                        for t in absent)
     return [
-        f"Not run on this machine: TP = {', '.join(map(str, absent))} (Table 5.1 goes to "
-        f"{max(f['tp_all'])}); each job needs one rank per GPU of the TP group, and the "
-        "folding that plays a symmetric TP group with few processes is another issue's "
-        f"work. Points missing per TP degree: {counts}. With them missing are the "
-        f"highlighted pairs beyond H = {_k(max([r['hidden'] for r in tp_rows if r['highlighted']] or [0]))},"
-        f" Future-2 (H = {_k(max(f['hidden']))}, thesis {pct(f['tp_share_future2'], 0)}) and "
-        f"the case study of Fig. 5.13 (H = {_k(cs['hidden'])}, SL = {_k(cs['seq_len'])}, "
-        f"B = {cs['batch']}, TP = {cs['tp']}, {cs['scale']}x: thesis {pct(cs['tp_share'], 0)} "
-        f"serialized, {pct(cs['dp_share'], 0)} overlapped). They are one command away: "
-        f"`mpiemu report comp_vs_comm --tp {' '.join(str(t) for t in f['tp_all'])}` on a "
-        "machine with that many cores (or with folding)."]
+        "## Missing points", "",
+        f"Not run: TP = {', '.join(map(str, absent))} (Table 5.1 goes to {max(f['tp_all'])}). "
+        f"Points missing per TP degree: {counts}. "
+        f"`mpiemu report comp_vs_comm --tp {' '.join(str(t) for t in f['tp_all'])}` runs them "
+        "(folded: one process per TP group).", ""]
+
+
+def case_lines(tp_rows: list[Row], dp_rows: list[Row]) -> list[str]:
+    """Future-2 and the Fig. 5.13 case study beside our points at their settings."""
+    f = _fig()
+    cs, h_max = f["case_study"], max(f["hidden"])
+    fut = [r["tp_share"] for r in tp_rows if r["hidden"] == h_max and r["highlighted"]
+           and r["compute_scale"] == 1.0]
+    case = [r["tp_share"] for r in tp_rows if (r["hidden"], r["seq_len"], r["batch"], r["tp"])
+            == (cs["hidden"], cs["seq_len"], cs["batch"], cs["tp"])
+            and r["compute_scale"] == float(cs["scale"])]
+    dp = [r["dp_over_bwd"] for r in dp_rows if (r["hidden"], r["seq_len"], r["batch"])
+          == (cs["hidden"], cs["seq_len"], cs["batch"]) and r["compute_scale"] == float(cs["scale"])]
+    rows = [[f"Future-2: serialized TP share at H = {_k(h_max)} (highlighted pair, 1x, every SL "
+             "and B)", pct(f["tp_share_future2"], 0), _span(fut)],
+            [f"Fig. 5.13: serialized TP share, H = {_k(cs['hidden'])}, SL = {_k(cs['seq_len'])}, "
+             f"B = {cs['batch']}, TP = {cs['tp']}, {cs['scale']}x", pct(cs["tp_share"], 0),
+             _span(case)],
+            [f"Fig. 5.13: DP all-reduce over the backward GEMMs, same point (our DP job at "
+             f"TP = {f['dp_grid']['tp']}: the ratio does not depend on TP, Eq. 5.7, 5.8)",
+             pct(cs["dp_share"], 0), _span(dp)]]
+    for row in rows[1:]:                   # one point each: one value, not a span
+        lo, _, hi = row[2].partition("-")
+        row[2] = lo if lo == hi else row[2]
+    return ["## Future-2 and the case study (5.3.3.4, 5.3.3.7)", "",
+            *md_table(["figure", "thesis", "ours"], rows), ""]
 
 
 def _dp_bw(rows: list[Row]) -> str:
@@ -180,7 +202,9 @@ def markdown(tp_rows: list[Row], dp_rows: list[Row], tps: Iterable[int]) -> list
         "previous alpha-beta links lacked. The thesis's figures are in "
         "`mpiemu/studies/comp_vs_comm.toml`.",
         "",
-        f"TP jobs: one `mpiexec -n TP` per TP in {sorted(set(tps))} (`tp.csv`); serialized TP "
+        f"TP jobs: one per TP in {sorted(set(tps))}, each folded onto one process (`run.fold`: "
+        "the TP group's ranks are symmetric, so one stands for all, bit-identical; "
+        "`tests/test_fold.py`) (`tp.csv`); serialized TP "
         "share = TP all-reduce time not under compute over the layer's time. DP job: "
         f"TP = {g['tp']} x DP = {g['dp']} (`dp.csv`); DP share = the layer's gradient "
         "all-reduce (one bucket) over its backward GEMMs (weight and error gradients, "
@@ -193,7 +217,7 @@ def markdown(tp_rows: list[Row], dp_rows: list[Row], tps: Iterable[int]) -> list
         *(dp_tables(dp_rows) if dp_rows else ["(DP job skipped: --no-dp)"]), "",
         *(["![dp share](dp_share.png)", ""] if dp_rows else []),
         "## Trends", "", *trend_lines(tp_rows, dp_rows), "",
-        "## Missing points", "", *missing_lines(tp_rows, tps), "",
+        *case_lines(tp_rows, dp_rows), *missing_lines(tp_rows, tps),
         "## Where we differ and why", "",
         "Our communication is the alpha-beta ring of the preset's links at the network "
         "above: " + (_dp_bw(dp_rows) + ", " if dp_rows else "")
