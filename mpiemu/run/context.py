@@ -147,14 +147,15 @@ def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str],
 
 def _start_watchman(out: Path, processes: list[list[Any]]) -> None:
     """`run.watch` beside the job, in its own session (the launcher's kill misses it): it
-    marks the manifest `failed` if the ranks on this host die without a word, and says so on
-    the job's stderr (it holds that stream only until the last rank has ended)."""
+    marks the manifest `failed` if the ranks on this host die without a word. Its stdio is
+    not the rank's (a launcher waits for a rank's pipes to close before it ends the job);
+    under MPICH's hydra it also says so on the launcher's own stderr (`watch.say_to`)."""
     here = socket.gethostname()
     pairs = [f"{r}:{pid}" for r, (host, pid) in enumerate(processes) if host == here]
     env = launcher_free_env(MPI4PY_RC_INITIALIZE="false")   # no MPI process: no MPI_Init
-    subprocess.Popen([sys.executable, "-m", "mpiemu.run.watch", str(out), *pairs],
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                     start_new_session=True, close_fds=True,      # stderr: the job's own
+    subprocess.Popen([sys.executable, "-m", "mpiemu.run.watch", str(out), str(os.getppid()),
+                      *pairs], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
                      env=env)
 
 

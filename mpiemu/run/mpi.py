@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 from types import TracebackType
@@ -76,13 +77,23 @@ class AbortOnError:
     def uninstall(self) -> None:
         sys.excepthook = self._prev
 
+    def _gone(self, wait_s: float) -> list[int]:
+        """The peers on this host that are dead, looking for up to `wait_s`."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            gone = [r for r, pid in self.peers.items() if not alive(pid)]
+            if gone or time.monotonic() >= deadline:
+                return gone
+            time.sleep(0.01)
+
     def _hook(self, tp: type[BaseException], val: BaseException,
               tb: TracebackType | None) -> None:
         rank = self.comm.Get_rank()
         self.interrupted = issubclass(tp, KeyboardInterrupt)
         # a peer already dead: we are its consequence (Open MPI's mpirun stops the survivors
-        # of a killed rank; a broken connection raises here); the watchman names it
-        self.peers_gone = [r for r, pid in self.peers.items() if not alive(pid)]
+        # of a killed rank; a broken connection raises here); the watchman names it. An MPI
+        # error may come before the dead peer has finished exiting: look for a second.
+        self.peers_gone = self._gone(1.0 if issubclass(tp, MPI.Exception) else 0.0)
         for cb in self.on_fail:
             try:
                 cb()

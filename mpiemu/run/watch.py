@@ -5,16 +5,16 @@ A rank that raises, or gets SIGINT / SIGTERM, marks the manifest itself (`contex
 A rank killed outright cannot, and the launcher then kills the others just as hard (MPICH's
 hydra with SIGKILL; Open MPI's mpirun sends SIGTERM, and the survivors name the dead rank
 themselves, `mpi.AbortOnError`). So rank 0 starts this small process in its own session beside
-the job (`python -m mpiemu.run.watch RUN_DIR RANK:PID ...`). It listens to the kernel's
-process-exit events where it may (root or CAP_NET_ADMIN): they arrive in the order the
-processes ended, so the first is the rank that died before the launcher could react. Elsewhere
-a pidfd per rank wakes it at the first death (exact when a core is free to run it at once, as
-on a cluster node; on an oversubscribed workstation the launcher's kills may land first and
-the ranks found dead together are named together). Once every rank is gone while the manifest
-still says `running`, it writes `failed` (`failed_rank` the first to die, `cause` the order)
-and says so in one line on the job's stderr, which it shares. It exits once the ranks
-are gone. Readers also recognise a `running` manifest with no live process
-(`analysis.load`), for when the watchman itself was killed.
+the job (`python -m mpiemu.run.watch RUN_DIR LAUNCHER_PID RANK:PID ...`). It listens to the
+kernel's process-exit events where it may (root or CAP_NET_ADMIN): they arrive in the order
+the processes ended, so the first is the rank that died before the launcher could react.
+Elsewhere a pidfd per rank wakes it at the first death (exact when a core is free to run it at
+once, as on a cluster node; on an oversubscribed workstation the launcher's kills may land
+first and the ranks found dead together are named together). Once every rank is gone while
+the manifest still says `running`, it writes `failed` (`failed_rank` the first to die, `cause`
+the order) and says so in one line beside the launcher's own messages (MPICH's hydra:
+`say_to`). It exits once the ranks are gone. Readers also recognise a `running` manifest with
+no live process (`analysis.load`), for when the watchman itself was killed.
 """
 from __future__ import annotations
 
@@ -175,8 +175,24 @@ def watch(out: Path, ranks: dict[int, int]) -> None:
         pass
 
 
+def say_to(launcher_pid: int) -> int | None:
+    """A descriptor on the stderr of MPICH's hydra proxy (rank 0's parent), whose stderr is
+    the user's: our line lands beside the launcher's own. Other launchers (Open MPI's
+    daemons, slurmstepd) keep theirs in logs, and name a killed rank themselves."""
+    try:
+        if Path(f"/proc/{launcher_pid}/comm").read_text().strip() != "hydra_pmi_proxy":
+            return None
+        return os.open(f"/proc/{launcher_pid}/fd/2", os.O_WRONLY | os.O_APPEND | os.O_NOCTTY)
+    except OSError:
+        return None
+
+
 def main(argv: list[str]) -> int:
-    out, pairs = Path(argv[0]), argv[1:]
+    out, launcher, pairs = Path(argv[0]), int(argv[1]), argv[2:]
+    fd = say_to(launcher)
+    if fd is not None:
+        os.dup2(fd, 2)
+        os.close(fd)
     watch(out, {int(r): int(p) for r, p in (x.split(":") for x in pairs)})
     return 0
 
