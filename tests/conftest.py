@@ -18,6 +18,14 @@ BIN = Path(sys.executable).parent
 # Under mpiexec every rank runs pytest: only rank 0 reports, unless a rank fails (then its
 # whole report follows on stderr). MPICH's and Open MPI's launchers say which rank we are.
 MPI_RANK = int(os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or 0)
+# Each rank's pytest keeps its temporary directories under a root of its own: ranks sharing
+# /tmp/pytest-of-USER race in pytest's clean-up of old numbered directories at exit
+# (FileNotFoundError on `pytest-current`, then MPI_Abort of a passing job).
+if int(os.environ.get("PMI_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE") or 1) > 1:
+    import tempfile
+    _root = Path(tempfile.gettempdir()) / f"mpiemu-pytest-rank{MPI_RANK}"
+    _root.mkdir(exist_ok=True)
+    os.environ["PYTEST_DEBUG_TEMPROOT"] = str(_root)
 
 
 @pytest.hookimpl(trylast=True)
