@@ -1,9 +1,8 @@
 """Run a workload on every rank: validate collectively, open traces, dispatch by kind, close."""
 from __future__ import annotations
 
-import socket
-
 import importlib
+import socket
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
