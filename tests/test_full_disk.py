@@ -46,8 +46,10 @@ def test_a_full_disk_fails_the_job_in_one_line_and_keeps_every_committed_block(
                          env=child_env(MPIEXEC_TIMEOUT="120"), cwd=ROOT, timeout=180)
     assert res.returncode not in (0, 2), res.stderr[-1500:]
     said = [ln for ln in res.stderr.splitlines() if ln.startswith("mpiemu: rank")]
-    assert said and all("OSError: [Errno 28] cannot write" in ln and "No space left on device"
-                        in ln and "Can't" not in ln for ln in said), res.stderr[-1500:]
+    full = [ln for ln in said if "OSError: [Errno 28] cannot write" in ln
+            and "No space left on device" in ln and "Can't" not in ln]
+    # the others either hit the full disk too or were stopped after (Open MPI's mpirun)
+    assert full and all(ln in full or "had died" in ln for ln in said), res.stderr[-1500:]
     run = load(kept, allow_incomplete=True)
     assert run.manifest["status"] == "failed" and run.manifest["failed_rank"] in (0, 1)
     for rt in run.ranks:
