@@ -44,3 +44,16 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return True
+
+
+def launcher_stderr(launcher_pid: int) -> int | None:
+    """A descriptor on the stderr of MPICH's hydra proxy (a rank's parent), which is the
+    user's own: a line written there needs no forwarding, which the proxy may skip when the
+    job aborts at once. None for other launchers (Open MPI's daemons, slurmstepd keep theirs
+    in logs)."""
+    try:
+        if Path(f"/proc/{launcher_pid}/comm").read_text().strip() != "hydra_pmi_proxy":
+            return None
+        return os.open(f"/proc/{launcher_pid}/fd/2", os.O_WRONLY | os.O_APPEND | os.O_NOCTTY)
+    except OSError:
+        return None

@@ -17,7 +17,7 @@ from typing import Callable
 
 from mpi4py import MPI
 
-from .._proc import alive
+from .._proc import alive, launcher_stderr
 from .errors import one_line
 
 EXIT_CONFIG = 2
@@ -55,6 +55,25 @@ def exit_on_error(comm: MPI.Comm, err: BaseException | None) -> None:
 def _raise_interrupt(signum: int, frame: object) -> None:
     """SIGTERM (Slurm's scancel, a time limit) ends the rank as Ctrl-C does."""
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _say_before_abort(text: str) -> None:
+    """Write the failing rank's last words where they survive MPI_Abort: MPICH's hydra proxy
+    may end the job before forwarding what the rank just wrote to its own stderr, so under
+    hydra they go straight to the proxy's stderr (the user's); elsewhere to ours, with a
+    moment for the launcher to read it."""
+    fd = launcher_stderr(os.getppid())
+    if fd is not None:
+        try:
+            os.write(fd, text.encode())
+            return
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    sys.stderr.write(text)
+    sys.stderr.flush()
+    time.sleep(0.1)
 
 
 class AbortOnError:
@@ -111,8 +130,6 @@ class AbortOnError:
         what = "interrupted" if self.interrupted else f"failed: {tp.__name__}: {one_line(val)}"
         if self.peers_gone:        # the watchman names the rank that died first
             what = f"stopped: rank(s) {self.peers_gone} had died ({what})"
-        sys.stderr.write(f"mpiemu: rank {rank} {what}{where}\n")
-        if os.environ.get("MPIEMU_DEBUG"):
-            sys.stderr.write(text)
-        sys.stderr.flush()
+        _say_before_abort(f"mpiemu: rank {rank} {what}{where}\n"
+                          + (text if os.environ.get("MPIEMU_DEBUG") else ""))
         self.comm.Abort(EXIT_CRASH)

@@ -13,7 +13,7 @@ once, as on a cluster node; on an oversubscribed workstation the launcher's kill
 first and the ranks found dead together are named together). Once every rank is gone while
 the manifest still says `running`, it writes `failed` (`failed_rank` the first to die, `cause`
 the order) and says so in one line beside the launcher's own messages (MPICH's hydra:
-`say_to`). It exits once the ranks are gone. Readers also recognise a `running` manifest with
+`_proc.launcher_stderr`). It exits once the ranks are gone. Readers also recognise a `running` manifest with
 no live process (`analysis.load`), for when the watchman itself was killed.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from .._proc import alive
+from .._proc import alive, launcher_stderr
 
 POLL_S = 0.05          # only where neither exit events nor pidfds are available
 # linux/connector.h, linux/cn_proc.h, linux/netlink.h: the process-event connector
@@ -175,21 +175,9 @@ def watch(out: Path, ranks: dict[int, int]) -> None:
         pass
 
 
-def say_to(launcher_pid: int) -> int | None:
-    """A descriptor on the stderr of MPICH's hydra proxy (rank 0's parent), whose stderr is
-    the user's: our line lands beside the launcher's own. Other launchers (Open MPI's
-    daemons, slurmstepd) keep theirs in logs, and name a killed rank themselves."""
-    try:
-        if Path(f"/proc/{launcher_pid}/comm").read_text().strip() != "hydra_pmi_proxy":
-            return None
-        return os.open(f"/proc/{launcher_pid}/fd/2", os.O_WRONLY | os.O_APPEND | os.O_NOCTTY)
-    except OSError:
-        return None
-
-
 def main(argv: list[str]) -> int:
     out, launcher, pairs = Path(argv[0]), int(argv[1]), argv[2:]
-    fd = say_to(launcher)
+    fd = launcher_stderr(launcher)
     if fd is not None:
         os.dup2(fd, 2)
         os.close(fd)
