@@ -65,11 +65,10 @@ def _ports(rt: RankTrace, bins: int = 200) -> Iterator[dict[str, Any]]:
     """Counter tracks: each egress port's busy share per time bin (messages leaving it)."""
     ev = rt.events
     busy: dict[str, list[tuple[float, float]]] = {}
-    for code, first in zip(*np.unique(ev["resource"], return_index=True)):
-        port = egress_port(str(rt.resources[first]))
+    for res, idx in rt.by_resource():
+        port = egress_port(res)
         if port is None:
             continue
-        idx = np.flatnonzero(ev["resource"] == code)
         idx = idx[rt.cats[idx] == "comm"]
         busy.setdefault(port, []).extend(zip(ev["t_start"][idx].tolist(),
                                              ev["t_end"][idx].tolist()))
@@ -160,15 +159,12 @@ def rank_events(rt: RankTrace, threads: tuple[dict[str, int], np.ndarray] | None
 def _messages(rt: RankTrace, inbox: bool, route_id: dict[str, int]) -> np.ndarray:
     """The rank's message records (sends on a route, or `in:` receives) as rows of
     (route id, start, rank, event index)."""
-    res = rt.resources
     rows = []
-    for code, i in zip(*np.unique(rt.events["resource"], return_index=True)):
-        name = str(res[i])
+    for name, idx in rt.by_resource():
         route = name[3:] if inbox and name.startswith("in:") else \
             (name if not inbox and egress_port(name) is not None else None)
         if route is None:
             continue
-        idx = np.flatnonzero(rt.events["resource"] == code)
         if not inbox:
             idx = idx[rt.cats[idx] == "comm"]
         gid = route_id.setdefault(route, len(route_id))

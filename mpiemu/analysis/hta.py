@@ -39,9 +39,9 @@ def _kernel_mask(rt: RankTrace) -> np.ndarray:
     keep = np.zeros(len(rt.events), dtype=bool)
     for c in KERNEL_CATS:
         keep |= rt.cats == c
-    for code, first in zip(*np.unique(rt.events["resource"], return_index=True)):
-        if str(rt.resources[first]).startswith("in:"):
-            keep &= rt.events["resource"] != code
+    for res, idx in rt.by_resource():
+        if res.startswith("in:"):
+            keep[idx] = False
     return keep
 
 

@@ -48,6 +48,15 @@ class RankTrace:
             mask &= self.phases == phase
         return mask
 
+    def by_resource(self) -> list[tuple[str, np.ndarray]]:
+        """Each distinct resource (in code order) with its events' indices, ascending: one
+        stable sort of the codes, not a scan of every event per resource."""
+        codes = self.events["resource"]
+        order = np.argsort(codes, kind="stable")
+        bounds = np.flatnonzero(np.diff(codes[order])) + 1
+        return [(str(self.resources[g[0]]), g)
+                for g in (np.split(order, bounds) if len(order) else [])]
+
     def name_startswith(self, prefixes: tuple[str, ...],
                         idx: np.ndarray | None = None) -> np.ndarray:
         """Whether each event's name (of `idx`, or all) starts with one of `prefixes`: tested

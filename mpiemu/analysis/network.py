@@ -50,10 +50,9 @@ def busiest_ports(run: Run) -> list[PortBusy]:
         coll = rt.cats == "collective"
         coll_s = union_length(ev["t_start"][coll], ev["t_end"][coll])
         ports: dict[str, list[np.ndarray]] = {}
-        for code, first in zip(*np.unique(ev["resource"], return_index=True)):
-            port = egress_port(str(rt.resources[first]))
+        for res, idx in rt.by_resource():
+            port = egress_port(res)
             if port is not None:
-                idx = np.flatnonzero(ev["resource"] == code)
                 ports.setdefault(port, []).append(idx[rt.cats[idx] == "comm"])
         for port, parts in ports.items():
             ix = np.sort(np.concatenate(parts))

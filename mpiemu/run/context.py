@@ -149,7 +149,8 @@ def _start_watchman(out: Path, processes: list[list[Any]]) -> None:
     """`run.watch` beside the job, in its own session (the launcher's kill misses it): it
     marks the manifest `failed` if the ranks on this host die without a word. Its stdio is
     not the rank's (a launcher waits for a rank's pipes to close before it ends the job);
-    under MPICH's hydra it also says so on the launcher's own stderr (`watch.say_to`)."""
+    under MPICH's hydra it also says so on the launcher's own stderr
+    (`_proc.launcher_stderr`)."""
     here = socket.gethostname()
     pairs = [f"{r}:{pid}" for r, (host, pid) in enumerate(processes) if host == here]
     env = launcher_free_env(MPI4PY_RC_INITIALIZE="false")   # no MPI process: no MPI_Init
