@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..net import Network
+from ..net.topology import Hop
 from .fold import Mirror
 from .p2p import TimedComm
 from .ring import ring_orders
@@ -105,6 +106,21 @@ def allowed(tc: TimedComm, op: str) -> list[str]:
     return allowed_on(tc.net, tc.devices, op)
 
 
+def ring_hops(tc: TimedComm, bidirectional: bool) -> tuple[list[Hop], int]:
+    """Every hop of the ring's lanes, lane by lane in ring order, and the distinct ports the
+    lanes leave this rank's group through (remembered per group: a world ring of thousands
+    of emulated devices is walked once, not once per candidate protocol)."""
+    key = ("ring_hops", bidirectional)
+    got = tc.memo.get(key)
+    if got is None:
+        n, orders = tc.size, ring_orders(tc, bidirectional)
+        hops = [tc.net.hop(tc.devices[a], tc.devices[o[(i + 1) % n]])
+                for o in orders for i, a in enumerate(o)]
+        ports = len({hops[j * n].egress for j in range(len(orders))})
+        got = tc.memo[key] = (hops, ports)
+    return got
+
+
 def ring_estimate_s(tc: TimedComm, op: str, nbytes: float, itemsize: int, proto: str,
                     bidirectional: bool = False, share: float | None = None) -> float:
     """Ring time without the base latency: exact for one lane whose ports carry nothing
@@ -112,8 +128,8 @@ def ring_estimate_s(tc: TimedComm, op: str, nbytes: float, itemsize: int, proto:
     n = tc.size
     if n == 1:
         return 0.0
-    orders = ring_orders(tc, bidirectional)
-    n_lanes = len(orders)
+    hops, ports = ring_hops(tc, bidirectional)
+    n_lanes = len(hops) // n
     if share is None:           # the channels NCCL gives a call of this size
         share = tc.net.spec.channel_share(proto, nbytes, tc.size)
     elems = nbytes / itemsize
@@ -121,16 +137,16 @@ def ring_estimate_s(tc: TimedComm, op: str, nbytes: float, itemsize: int, proto:
     red = tc.model.reduction_s(math.ceil(math.ceil(elems / n) / n_lanes), itemsize)
     load: dict[str, float] = {}
     lat = 0.0
-    for o in orders:
-        for i, a in enumerate(o):
-            b = o[(i + 1) % n]
-            hop = tc.net.hop(tc.devices[a], tc.devices[b])
-            rate = tc.net.rate(hop, proto, share)
-            for port in (hop.egress, hop.ingress):
-                if port is not None:
-                    load[port] = load.get(port, 0.0) + c / rate
-            lat = max(lat, tc.net.latency(hop, proto))
-    ports = len({tc.net.hop(tc.devices[o[0]], tc.devices[o[1]]).egress for o in orders})
+    cost: dict[tuple[int, int], tuple[float, float]] = {}    # per (transport, hops)
+    for hop in hops:
+        k = (id(hop.transport), hop.hops)
+        if k not in cost:
+            cost[k] = (c / tc.net.rate(hop, proto, share), tc.net.latency(hop, proto))
+        w, a = cost[k]
+        load[hop.egress] = load.get(hop.egress, 0.0) + w
+        if hop.ingress is not None:
+            load[hop.ingress] = load.get(hop.ingress, 0.0) + w
+        lat = max(lat, a)
     return ring_steps_s(n, max(load.values(), default=0.0), 1.0, lat, red * ports, op)
 
 

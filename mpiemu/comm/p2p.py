@@ -38,13 +38,14 @@ def _oversubscribed() -> bool:
 
 _YIELD: bool | None = None
 YIELD_SPINS = 32        # emulator detail: test-and-yield rounds before a waiting rank sleeps
-MAX_SLEEP_S = 1e-3
+MAX_SLEEP_S = 1e-3      # emulator detail: the longest sleep between two tests (see wait_all)
 
 
-def wait_all(reqs: Sequence[MPI.Request]) -> None:
+def wait_all(reqs: Sequence[MPI.Request], max_sleep_s: float = MAX_SLEEP_S) -> None:
     """MPI_Waitall, or, when ranks outnumber cores, test-and-yield so that a waiting rank
     gives its core to the rank it waits for instead of spinning in the MPI progress loop
-    (`MPIEMU_YIELD=0/1` forces it off / on)."""
+    (`MPIEMU_YIELD=0/1` forces it off / on). `max_sleep_s`: the longest sleep between two
+    tests; a wait that is often long (a pipeline stage waiting for its neighbour) asks more."""
     global _YIELD
     if _YIELD is None:
         _YIELD = _oversubscribed()
@@ -54,12 +55,14 @@ def wait_all(reqs: Sequence[MPI.Request]) -> None:
     spins = 0
     while not MPI.Request.Testall(reqs):
         # yield first (the peer may be about to answer), then sleep, longer and longer up to
-        # 1 ms: a rank that waits long (a far pipeline stage) leaves the cores to the ranks
-        # with work instead of taking its turn in every round of the scheduler
+        # max_sleep_s: a rank that waits long (a far pipeline stage) leaves the cores to the
+        # ranks with work instead of taking its turn in every round of the scheduler. Each
+        # test costs a wake-up and an MPI progress pass; a cap too long oversleeps short waits
+        # (a TP ring's: 1 ms), one too short makes idle ranks poll (a 64-stage pipeline's)
         if spins < YIELD_SPINS:
             os.sched_yield()
         else:
-            time.sleep(min(MAX_SLEEP_S, 1e-5 * 2 ** min(spins - YIELD_SPINS, 7)))
+            time.sleep(min(max_sleep_s, 1e-5 * 2 ** min(spins - YIELD_SPINS, 14)))
         spins += 1
 
 
@@ -93,8 +96,8 @@ class RecvHandle:
     fill: Callable[[], None] | None = field(default=None, repr=False)   # a mirrored header
     _arrive: SimTime | None = field(default=None, repr=False)
 
-    def wait(self) -> SimTime:
-        wait_all(self.reqs)
+    def wait(self, max_sleep_s: float = MAX_SLEEP_S) -> SimTime:
+        wait_all(self.reqs, max_sleep_s)
         return max(self.t_posted, self.t_arrive)
 
     @property

@@ -243,8 +243,10 @@ def _math_rate(spec: DeviceSpec, dtype: str) -> float:
     return spec.peak(dtype) * eff / spec.compute_units
 
 
-def _waves(spec: DeviceSpec, sh: _Shape, dtype: str, cus: int, bypass: bool
-           ) -> Iterator[GemmStage]:
+def _waves(spec: DeviceSpec, sh: _Shape, dtype: str, cus: int, bypass: bool,
+           walk: bool = True) -> Iterator[GemmStage]:
+    """The waves of one candidate; `walk=False` skips the panel walk and counts no input
+    reads: each wave's time is then a lower bound of the walked one (same float order)."""
     g = spec.gemm
     per_cu = ctas_per_cu(g, sh.tm, sh.tn, sh.in_bytes)
     wave, total = cus * per_cu, sh.per_gemm * sh.batch
@@ -264,14 +266,16 @@ def _waves(spec: DeviceSpec, sh: _Shape, dtype: str, cus: int, bypass: bool
         count = min(wave, total - first)
         out_stage = count * tile_out
         llc = spec.llc_bytes - (0.0 if bypass else min(out_stage, spec.llc_bytes / 2))
-        rows, cols = _stage_panels(first, count, sh, width)
-        reads = _stage_reads(rows, cols, prev_rows, prev_cols, row_bytes, col_bytes, llc)
+        reads = 0.0
+        if walk:
+            rows, cols = _stage_panels(first, count, sh, width)
+            reads = _stage_reads(rows, cols, prev_rows, prev_cols, row_bytes, col_bytes, llc)
+            prev_rows, prev_cols = rows, cols
         per_sm = math.ceil(count / cus)
         compute = max(per_sm * tile_math, count * feed_per_tile / g.l2_bw_bytes_per_s) \
             + g.wave_fixed_s
         yield GemmStage(count, compute, reads + count * extra_r, out_stage + count * extra_w,
                         spec.dram_bw_bytes_per_s, per_sm * tile_epi)
-        prev_rows, prev_cols = rows, cols
 
 
 def _tile_epilogue_s(spec: DeviceSpec, sh: _Shape) -> float:
@@ -333,6 +337,10 @@ def gemm_cost(spec: DeviceSpec, m: int, n: int, k: int, *, dtype: str = "fp16",
         raise ValueError(f"compute_units={compute_units} must lie in [1, {spec.compute_units}]")
     best: GemmCost | None = None
     for sh in _candidates(spec, m, n, k, batch, in_bytes, out_bytes, epilogue):
+        if best is not None and spec.kernel_launch_s + sum(
+                s.time_s for s in _waves(spec, sh, dtype, cus, bypass_llc_output, walk=False)
+        ) >= best.time_s * (1 - TIE):
+            continue        # even its floor (no panel reads) loses: the choice is unchanged
         stages = tuple(_waves(spec, sh, dtype, cus, bypass_llc_output))
         if sh.split > 1:
             stages += (_split_reduce(spec, sh),)

@@ -18,7 +18,7 @@ from .engine import Dims
 from .ops import MASK_BYTES, STAT_BYTES
 from .optim import state_bytes_per_param
 from ..pipeline.schedules import order
-from .model import stage_params
+from .model import edge_names
 from .shard import local_params
 
 GIB = 2.0**30
@@ -123,12 +123,11 @@ class Layout:
 
 def local_param_count(cfg: ModelConfig, tp: int, lay: Layout = Layout()) -> int:
     """Elements a rank of stage `lay.stage` holds: one layer's count times its layers, plus
-    its embedding / head tensors (the cost does not grow with the layer count)."""
-    one = [lp for lp in local_params(replace(cfg, layers=1), tp) if lp.layer == 0]
-    per_layer = sum(lp.size for lp in one)
-    small = replace(cfg, layers=lay.pp * lay.chunks)
-    edges = sum(lp.size for lp in stage_params(small, tp, lay.pp, lay.chunks, lay.stage)
-                if lp.layer == -1)
+    its embedding / head tensors (the cost grows with neither the layers nor the stages)."""
+    params = list(local_params(replace(cfg, layers=1), tp))
+    edge = edge_names(lay.pp, lay.stage)
+    per_layer = sum(lp.size for lp in params if lp.layer == 0)
+    edges = sum(lp.size for lp in params if lp.layer == -1 and lp.name in edge)
     return edges + per_layer * cfg.layers // lay.pp
 
 

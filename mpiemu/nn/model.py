@@ -50,11 +50,16 @@ def chunk_layers(layers: int, pp: int, chunks: int, stage: int, chunk: int) -> r
     return range(vs * n, (vs + 1) * n)
 
 
+def edge_names(pp: int, stage: int) -> set[str]:
+    """The embedding / head tensors (layer -1) a pipeline stage holds."""
+    return set(EMBED_SIDE if stage == 0 else ()) | set(HEAD_SIDE if stage == pp - 1 else ())
+
+
 def stage_params(cfg: ModelConfig, tp: int, pp: int, chunks: int, stage: int
                  ) -> list[LocalParam]:
     """The local parameters a (TP rank, pipeline stage) holds, in forward order."""
     mine = {i for c in range(chunks) for i in chunk_layers(cfg.layers, pp, chunks, stage, c)}
-    edge = set(EMBED_SIDE if stage == 0 else ()) | set(HEAD_SIDE if stage == pp - 1 else ())
+    edge = edge_names(pp, stage)
     return [lp for lp in local_params(cfg, tp)
             if (lp.layer in mine) or (lp.layer == -1 and lp.name in edge)]
 

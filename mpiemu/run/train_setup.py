@@ -5,6 +5,7 @@ what is allowed."""
 from __future__ import annotations
 
 import os
+from typing import Sequence
 
 from ..hw.presets import list_presets, load_device
 from ..hw.specs import dtype_bytes
@@ -145,24 +146,32 @@ def _validate_update_unit(w: Workload) -> None:
                               f"{', '.join(have)})")
 
 
-def layout(w: Workload, stage: int) -> Layout:
-    """The memory-relevant placement and step of a rank of pipeline stage `stage`."""
+def layout(w: Workload, stage: int, micro: int | None = None) -> Layout:
+    """The memory-relevant placement and step of a rank of pipeline stage `stage`
+    (`micro`: the micro-batch count, when the caller has it)."""
     par = w.parallel
     return Layout(pp=par.pp, stage=stage, chunks=par.virtual_stages, schedule=par.schedule,
-                  micro_batches=micro_batches(w), recompute=w.train.recompute, dp=par.dp,
-                  distributed=w.optimizer.distributed)
+                  micro_batches=micro or micro_batches(w), recompute=w.train.recompute,
+                  dp=par.dp, distributed=w.optimizer.distributed)
+
+
+def stage_memories(w: Workload, capacity_bytes: float, stages: Sequence[int]
+                   ) -> list[MemoryReport]:
+    """The memory of a rank of each of these pipeline stages (the model resolved once)."""
+    cfg, gb, dims = resolve(w)
+    micro = max(gb // (w.parallel.dp * dims.batch), 1)
+    e = dtype_bytes(w.run.emulated_dtype)
+    return [memory_report(cfg, dims, e, capacity_bytes, layout(w, s, micro)) for s in stages]
 
 
 def train_memory(w: Workload, capacity_bytes: float, stage: int) -> MemoryReport:
-    cfg, _, dims = resolve(w)
-    return memory_report(cfg, dims, dtype_bytes(w.run.emulated_dtype), capacity_bytes,
-                         layout(w, stage))
+    return stage_memories(w, capacity_bytes, [stage])[0]
 
 
 def _validate_memory(w: Workload, world_size: int) -> None:
     cfg, _, dims = resolve(w)
     spec = resolve_device(w)
-    reps = [train_memory(w, spec.dram_capacity_bytes, s) for s in range(w.parallel.pp)]
+    reps = stage_memories(w, spec.dram_capacity_bytes, range(w.parallel.pp))
     stage = max(range(len(reps)), key=lambda s: reps[s].total_bytes)
     if not reps[stage].fits and w.train.memory_check == "error":
         where = f" (pipeline stage {stage}, the fullest)" if w.parallel.pp > 1 else ""
@@ -175,7 +184,9 @@ def _validate_memory(w: Workload, world_size: int) -> None:
                           "train.memory_check='warn' to emulate it anyway")
     if w.run.numerics == "on":
         item = 8 if w.run.numeric_dtype == "fp64" else 4
-        per_stage = [host_bytes(cfg, dims, item, layout(w, s)) for s in range(w.parallel.pp)]
+        micro = micro_batches(w)
+        per_stage = [host_bytes(cfg, dims, item, layout(w, s, micro))
+                     for s in range(w.parallel.pp)]
         need = sum(per_stage) * world_size / w.parallel.pp
         have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * HOST_MEMORY_SHARE
         if need > have:
