@@ -6,7 +6,7 @@ import math
 import pytest
 
 from mpiemu.net import load_network
-from mpiemu.hw import list_presets, load_device, model_for, read_preset
+from mpiemu.hw import gemm, list_presets, load_device, model_for, read_preset
 from mpiemu.hw.presets import all_quantities
 
 GPU_PRESETS = ["t3-gpu", "mi210", "a100-sxm4-80gb", "h100-sxm5"]
@@ -109,6 +109,28 @@ def test_tile_choice_and_split_k_follow_the_shape() -> None:
     assert (big.tile_m * big.tile_n, big.split_k) == (128 * 256, 1)
     assert skinny.split_k > 1                   # too few output tiles to fill 132 SMs
     assert big.tflops > 0.85 * 989.4 * 0.801 and skinny.tflops < big.tflops
+
+
+@pytest.mark.parametrize("preset", ["h100-sxm5", "a100-pcie-40gb", "rtx3090"])
+def test_skipping_candidates_by_their_floor_keeps_the_exhaustive_choice(preset: str) -> None:
+    """gemm_cost skips a (tile, split) whose floor already loses; walking every candidate
+    instead gives the same cost, bit for bit (shapes from skinny to batched)."""
+    spec = load_device(preset)
+    epi = gemm.Epilogue(out_flops=5, out_sfu=1)
+    for m_, n_, k_, b, dt, ep in [(512, 512, 16384, 1, "fp16", gemm.NO_EPILOGUE),
+                                  (8192, 3072, 1024, 1, "bf16", gemm.NO_EPILOGUE),
+                                  (2048, 2048, 96, 16, "fp16", epi),
+                                  (300, 7, 4096, 4, "tf32", gemm.NO_EPILOGUE),
+                                  (4096, 4096, 4096, 1, "fp32", gemm.NO_EPILOGUE)]:
+        best = None
+        for sh in gemm._candidates(spec, m_, n_, k_, b, 2, 2, ep):
+            stages = tuple(gemm._waves(spec, sh, dt, spec.compute_units, False))
+            stages += (gemm._split_reduce(spec, sh),) if sh.split > 1 else ()
+            t = spec.kernel_launch_s + sum(s.time_s for s in stages)
+            if best is None or t < best[0] * (1 - gemm.TIE):
+                best = (t, sh.tm, sh.tn, sh.split)
+        got = gemm.gemm_cost(spec, m_, n_, k_, dtype=dt, batch=b, epilogue=ep)
+        assert (got.time_s, got.tile_m, got.tile_n, got.split_k) == best
 
 
 def test_tf32_runs_on_tensor_cores_and_fp32_on_cuda_cores() -> None:
