@@ -37,7 +37,11 @@ def resolve(w: Workload) -> tuple[ModelConfig, int, Dims]:
 def micro_batches(w: Workload) -> int:
     """Micro-batches per DP rank per step: global batch / (micro-batch x DP)."""
     _, gb, dims = resolve(w)
-    return max(gb // (w.parallel.dp * dims.batch), 1)
+    return _micro_count(w, gb, dims)
+
+
+def _micro_count(w: Workload, global_batch: int, dims: Dims) -> int:
+    return max(global_batch // (w.parallel.dp * dims.batch), 1)
 
 
 def validate(w: Workload, world_size: int) -> None:
@@ -159,7 +163,7 @@ def stage_memories(w: Workload, capacity_bytes: float, stages: Sequence[int]
                    ) -> list[MemoryReport]:
     """The memory of a rank of each of these pipeline stages (the model resolved once)."""
     cfg, gb, dims = resolve(w)
-    micro = max(gb // (w.parallel.dp * dims.batch), 1)
+    micro = _micro_count(w, gb, dims)
     e = dtype_bytes(w.run.emulated_dtype)
     return [memory_report(cfg, dims, e, capacity_bytes, layout(w, s, micro)) for s in stages]
 
