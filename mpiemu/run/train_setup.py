@@ -173,7 +173,7 @@ def train_memory(w: Workload, capacity_bytes: float, stage: int) -> MemoryReport
 
 
 def _validate_memory(w: Workload, world_size: int) -> None:
-    cfg, _, dims = resolve(w)
+    cfg, gb, dims = resolve(w)
     spec = resolve_device(w)
     reps = stage_memories(w, spec.dram_capacity_bytes, range(w.parallel.pp))
     stage = max(range(len(reps)), key=lambda s: reps[s].total_bytes)
@@ -188,7 +188,7 @@ def _validate_memory(w: Workload, world_size: int) -> None:
                           "train.memory_check='warn' to emulate it anyway")
     if w.run.numerics == "on":
         item = 8 if w.run.numeric_dtype == "fp64" else 4
-        micro = micro_batches(w)
+        micro = _micro_count(w, gb, dims)
         per_stage = [host_bytes(cfg, dims, item, layout(w, s, micro))
                      for s in range(w.parallel.pp)]
         need = sum(per_stage) * world_size / w.parallel.pp
