@@ -28,7 +28,7 @@ class Recorder:
         self.rows.append(row)
 
     def events(self) -> list[dict[str, Any]]:
-        names = {c: s for s, c in self.strings._codes.items()}
+        names = {c: s for s, c in self.strings.items()}
         return [{"name": names[r[0]], "cat": CAT_NAMES[r[1]], "t0": r[3], "t1": r[4],
                  "stage": r[14]} for r in self.rows]
 

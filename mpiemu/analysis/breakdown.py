@@ -77,17 +77,16 @@ def iteration_breakdown(rt: RankTrace, iteration: int,
 def _breakdown(rt: RankTrace, inside: np.ndarray, iteration: int, t0: float, t1: float,
                sync_is_idle: bool = False) -> IterationBreakdown:
     """The breakdown from the events overlapping the window [t0, t1]."""
-    whole = len(inside) == len(rt.events)      # the usual report: no copies then
-    cats, res = (rt.cats, rt.resources) if whole else (rt.cats[inside], rt.resources[inside])
-    coll = cats == "collective"
+    sub = None if len(inside) == len(rt.events) else inside   # the usual report: no copies
+    coll = rt.is_cat("collective", sub)
     if sync_is_idle:
-        coll &= ~rt.name_startswith(("optim.", "pp."), None if whole else inside)
+        coll &= ~rt.name_startswith(("optim.", "pp."), sub)
     sets = []
-    tp = np.isin(res, TP_GROUPS)
-    dp = np.isin(res, DP_GROUPS)
-    recompute = (cats == "compute") & ((rt.phases if whole else rt.phases[inside])
-                                       == "recompute")
-    for m in (cats == "compute", coll & tp, coll & dp, recompute):
+    tp = rt.resource_in(TP_GROUPS, sub)
+    dp = rt.resource_in(DP_GROUPS, sub)
+    comp = rt.is_cat("compute", sub)
+    recompute = comp & rt.is_phase("recompute", sub)
+    for m in (comp, coll & tp, coll & dp, recompute):
         sel = inside[m]
         sets.append((np.clip(rt.events["t_start"][sel], t0, t1),
                      np.clip(rt.events["t_end"][sel], t0, t1)))

@@ -73,8 +73,8 @@ class _Images:
         t, d, p = shape.coords(member)
         attrs: dict[str, Any] = rt.attrs | {"rank": member, "tp_rank": t, "dp_rank": d,
                                             "pp_rank": p, "image_of": rt.rank}
-        return RankTrace(member, attrs, events, rt.names, renamed[self.inv], rt.cats,
-                         rt.phases)
+        return RankTrace(member, attrs, events, rt.table, rt.names, renamed[self.inv],
+                         rt.cats, rt.phases)
 
 
 def expand(ranks: list[RankTrace], manifest: dict[str, Any]) -> list[RankTrace]:

@@ -16,19 +16,70 @@ from ..sim.trace import part_files
 
 CAT_NAMES = {v: k for k, v in CATS.items()}
 PHASE_NAMES = {v: k for k, v in PHASES.items()}
+_CAT_TABLE = np.array([CAT_NAMES[c] for c in range(len(CATS))], dtype=object)
+_PHASE_TABLE = np.array([PHASE_NAMES[p] for p in range(len(PHASES))], dtype=object)
 
 
 @dataclass
 class RankTrace:
-    """One rank's events; `name` and `resource` decoded to strings."""
+    """One rank's events and its string table; names, resources, categories and phases
+    decoded per event on first use (the live per-iteration report tests codes instead, so
+    it never holds the decoded arrays: `is_cat`, `is_phase`, `resource_in`)."""
 
     rank: int
     attrs: dict[str, Any]
     events: np.ndarray
-    names: np.ndarray            # decoded name per event
-    resources: np.ndarray        # decoded resource per event
-    cats: np.ndarray             # category name per event
-    phases: np.ndarray           # phase name per event
+    table: np.ndarray                        # the rank's strings, by code (object)
+    # decoded per event, made on first use unless given (a folded image shares its
+    # representative's, with its own resources)
+    _names: np.ndarray | None = field(default=None, repr=False)
+    _resources: np.ndarray | None = field(default=None, repr=False)
+    _cats: np.ndarray | None = field(default=None, repr=False)
+    _phases: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def names(self) -> np.ndarray:
+        if self._names is None:
+            self._names = self.table[self.events["name"]]
+        return self._names
+
+    @property
+    def resources(self) -> np.ndarray:
+        if self._resources is None:
+            self._resources = self.table[self.events["resource"]]
+        return self._resources
+
+    @property
+    def cats(self) -> np.ndarray:
+        if self._cats is None:
+            self._cats = _CAT_TABLE[self.events["cat"].astype(int)]
+        return self._cats
+
+    @property
+    def phases(self) -> np.ndarray:
+        if self._phases is None:
+            self._phases = _PHASE_TABLE[self.events["phase"].astype(int)]
+        return self._phases
+
+    def is_cat(self, cat: str, idx: np.ndarray | None = None) -> np.ndarray:
+        """Whether each event (of `idx`, or all) is of category `cat` (codes compared)."""
+        codes = self.events["cat"] if idx is None else self.events["cat"][idx]
+        return codes == CATS[cat]
+
+    def is_phase(self, phase: str, idx: np.ndarray | None = None) -> np.ndarray:
+        codes = self.events["phase"] if idx is None else self.events["phase"][idx]
+        return codes == PHASES[phase]
+
+    def resource_in(self, names: tuple[str, ...], idx: np.ndarray | None = None
+                    ) -> np.ndarray:
+        """Whether each event's resource (of `idx`, or all) is one of `names`: by code,
+        unless the resources were given decoded (a folded image's)."""
+        if self._resources is not None:
+            res = self._resources
+            return np.isin(res if idx is None else res[idx], names)
+        codes = self.events["resource"] if idx is None else self.events["resource"][idx]
+        hit = [c for c, s in enumerate(self.table) if s in names]
+        return np.isin(codes, np.asarray(hit, dtype=codes.dtype))
 
     @property
     def complete(self) -> bool:
@@ -62,9 +113,8 @@ class RankTrace:
         """Whether each event's name (of `idx`, or all) starts with one of `prefixes`: tested
         once per distinct name code, not once per event (no per-event string copies)."""
         codes = self.events["name"] if idx is None else self.events["name"][idx]
-        uniq, first = np.unique(codes, return_index=True)
-        names = (self.names if idx is None else self.names[idx])[first]
-        return np.isin(codes, uniq[[str(n).startswith(prefixes) for n in names]])
+        uniq = np.unique(codes)
+        return np.isin(codes, uniq[[str(n).startswith(prefixes) for n in self.table[uniq]]])
 
 
 class TraceError(ValueError):
@@ -129,14 +179,10 @@ def _attr(v: Any) -> Any:
 
 
 def make_trace(attrs: dict[str, Any], events: np.ndarray, strings: list[Any]) -> RankTrace:
-    """A RankTrace from raw rows and the rank's string table (codes decoded)."""
+    """A RankTrace from raw rows and the rank's string table (decoded on first use)."""
     table = np.array([x.decode() if isinstance(x, bytes) else x for x in strings] or [""],
                      dtype=object)
-    cats = np.array([CAT_NAMES[int(c)] for c in range(len(CATS))], dtype=object)
-    phases = np.array([PHASE_NAMES[int(p)] for p in range(len(PHASES))], dtype=object)
-    return RankTrace(int(attrs.get("rank", -1)), attrs, events, table[events["name"]],
-                     table[events["resource"]], cats[events["cat"].astype(int)],
-                     phases[events["phase"].astype(int)])
+    return RankTrace(int(attrs.get("rank", -1)), attrs, events, table)
 
 
 def read_rank(path: Path, first_event: int = 0) -> RankTrace:

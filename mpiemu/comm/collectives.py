@@ -28,8 +28,8 @@ from ..sim.timeline import SimTime, Span, latest
 from .cost import Choice, choose, estimate_s, node_groups, pipeline_depth
 from .fold import FoldError, Mirror
 from .p2p import TimedComm
-from .ring import AllGather, PlainGather, PlainReduce, ReduceScatter, ring_orders
-from .schedule import Lane, Piece, chunk_bounds, lanes, plan
+from .ring import AllGather, PlainGather, PlainReduce, ReduceScatter, ring_lanes, ring_pieces
+from .schedule import Lane, Piece, chunk_bounds
 from .tree import tree_all_reduce
 
 __all__ = ["all_gather", "all_reduce", "all_reduce_scalars", "chunk_bounds",
@@ -102,12 +102,7 @@ def _rows(a: np.ndarray | None, unit: int) -> np.ndarray | None:
 def _ring_plan(tc: TimedComm, m: int, bidirectional: bool, kind: str
                ) -> tuple[list[Lane], list[Piece]]:
     """Lanes and this rank's pieces of a plain ring over m rows (remembered per group)."""
-    key = ("plan", kind, m, bidirectional)
-    got = tc.memo.get(key)
-    if got is None:
-        ls = lanes(m, ring_orders(tc, bidirectional))
-        got = tc.memo[key] = (ls, plan(tc.rank, m, ls, 1, kind))
-    return got
+    return ring_lanes(tc, m, bidirectional), ring_pieces(tc, m, bidirectional, 1, kind)
 
 
 def _ring_rs(tc: TimedComm, flat: np.ndarray | None, n: int, itemsize: int, unit: int,

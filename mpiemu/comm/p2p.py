@@ -38,7 +38,7 @@ def _oversubscribed() -> bool:
 
 _YIELD: bool | None = None
 YIELD_SPINS = 32        # emulator detail: test-and-yield rounds before a waiting rank sleeps
-MAX_SLEEP_S = 1e-3      # emulator detail: the longest sleep between two tests (see wait_all)
+MAX_SLEEP_S = 2e-4      # emulator detail: the longest sleep between two tests (see wait_all)
 
 
 def wait_all(reqs: Sequence[MPI.Request], max_sleep_s: float = MAX_SLEEP_S) -> None:

@@ -28,7 +28,7 @@ from mpi4py import MPI
 
 from ..sim.timeline import SimTime
 from .p2p import RecvHandle, TimedComm, wait_all
-from .schedule import Lane, Piece, chunk_bounds, lanes
+from .schedule import Lane, Piece, chunk_bounds, lanes, plan
 
 RS_TAG, RS_DATA, AG_TAG, AG_DATA = 100, 300, 200, 400
 PIECE_BYTES = 1 << 20   # payload pipelining granularity (an emulator detail, not modelled)
@@ -50,6 +50,27 @@ def ring_orders(tc: TimedComm, bidirectional: bool = False) -> list[tuple[int, .
     if bidirectional:
         orders += [tuple(reversed(o)) for o in orders]
     return orders
+
+
+def ring_lanes(tc: TimedComm, m: int, bidirectional: bool = False) -> list[Lane]:
+    """The lanes of a ring over m rows on this group (remembered per group: every layer
+    asks for the same few)."""
+    key = ("lanes", m, bidirectional)
+    got = tc.memo.get(key)
+    if got is None:
+        got = tc.memo[key] = lanes(m, ring_orders(tc, bidirectional))
+    return got
+
+
+def ring_pieces(tc: TimedComm, m: int, bidirectional: bool, parts: int, kind: str
+                ) -> list[Piece]:
+    """This rank's pieces of `ring_lanes(tc, m, bidirectional)`, each lane chunk cut into
+    `parts` (`schedule.plan`; remembered per group, read-only)."""
+    key = ("pieces", kind, m, bidirectional, parts)
+    got = tc.memo.get(key)
+    if got is None:
+        got = tc.memo[key] = plan(tc.rank, m, ring_lanes(tc, m, bidirectional), parts, kind)
+    return got
 
 
 def egress_ports(tc: TimedComm, ls: list[Lane]) -> int:
@@ -144,6 +165,9 @@ class _Ring:
         self.itemsize, self.hooks = itemsize, hooks
         self.sreqs: dict[tuple[int, int], list[MPI.Request]] = {}
         self.first_send = float("inf")
+        self.by_step: list[list[Piece]] = [[] for _ in range(ls[0].size)]
+        for p in pieces:                    # execution order kept within a step
+            self.by_step[p.step].append(p)
 
     def nbytes(self, p: Piece) -> float:
         return p.n_rows * self.width * self.itemsize
@@ -215,7 +239,7 @@ class ReduceScatter(_Ring):
     def _post(self, step: int) -> None:
         """Post a step's receives early, so data can flow while this rank computes."""
         tc = self.tc
-        for p in (q for q in self.pieces if q.step == step):
+        for p in self.by_step[step]:
             src = self.ls[p.lane].peers(tc.rank)[1]
             h = tc.irecv(None, src, RS_TAG + p.lane, 0.0, nbytes=self.nbytes(p))
             preqs = []
@@ -278,9 +302,9 @@ class AllGather(_Ring):
         recvs: dict[tuple[int, int, int], tuple[RecvHandle, list[MPI.Request]]] = {}
         for s in range(size):
             if s + 1 < size:
-                for p in (q for q in self.pieces if q.step == s + 1):
+                for p in self.by_step[s + 1]:
                     recvs[(p.lane, p.step, p.index)] = self._post(p)
-            for p in (q for q in self.pieces if q.step == s):
+            for p in self.by_step[s]:
                 key = (p.lane, p.step, p.index)
                 if s == 0:
                     t = self.hooks.ready(p)

@@ -48,7 +48,8 @@ class Lane:
         return len(self.order)
 
     def _at(self, rank: int, shift: int) -> int:
-        return self.order[(self._pos[rank] + shift) % self.size]
+        o = self.order
+        return o[(self._pos[rank] + shift) % len(o)]
 
     def peers(self, rank: int) -> tuple[int, int]:
         """(destination, source) of this lane for `rank`."""

@@ -52,7 +52,7 @@ def send(tl: Timeline, net: Network, src: int, dst: int, nbytes: float, ready: S
 def arrival(tl: Timeline, net: Network, src: int, dst: int, header: np.ndarray, *,
             peer: int = -1, label: str = "recv") -> SimTime:
     """When a message with this header is in the receiver's memory (ingress reserved)."""
-    t0, t_out, wire, lat, nbytes = (float(v) for v in header[:5])
+    t0, t_out, wire, lat, nbytes = header[:5].tolist()      # Python floats, as float()
     hop = net.hop(src, dst)
     t_in = t_out
     if hop.ingress is not None:

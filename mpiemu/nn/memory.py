@@ -145,12 +145,17 @@ def stage_activations(cfg: ModelConfig, d: Dims, e: int, lay: Layout = Layout())
         if c == lay.chunks - 1 and lay.stage == lay.pp - 1:
             s += head_stored(cfg, d)
         chunk.append(s)
-    live, peak = Stored(), Stored()
+    # plain ints in the loop (a 512-micro-batch schedule of 64 stages is 65k steps)
+    sizes = [(x.act, x.stats, x.masks, x.bytes(e)) for x in chunk]
+    act = stats = masks = live = 0
+    peak, peak_bytes = Stored(), 0
     for ps in order(lay.schedule, lay.pp, lay.stage, lay.micro_batches, lay.chunks):
-        x = chunk[ps.chunk]
-        live = live + x if ps.kind == "F" else Stored(live.act - x.act, live.stats - x.stats,
-                                                      live.masks - x.masks)
-        peak = live if live.bytes(e) > peak.bytes(e) else peak
+        da, ds, dm, db = sizes[ps.chunk]
+        sign = 1 if ps.kind == "F" else -1
+        act, stats, masks = act + sign * da, stats + sign * ds, masks + sign * dm
+        live += sign * db
+        if live > peak_bytes:
+            peak, peak_bytes = Stored(act, stats, masks), live
     return peak
 
 

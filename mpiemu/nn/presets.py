@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import tomllib
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -33,7 +32,7 @@ class ModelPreset:
 
 
 def _preset_dir() -> Path:
-    return Path(str(resources.files("mpiemu.nn") / "presets"))
+    return Path(__file__).with_name("presets")   # files on disk (importlib.resources: +1 MB/rank)
 
 
 def list_model_presets() -> list[str]:

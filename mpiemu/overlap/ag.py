@@ -15,7 +15,7 @@ import numpy as np
 
 from ..comm import schedule as sch
 from ..comm.p2p import TimedComm
-from ..comm.ring import AllGather, ring_orders
+from ..comm.ring import AllGather, ring_lanes, ring_pieces
 from ..comm.schedule import chunk_bounds
 from ..hw.contention import NO_CONTENTION, T3Params
 from ..sim.timeline import COMPUTE
@@ -53,7 +53,7 @@ def ring_all_gather(tc: TimedComm, mine: np.ndarray | None, *, m: int, n: int, i
                     out: np.ndarray | None = None) -> tuple[np.ndarray | None, float, float]:
     """Rows of every rank in rank order (into `out` if given); returns (full [m, n] or None,
     first send, end)."""
-    ls = sch.lanes(m, ring_orders(tc, ov.bidirectional))
+    ls = ring_lanes(tc, m, ov.bidirectional)
     costs = ag_costs(ov)
     clock = Clock(tc.tl, name, tc.model.spec.dram_stream_bw, NO_CONTENTION, costs,
                   lane_rate(tc, ls), len(ls), stats=stats)
@@ -62,7 +62,7 @@ def ring_all_gather(tc: TimedComm, mine: np.ndarray | None, *, m: int, n: int, i
         full = np.empty((m, n), mine.dtype) if out is None else out
         lo, hi = chunk_bounds(m, tc.size)[tc.rank]
         full[lo:hi] = mine
-    ring = AllGather(tc, ls, sch.plan(tc.rank, m, ls, 1, "ag"), n, itemsize,
+    ring = AllGather(tc, ls, ring_pieces(tc, m, ov.bidirectional, 1, "ag"), n, itemsize,
                      ClockGather(tc, clock, costs, start), full).run()
     end = ring.end
     first = min(ring.first_send, end)
@@ -82,9 +82,9 @@ class AgGemm:
         cus = comm_cus(ov, spec.compute_units)
         self.plan = gemm_plan(tc.model, m, n, k, dtype,
                               compute_units=None if cus is None else spec.compute_units - cus)
-        self.lanes = sch.lanes(m, ring_orders(tc, ov.bidirectional))
+        self.lanes = ring_lanes(tc, m, ov.bidirectional)
         parts = pieces_per_chunk(ov, self.plan.n_stages, tc.size, len(self.lanes))
-        self.pieces = sch.plan(tc.rank, m, self.lanes, parts, "ag")
+        self.pieces = ring_pieces(tc, m, ov.bidirectional, parts, "ag")
         self.costs = ag_costs(ov)
         bw = spec.dram_stream_bw
         cu_bw = math.inf if cus is None or params is None else cus * params.comm_cu_bw_bytes_per_s

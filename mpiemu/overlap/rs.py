@@ -18,7 +18,7 @@ import numpy as np
 
 from ..comm import schedule as sch
 from ..comm.p2p import TimedComm
-from ..comm.ring import ReduceScatter, ring_orders
+from ..comm.ring import ReduceScatter, ring_lanes, ring_pieces
 from ..comm.schedule import chunk_bounds
 from ..hw.contention import T3Params
 from ..sim.timeline import COMPUTE
@@ -65,9 +65,9 @@ def setup(tc: TimedComm, ov: Overlap, m: int, n: int, k: int, dtype: str, itemsi
     cus = comm_cus(ov, spec.compute_units)
     plan = gemm_plan(tc.model, m, n, k, dtype, uncached_output=t.uncached_output,
                      compute_units=None if cus is None else spec.compute_units - cus)
-    ls = sch.lanes(m, ring_orders(tc, ov.bidirectional))
+    ls = ring_lanes(tc, m, ov.bidirectional)
     parts = pieces_per_chunk(ov, plan.n_stages, tc.size, len(ls))
-    pieces = sch.plan(tc.rank, m, ls, parts, "rs")
+    pieces = ring_pieces(tc, m, ov.bidirectional, parts, "rs")
     # only the NMC strategies read the update cost, and they require the parameters
     costs = rs_costs(ov, params.nmc_update_cost if params is not None else 1.0)
     bw = spec.dram_stream_bw

@@ -5,7 +5,6 @@ field, the value and what is allowed.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import tomllib
@@ -13,6 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from .._digest import sha256_hex
 from ..hw.caps import CapError, apply_overrides, check_path
 from ..hw.presets import PresetError, list_presets, load_device
 from ..hw.specs import DTYPE_BYTES, DeviceSpec
@@ -328,7 +328,7 @@ class Workload:
 
     def config_hash(self) -> str:
         blob = json.dumps(self.as_dict(), sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+        return sha256_hex(blob)[:16]
 
 
 def load_workload(path: str | Path | None, overrides: Sequence[str] = ()) -> Workload:

@@ -9,7 +9,6 @@ the shards to rank 0 and compares them with the one-process reference.
 """
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from .._digest import sha256
 from ..analysis.breakdown import BREAKDOWN_FIELDS, IterationBreakdown, iteration_breakdown
 from ..analysis.load import make_trace
 from ..nn.check import check_against_reference
@@ -170,7 +170,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
 def params_digest(P: dict[str, Any]) -> str:
     """SHA-256 over a rank's parameter tensors (sorted by name): equal digests mean
     bit-identical parameters."""
-    h = hashlib.sha256()
+    h = sha256()
     for name in sorted(P):
         h.update(name.encode())
         h.update(np.ascontiguousarray(P[name]).tobytes())

@@ -38,6 +38,17 @@ class PortCalendar:
         start = self.first_idle(ready)
         if busy <= 0.0:
             return start, start
+        ends = self.ends
+        if not ends or start >= ends[-1]:        # past every reservation: one piece, appended
+            end = start + busy
+            if ends and ends[-1] == start:
+                ends[-1] = end
+            else:
+                self.starts.append(start)
+                ends.append(end)
+                if len(ends) > MAX_INTERVALS:
+                    self._bound()
+            return start, end
         t, left = start, busy
         i = bisect.bisect_right(self.starts, t)
         pieces: list[tuple[float, float]] = []
@@ -66,6 +77,10 @@ class PortCalendar:
         if i + 1 < len(self.starts) and self.starts[i + 1] == self.ends[i]:
             self.ends[i] = self.ends[i + 1]
             del self.starts[i + 1], self.ends[i + 1]
+        self._bound()
+
+    def _bound(self) -> None:
+        """Beyond MAX_INTERVALS, count the oldest gap busy: bounded memory, recent gaps kept."""
         if len(self.starts) > MAX_INTERVALS:
             self.ends[0] = self.ends[1]          # close the oldest gap
             del self.starts[1], self.ends[1]

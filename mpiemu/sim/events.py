@@ -35,24 +35,23 @@ EVENT_DTYPE = np.dtype([
 ])
 
 
-class StringTable:
-    """Interns strings to stable integer codes, remembering which codes are new."""
+class StringTable(dict[str, int]):
+    """Interns strings to stable integer codes (`table[s]`: a string's code, assigned on
+    first use), remembering which codes are new."""
 
     def __init__(self) -> None:
-        self._codes: dict[str, int] = {}
+        super().__init__()
         self._flushed = 0
 
-    def code(self, s: str) -> int:
-        c = self._codes.get(s)
-        if c is None:
-            c = self._codes[s] = len(self._codes)
+    def __missing__(self, s: str) -> int:
+        c = self[s] = len(self)
         return c
+
+    def code(self, s: str) -> int:
+        return self[s]
 
     def take_new(self) -> list[str]:
         """Strings interned since the last call, in code order."""
-        names = list(self._codes)[self._flushed:]
-        self._flushed = len(self._codes)
+        names = list(self)[self._flushed:]
+        self._flushed = len(self)
         return names
-
-    def __len__(self) -> int:
-        return len(self._codes)

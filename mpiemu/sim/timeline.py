@@ -123,9 +123,9 @@ class Timeline:
         w = self.writer
         if w is None:
             return
-        lab = self.labels
-        now = self.wall()
-        w.add((w.strings.code(name), CATS[cat], w.strings.code(resource), t0, t1,
+        lab, codes = self.labels, w.strings
+        now = time.perf_counter() - self._wall0
+        w.add((codes[name], CATS[cat], codes[resource], t0, t1,
                now if wall_start is None else wall_start, now, flops, int(nbytes),
                int(dram_bytes), lab.layer, PHASES[lab.phase], lab.iteration, peer, stage))
 

@@ -5,11 +5,11 @@ buffered events and the strings new since the last one as a part file
 `rank-00003.h5.part-000001`, written under a temporary name and renamed into place (atomic on
 POSIX), so a rank killed mid-write, or a full disk, loses at most the block being written and
 never one already committed. A flush happens every `block_events` events, at the end of each
-iteration (the runners call `flush`) and at least every `flush_interval_s` of wall time, so
-a killed rank loses at most that much. A clean `close(complete=True)` compacts the parts into
-the rank file (written under a temporary name, renamed, then the parts deleted; the file's
-`parts_merged` attribute says which parts it holds, so a kill between the rename and the
-deletes counts nothing twice). `read_trace` is the reader's side (DESIGN.md, Traces).
+iteration (the runners call `flush`) and, looked at every `TICK_EVERY` events, at least
+every `flush_interval_s` of wall time, so a killed rank loses at most about that much. A
+clean `close(complete=True)` compacts the parts into the rank file (written under a
+temporary name, renamed, then the parts deleted; the file's `parts_merged` attribute says
+which parts it holds, so a kill between the rename and the deletes counts nothing twice). `read_trace` is the reader's side (DESIGN.md, Traces).
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from .events import EVENT_DTYPE, SCHEMA_VERSION, StringTable
 STRING_DTYPE = h5py.string_dtype("utf-8")
 CHUNK_EVENTS = 4096   # ~400 KiB per chunk of the compound dtype (h5py guide: 10 KiB-1 MiB)
 FLUSH_INTERVAL_S = 2.0
+TICK_EVERY = 64       # events between two looks at the wall clock (one costs as much as an add)
 
 
 def commit(final: Path, write: Callable[[Path], object], tmp: Path | None = None) -> None:
@@ -106,9 +107,10 @@ class TraceWriter:
     def add(self, row: tuple[Any, ...]) -> None:
         """Buffer one event row (fields in EVENT_DTYPE order, names already coded)."""
         self._rows.append(row)
-        if len(self._rows) >= self.block_events:
+        n = len(self._rows)
+        if n >= self.block_events:
             self.flush()
-        else:
+        elif n % TICK_EVERY == 0:
             self.tick()
 
     def tick(self) -> None:
@@ -167,7 +169,7 @@ class TraceWriter:
             rows = np.array(self._rows, dtype=EVENT_DTYPE)
             for n in names:
                 out[n][at:] = rows[n]
-        return out[self._mark - first:], list(self.strings._codes)
+        return out[self._mark - first:], list(self.strings)
 
     def close(self, complete: bool, attrs: Mapping[str, Any] | None = None) -> None:
         """Commit what is buffered; at a clean end (`complete`) compact the parts into the
