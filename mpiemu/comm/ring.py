@@ -165,17 +165,20 @@ class _Ring:
         self.itemsize, self.hooks = itemsize, hooks
         self.sreqs: dict[tuple[int, int], list[MPI.Request]] = {}
         self.first_send = float("inf")
+        self.dst = [ln.peers(tc.rank)[0] for ln in ls]       # by lane: where this rank sends
+        self.src = [ln.peers(tc.rank)[1] for ln in ls]       # ... and receives from
+        self.row_bytes = width * itemsize
         self.by_step: list[list[Piece]] = [[] for _ in range(ls[0].size)]
         for p in pieces:                    # execution order kept within a step
             self.by_step[p.step].append(p)
 
     def nbytes(self, p: Piece) -> float:
-        return p.n_rows * self.width * self.itemsize
+        return (p.rows[1] - p.rows[0]) * self.row_bytes
 
     def send(self, p: Piece, ready: SimTime, data: np.ndarray | None, tag: int, dtag: int,
              lo: int = 0) -> None:
         """Time the piece and post its header (and, with numerics, its payload rows)."""
-        dst = self.ls[p.lane].peers(self.tc.rank)[0]
+        dst = self.dst[p.lane]
         header = self.hooks.place(p, dst, ready, self.nbytes(p))
         self.first_send = min(self.first_send, float(header[0]))
         reqs = self.tc.post(header, None, dst, tag + p.lane)
@@ -240,7 +243,7 @@ class ReduceScatter(_Ring):
         """Post a step's receives early, so data can flow while this rank computes."""
         tc = self.tc
         for p in self.by_step[step]:
-            src = self.ls[p.lane].peers(tc.rank)[1]
+            src = self.src[p.lane]
             h = tc.irecv(None, src, RS_TAG + p.lane, 0.0, nbytes=self.nbytes(p))
             preqs = []
             if self.real:
@@ -270,7 +273,7 @@ class ReduceScatter(_Ring):
             recv = self.rbuf[p.lane][p.step % 2][p.rows[0] - lo:p.rows[1] - lo]
         if last:
             self.done = max(self.done, self.hooks.finish(p, t))
-        dst = self.ls[p.lane].peers(self.tc.rank)[0]
+        dst = self.dst[p.lane]
         if not last:
             header = self.hooks.place(p, dst, t, self.nbytes(p))
             self.sreqs.setdefault((p.lane, p.step % 2), []).extend(
@@ -322,7 +325,7 @@ class AllGather(_Ring):
         return self
 
     def _post(self, p: Piece) -> tuple[RecvHandle, list[MPI.Request]]:
-        src = self.ls[p.lane].peers(self.tc.rank)[1]
+        src = self.src[p.lane]
         h = self.tc.irecv(None, src, AG_TAG + p.lane, 0.0, nbytes=self.nbytes(p))
         preqs = []
         if self.buf is not None:

@@ -38,9 +38,10 @@ def send(tl: Timeline, net: Network, src: int, dst: int, nbytes: float, ready: S
          ) -> np.ndarray:
     """Place a message on the sender's port and record it; returns its header."""
     hop = net.hop(src, dst)
-    start = tl.port_idle(hop.egress, ready)
     wire = nbytes / net.rate(hop, proto, share) if nbytes > 0 else 0.0
-    if feed is not None:
+    start = ready                   # occupy starts at the port's first idle instant anyway
+    if feed is not None:            # ... but the feed depends on it
+        start = tl.port_idle(hop.egress, ready)
         wire = max(wire, feed(start))
     t0, t_out = tl.occupy(hop.egress, start, wire)
     lat = net.latency(hop, proto, algorithm)

@@ -35,55 +35,46 @@ class PortCalendar:
 
     def occupy(self, ready: float, busy: float) -> tuple[float, float]:
         """Reserve `busy` seconds of idle time from `ready` on; returns (start, end)."""
-        start = self.first_idle(ready)
+        starts, ends = self.starts, self.ends
+        i = bisect.bisect_right(starts, ready)          # the interval after `ready`'s gap
+        start = ends[i - 1] if i and ends[i - 1] > ready else ready     # first idle instant
         if busy <= 0.0:
             return start, start
-        ends = self.ends
-        if not ends or start >= ends[-1]:        # past every reservation: one piece, appended
+        if i == len(starts) or busy <= starts[i] - start:   # the usual case: one piece
             end = start + busy
-            if ends and ends[-1] == start:
-                ends[-1] = end
-            else:
-                self.starts.append(start)
-                ends.append(end)
-                if len(ends) > MAX_INTERVALS:
-                    self._bound()
+            self._insert(i, start, end)
             return start, end
         t, left = start, busy
-        i = bisect.bisect_right(self.starts, t)
         pieces: list[tuple[float, float]] = []
         while left > 0.0:
-            gap_end = self.starts[i] if i < len(self.starts) else float("inf")
+            gap_end = starts[i] if i < len(starts) else float("inf")
             take = min(left, gap_end - t)
             if take > 0.0:
                 pieces.append((t, t + take))
                 left -= take
             if left > 0.0:
-                t = self.ends[i]
+                t = ends[i]
                 i += 1
         for a, b in pieces:
-            self._insert(a, b)
+            self._insert(bisect.bisect_left(starts, a), a, b)
         return start, pieces[-1][1]
 
-    def _insert(self, a: float, b: float) -> None:
-        """Add [a, b) (disjoint from every interval), merging touching neighbours."""
-        i = bisect.bisect_left(self.starts, a)
-        if i > 0 and self.ends[i - 1] == a:
+    def _insert(self, i: int, a: float, b: float) -> None:
+        """Add [a, b) at position i (disjoint from every interval), merging touching
+        neighbours; beyond MAX_INTERVALS the oldest gap counts as busy (bounded memory)."""
+        starts, ends = self.starts, self.ends
+        if i > 0 and ends[i - 1] == a:
             i -= 1
-            self.ends[i] = b
+            ends[i] = b
         else:
-            self.starts.insert(i, a)
-            self.ends.insert(i, b)
-        if i + 1 < len(self.starts) and self.starts[i + 1] == self.ends[i]:
-            self.ends[i] = self.ends[i + 1]
-            del self.starts[i + 1], self.ends[i + 1]
-        self._bound()
-
-    def _bound(self) -> None:
-        """Beyond MAX_INTERVALS, count the oldest gap busy: bounded memory, recent gaps kept."""
-        if len(self.starts) > MAX_INTERVALS:
-            self.ends[0] = self.ends[1]          # close the oldest gap
-            del self.starts[1], self.ends[1]
+            starts.insert(i, a)
+            ends.insert(i, b)
+        if i + 1 < len(starts) and starts[i + 1] == ends[i]:
+            ends[i] = ends[i + 1]
+            del starts[i + 1], ends[i + 1]
+        if len(starts) > MAX_INTERVALS:
+            ends[0] = ends[1]                    # close the oldest gap
+            del starts[1], ends[1]
 
     def busy_until(self) -> float:
         """End of the last reservation (0 when none)."""
