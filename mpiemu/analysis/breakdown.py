@@ -13,9 +13,11 @@ what remains (waiting on a peer, launch gaps; with pp > 1 mostly the pipeline bu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 
+from ..sim.events import CATS
 from .load import RankTrace, Run
 from .tables import union_length
 
@@ -24,6 +26,8 @@ TP_GROUPS = ("coll.tp", "coll.mp", "coll.world")     # model-parallel collective
 DP_GROUPS = ("coll.dp", "coll.embed")                # gradient synchronization
 # the event fields a breakdown reads (a running rank reads back only these: run/train.py)
 BREAKDOWN_FIELDS = ("name", "cat", "resource", "phase", "iteration", "t_start", "t_end")
+# the only categories a breakdown counts (messages, three in four events, only set windows)
+COUNTED_CATS = np.array([CATS["compute"], CATS["collective"]], dtype=np.uint8)
 
 
 @dataclass(frozen=True)
@@ -49,16 +53,29 @@ class IterationBreakdown:
         return self.iteration_s - self.compute_s - self.tp_exposed_s - self.dp_exposed_s
 
 
-def _window(rt: RankTrace, iteration: int) -> tuple[float, float]:
-    ev = rt.events
-    it = ev["iteration"]
-    mine = it == iteration
-    if not mine.any():
-        raise ValueError(f"rank {rt.rank} has no events of iteration {iteration}")
-    before = it < iteration
-    before &= it >= 0
-    t0 = float(ev["t_end"][before].max()) if before.any() else float(ev["t_start"][mine].min())
-    return t0, float(ev["t_end"][mine].max())
+def window_of(blocks: Iterable[np.ndarray], iteration: int, rank: int = -1
+              ) -> tuple[float, float]:
+    """An iteration's window from blocks of events (fields iteration, t_start, t_end), read
+    one at a time: from the last end of the iterations before it (or its own first start)
+    to its own last end."""
+    first, last, before = np.inf, -np.inf, -np.inf
+    for ev in blocks:
+        it = ev["iteration"]
+        mine = it == iteration
+        if mine.any():
+            first = min(first, float(ev["t_start"][mine].min()))
+            last = max(last, float(ev["t_end"][mine].max()))
+        prev = (it < iteration) & (it >= 0)
+        if prev.any():
+            before = max(before, float(ev["t_end"][prev].max()))
+    if last == -np.inf:
+        raise ValueError(f"rank {rank} has no events of iteration {iteration}")
+    return (before if before > -np.inf else first), last
+
+
+def counted(ev: np.ndarray) -> np.ndarray:
+    """The events a breakdown counts (compute and collectives), as a mask."""
+    return np.isin(ev["cat"], COUNTED_CATS)
 
 
 def iteration_breakdown(rt: RankTrace, iteration: int,
@@ -69,7 +86,7 @@ def iteration_breakdown(rt: RankTrace, iteration: int,
     the collectives that span pipeline stages (the optimizer's norm all-reduce, the tied
     embedding's `pp.*`) count as idle, being almost all waiting for the other stages, so a
     stage's idle time is its pipeline bubble."""
-    t0, t1 = window if window is not None else _window(rt, iteration)
+    t0, t1 = window if window is not None else window_of([rt.events], iteration, rt.rank)
     inside = np.flatnonzero((rt.events["t_end"] > t0) & (rt.events["t_start"] < t1))
     return _breakdown(rt, inside, iteration, t0, t1, sync_is_idle)
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 from mpi4py import MPI
 
 from .._digest import sha256
-from ..analysis.breakdown import BREAKDOWN_FIELDS, IterationBreakdown, iteration_breakdown
+from ..analysis.breakdown import (BREAKDOWN_FIELDS, IterationBreakdown, counted,
+                                  iteration_breakdown, window_of)
 from ..analysis.load import make_trace
 from ..nn.check import check_against_reference
 from ..nn.config import ModelConfig
@@ -248,9 +249,20 @@ def _report_iteration(ctx: RankContext, it: int, loss: float, wall: float,
     prints its own, with MFU and HFU (`flops`: what the run counts per iteration); the first
     rank of each pipeline stage (TP and DP rank 0) reports that stage."""
     grid = ctx.grid
-    rt = make_trace({"rank": grid.rank}, *ctx.writer.since_mark(BREAKDOWN_FIELDS)) \
-        if grid.tp_rank == 0 and grid.dp_rank == 0 else None
-    b = ctx.world.bcast(iteration_breakdown(rt, it) if ctx.rank == 0 and rt else None, root=0)
+    rt, window = None, None
+    if grid.tp_rank == 0 and grid.dp_rank == 0:
+        # one pass over the iteration's blocks: its window from every event, and only the
+        # events the breakdown counts kept (messages, three in four, are not)
+        kept: list[np.ndarray] = []
+
+        def keep(blocks: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
+            for block in blocks:
+                kept.append(block[counted(block)])
+                yield block
+        window = window_of(keep(ctx.writer.blocks_since_mark(BREAKDOWN_FIELDS)), it, grid.rank)
+        rt = make_trace({"rank": grid.rank}, np.concatenate(kept), list(ctx.writer.strings))
+    b = ctx.world.bcast(iteration_breakdown(rt, it, window) if ctx.rank == 0 and rt else None,
+                        root=0)
     mine = None if rt is None else \
         iteration_breakdown(rt, it, (b.t_start, b.t_end), sync_is_idle=True)
     stages = {stage: br for stage, br in ctx.world.allgather((grid.pp_rank, mine))

@@ -18,7 +18,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import h5py
 import numpy as np
@@ -148,28 +148,25 @@ class TraceWriter:
         self._mark = self.n_events
         self._since_mark = []
 
-    def since_mark(self, fields: tuple[str, ...] | None = None
-                   ) -> tuple[np.ndarray, list[str]]:
+    def blocks_since_mark(self, fields: tuple[str, ...] | None = None
+                          ) -> Iterator[np.ndarray]:
         """Events recorded since `mark` (committed or still buffered), only `fields` if
-        given, and the whole string table. Committed blocks are read back from their part
-        files (just written: the page cache holds them), so a rank keeps no copy of its
-        iteration in memory; the cost is linear in the iteration's events, flat over a long
-        run."""
+        given, a block at a time. Committed blocks are read back from their part files (just
+        written: the page cache holds them), so a rank keeps no copy of its iteration in
+        memory; the cost is linear in the iteration's events, flat over a long run."""
         names = list(fields or EVENT_DTYPE.names or ())
-        dtype = np.dtype([(n, EVENT_DTYPE[n]) for n in names])
-        first = self._since_mark[0][0] if self._since_mark else self._n
-        out = np.empty(self.n_events - first, dtype=dtype)
-        at = 0
+        at = self._since_mark[0][0] if self._since_mark else self._n
         for _, part in self._since_mark:
             with h5py.File(part, "r") as f:
                 block = f["events"].fields(names)[()]
-                out[at:at + len(block)] = block
-                at += len(block)
+            yield block[max(0, self._mark - at):]
+            at += len(block)
         if self._rows:
-            rows = np.array(self._rows, dtype=EVENT_DTYPE)
+            rows = np.array(self._rows, dtype=EVENT_DTYPE)[max(0, self._mark - at):]
+            block = np.empty(len(rows), dtype=[(n, EVENT_DTYPE[n]) for n in names])
             for n in names:
-                out[n][at:] = rows[n]
-        return out[self._mark - first:], list(self.strings)
+                block[n] = rows[n]
+            yield block
 
     def close(self, complete: bool, attrs: Mapping[str, Any] | None = None) -> None:
         """Commit what is buffered; at a clean end (`complete`) compact the parts into the
