@@ -28,6 +28,7 @@ from .events import EVENT_DTYPE, SCHEMA_VERSION, StringTable
 STRING_DTYPE = h5py.string_dtype("utf-8")
 CHUNK_EVENTS = 4096   # ~400 KiB per chunk of the compound dtype (h5py guide: 10 KiB-1 MiB)
 FLUSH_INTERVAL_S = 2.0
+MERGE_EVENTS = 4 * CHUNK_EVENTS   # events a compaction holds before writing whole chunks
 TICK_EVERY = 64       # events between two looks at the wall clock (one costs as much as an add)
 
 
@@ -68,6 +69,14 @@ def _tables(f: h5py.File) -> None:
                      chunks=(CHUNK_EVENTS,), compression="gzip", compression_opts=4, shuffle=True)
     f.create_dataset("strings", shape=(0,), maxshape=(None,), dtype=STRING_DTYPE,
                      chunks=(256,))
+
+
+def _opened(first: h5py.File, paths: list[Path]) -> Iterator[h5py.File]:
+    """`first`, then each of `paths` opened for reading in turn (closed after its turn)."""
+    yield first
+    for p in paths:
+        with h5py.File(p, "r") as f:
+            yield f
 
 
 def _append(ds: h5py.Dataset, data: Any) -> None:
@@ -183,16 +192,26 @@ class TraceWriter:
 
     def _merge(self, tmp: Path, parts: list[tuple[int, Path]],
                attrs: Mapping[str, Any]) -> None:
+        """The rank file plus its parts into `tmp`: events written a few whole chunks at a
+        time (each chunk compressed once), strings at the end in one write."""
+        strings: list[Any] = []
+        pending: list[np.ndarray] = []
         with h5py.File(self.path, "r") as src, h5py.File(tmp, "w") as dst:
             _tables(dst)
             for key, value in src.attrs.items():
                 dst.attrs[key] = value
-            _append(dst["events"], src["events"][()])
-            _append(dst["strings"], src["strings"][()])
-            for _, p in parts:
-                with h5py.File(p, "r") as f:
-                    _append(dst["events"], f["events"][()])
-                    _append(dst["strings"], f["strings"][()])
+            events = dst["events"]
+            for f in _opened(src, [p for _, p in parts]):
+                pending.append(f["events"][()])
+                strings.extend(f["strings"][()])
+                if sum(len(b) for b in pending) >= MERGE_EVENTS:
+                    block = np.concatenate(pending)
+                    whole = len(block) - len(block) % CHUNK_EVENTS
+                    _append(events, block[:whole])
+                    pending = [block[whole:]]
+            if pending:
+                _append(events, np.concatenate(pending))
+            _append(dst["strings"], np.array(strings, dtype=object))
             for key, value in attrs.items():
                 dst.attrs[key] = _attr(value)
             dst.attrs["complete"] = True
