@@ -6,6 +6,7 @@ paper states (the reasoning follows in the same string).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import tomllib
@@ -67,8 +68,8 @@ def read_preset(name_or_path: str, directory: Path | None = None,
     path = Path(name_or_path)
     if not path.suffix:
         path = directory / f"{name_or_path}.toml"
-    names = sorted(p.stem for p in directory.glob("*.toml"))
     if not path.is_file():
+        names = sorted(p.stem for p in directory.glob("*.toml"))
         raise PresetError(f"{what}={name_or_path!r} is not a preset; choose one of "
                           f"{names} or give a path to a preset .toml")
     try:
@@ -98,7 +99,19 @@ def unused_entry(raw: Mapping[str, Any], secs: Mapping[str, Mapping[str, Quantit
 
 def load_device(name_or_path: str) -> DeviceSpec:
     """Build a DeviceSpec from a preset (every section a field of the spec tree, `caps`);
-    raises PresetError naming what is wrong, including an entry no field reads."""
+    raises PresetError naming what is wrong, including an entry no field reads. A bundled
+    preset is read once per process (a spec is immutable); a file, at every call."""
+    if Path(name_or_path).suffix:
+        return _read_device(name_or_path)
+    return _bundled_device(name_or_path)
+
+
+@functools.lru_cache(maxsize=None)
+def _bundled_device(name: str) -> DeviceSpec:
+    return _read_device(name)
+
+
+def _read_device(name_or_path: str) -> DeviceSpec:
     raw = read_preset(name_or_path)
     name = str(raw.get("name", name_or_path))
     secs = all_quantities(raw)
