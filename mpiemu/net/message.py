@@ -58,7 +58,7 @@ def arrival(tl: Timeline, net: Network, src: int, dst: int, header: np.ndarray, 
     t_in = t_out
     if hop.ingress is not None:
         t_in = max(t_out, tl.occupy(hop.ingress, t0, wire)[1])
-    tl.record(label, "comm", f"in:{hop.label}", t0, t_in + lat, 0.0, int(nbytes), 0.0, peer,
+    tl.record(label, "comm", hop.in_label, t0, t_in + lat, 0.0, int(nbytes), 0.0, peer,
               -1, None)
     return t_in + lat
 

@@ -35,11 +35,15 @@ class Hop:
     transport: Transport
     inter_node: bool
     hops: int = 1             # latencies paid (a ring fabric's multi-hop path)
+    # the route as a trace records it: `port.0.out>port.1.in`, `nic.3.out>nic.11.in`; and
+    # on the receiver, `in:` + the route (made once: routes are cached per device pair)
+    label: str = field(init=False, compare=False, repr=False)
+    in_label: str = field(init=False, compare=False, repr=False)
 
-    @property
-    def label(self) -> str:
-        """The route as a trace records it: `port.0.out>port.1.in`, `nic.3.out>nic.11.in`."""
-        return self.egress if self.ingress is None else f"{self.egress}>{self.ingress}"
+    def __post_init__(self) -> None:
+        label = self.egress if self.ingress is None else f"{self.egress}>{self.ingress}"
+        object.__setattr__(self, "label", label)
+        object.__setattr__(self, "in_label", f"in:{label}")
 
 
 @dataclass(frozen=True)

@@ -63,16 +63,20 @@ class PortCalendar:
         """Add [a, b) at position i (disjoint from every interval), merging touching
         neighbours; beyond MAX_INTERVALS the oldest gap counts as busy (bounded memory)."""
         starts, ends = self.starts, self.ends
-        if i > 0 and ends[i - 1] == a:
+        n = len(starts)
+        if i and ends[i - 1] == a:
             i -= 1
             ends[i] = b
         else:
             starts.insert(i, a)
             ends.insert(i, b)
-        if i + 1 < len(starts) and starts[i + 1] == ends[i]:
-            ends[i] = ends[i + 1]
-            del starts[i + 1], ends[i + 1]
-        if len(starts) > MAX_INTERVALS:
+            n += 1
+        j = i + 1
+        if j < n and starts[j] == b:             # ends[i] is b either way
+            ends[i] = ends[j]
+            del starts[j], ends[j]
+            n -= 1
+        if n > MAX_INTERVALS:
             ends[0] = ends[1]                    # close the oldest gap
             del starts[1], ends[1]
 

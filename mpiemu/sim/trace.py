@@ -28,7 +28,7 @@ from .events import EVENT_DTYPE, SCHEMA_VERSION, StringTable
 STRING_DTYPE = h5py.string_dtype("utf-8")
 CHUNK_EVENTS = 4096   # ~400 KiB per chunk of the compound dtype (h5py guide: 10 KiB-1 MiB)
 FLUSH_INTERVAL_S = 2.0
-MERGE_EVENTS = 4 * CHUNK_EVENTS   # events a compaction holds before writing whole chunks
+MERGE_EVENTS = CHUNK_EVENTS   # events a compaction holds before writing whole chunks
 TICK_EVERY = 64       # events between two looks at the wall clock (one costs as much as an add)
 
 
