@@ -9,7 +9,8 @@ batch 1536 as Narayanan et al. 2021 Table 2) and the 1T model at TP 8 x PP 64 x 
 GPUs, global batch 3072, Table 1), with the distributed optimizer (its DP reduce-scatter and
 all-gather are rings: folding is exact; NCCL's tree for a DP all-reduce across nodes is not).
 Prints wall seconds of the whole command, of the iteration alone (rank 0's), the largest peak
-RSS of any rank (the launcher's children) and the emulated iteration.
+RSS of any rank (the launcher's children) and the emulated iteration; first, the floor: as
+many processes as the smallest run only starting (Python, numpy, MPI_Init, h5py, mpiemu).
 `--exact` first checks folded == unfolded bit for bit on three workloads at 8, 16 and 32 ranks.
 Usage: python benchmarks/scale.py [--ranks 8 16 32 64] [--no-pipeline] [--no-folded] [--exact]
 """
@@ -42,6 +43,19 @@ def one(ranks: int, workload: str, sets: list[str], out: Path
     peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     rows = json.loads((out / "manifest.json").read_text())["summary"]["iterations"]
     return wall, float(rows[0]["wall_s"]), peak_mb, float(rows[0]["t_end"] - rows[0]["t_start"])
+
+
+def floor(ranks: int) -> tuple[float, float]:
+    """Wall s of `ranks` processes that only start: importing numpy, mpi4py (MPI_Init) and
+    h5py; and importing mpiemu's run modules too. What no unfolded run on this host beats."""
+    bindir = Path(sys.executable).parent
+    out = []
+    for mods in ("numpy, mpi4py.MPI, h5py", "mpiemu.run.runner, mpiemu.run.train"):
+        t0 = time.perf_counter()
+        subprocess.run([str(bindir / "mpiexec"), "-n", str(ranks), sys.executable, "-c",
+                        f"import {mods}"], cwd=ROOT, check=True, capture_output=True)
+        out.append(time.perf_counter() - t0)
+    return out[0], out[1]
 
 
 PP8 = "workloads/gpt3-175b-tp8-pp8.toml"
@@ -99,6 +113,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         if args.exact and not exact(Path(tmp)):
             return 1
+        if args.ranks:
+            bare, mods = floor(args.ranks[0])
+            print(f"floor: {args.ranks[0]} processes importing numpy, mpi4py, h5py: "
+                  f"{bare:.1f} s; and mpiemu's run modules: {mods:.1f} s", flush=True)
         print(f"{'ranks':>6} {'GPUs':>5} {'workload':<36} {'command s':>10} "
               f"{'iteration s':>12} {'peak MB/rank':>13} {'emulated s':>11}")
         for k, (n, gpus, wl, sets) in enumerate(runs):

@@ -9,7 +9,8 @@ iteration (the runners call `flush`) and, looked at every `TICK_EVERY` events, a
 every `flush_interval_s` of wall time, so a killed rank loses at most about that much. A
 clean `close(complete=True)` compacts the parts into the rank file (written under a
 temporary name, renamed, then the parts deleted; the file's `parts_merged` attribute says
-which parts it holds, so a kill between the rename and the deletes counts nothing twice). `read_trace` is the reader's side (DESIGN.md, Traces).
+which parts it holds, so a kill between the rename and the deletes counts nothing twice).
+`read_trace` is the reader's side (DESIGN.md, Traces).
 """
 from __future__ import annotations
 
