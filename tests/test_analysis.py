@@ -6,13 +6,18 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mpiemu.analysis import load, rank_budget, union_length
+from mpiemu.analysis.breakdown import BREAKDOWN_FIELDS, counted, iteration_breakdown, window_of
 from mpiemu.analysis.compare import compare_lines
 from mpiemu.analysis.export import chrome_trace
 from mpiemu.analysis.hta import write_hta
+from mpiemu.analysis.load import make_trace
 from mpiemu.analysis.plot import gantt
+from mpiemu.sim.timeline import Span, Timeline
+from mpiemu.sim.trace import TraceWriter
 from tests.conftest import run_mpi
 
 
@@ -23,6 +28,34 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
                       'collectives.sizes=["4KiB", "64KiB"]', "--out", str(out)])
     assert res.returncode == 0, res.stderr
     return out
+
+
+def test_live_report_reads_blocks_since_the_mark_and_counts_what_analyze_counts(
+        tmp_path: Path) -> None:
+    """The per-iteration report (run/train.py) reads the iteration back a block at a time
+    and keeps only compute and collective events: same window, same breakdown as the whole
+    iteration analysed at once."""
+    writer = TraceWriter(tmp_path / "rank-00000.h5", {"rank": 0}, block_events=7)
+    tl = Timeline(writer)
+    for it in range(2):
+        writer.mark()
+        with tl.labelled(iteration=it):
+            for k in range(10):
+                tl.reserve(f"gemm{k}", ["compute"], 1e-3)
+                tl.record("send", "comm", f"port.0.out>port.{k}.in", tl.now(),
+                          tl.now() + 3e-3, 0.0, 64, 0.0, 1, -1, None)
+                tl.summary("ar", Span(tl.now() - 5e-4, tl.now() + 2e-3), resource="coll.tp")
+    fields = BREAKDOWN_FIELDS
+    blocks = list(writer.blocks_since_mark(fields))
+    assert len(blocks) > 2                                     # parts and buffered rows
+    whole = np.concatenate(blocks)
+    assert len(whole) == 30 and set(whole["iteration"]) == {1}
+    rt_all = make_trace({"rank": 0}, whole, list(writer.strings))
+    kept = make_trace({"rank": 0}, np.concatenate([b[counted(b)] for b in blocks]),
+                      list(writer.strings))
+    window = window_of(iter(blocks), 1)
+    assert window == window_of([whole], 1) and window[1] > float(kept.events["t_end"].max())
+    assert iteration_breakdown(kept, 1, window) == iteration_breakdown(rt_all, 1)
 
 
 def test_union_length_counts_overlaps_once() -> None:

@@ -1,6 +1,8 @@
 """The network layer alone (no MPI): routes, shared ports, message timing, presets."""
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from mpiemu.net import Network, arrival, list_networks, load_network, send
@@ -17,6 +19,39 @@ def test_calendar_fills_gaps_in_issue_order() -> None:
     assert cal.occupy(3.0, 1.0) == (3.0, 4.0)
     assert cal.occupy(0.5, 2.5) == (1.0, 4.5)      # the 1-3 gap, then 0.5 after 4
     assert cal.first_idle(2.0) == 4.5 and cal.busy_until() == 4.5
+
+
+def _first_fit(busy: list[tuple[float, float]], ready: float, length: float
+               ) -> list[tuple[float, float]]:
+    """The sharing rule written plainly: idle time from `ready` on, taken gap by gap."""
+    t, left, out = ready, length, []
+    for a, b in sorted(busy) + [(float("inf"), float("inf"))]:
+        if b <= t:
+            continue
+        if a > t:
+            take = min(left, a - t)
+            out.append((t, t + take))
+            left -= take
+            if left <= 0.0:
+                return out
+        t = max(t, b)
+    return out
+
+
+def test_calendar_equals_first_fit_over_idle_gaps_on_random_reservations() -> None:
+    """Against the rule written plainly (`_first_fit`): same start and end for every one of
+    thousands of random reservations, single-piece (the fast path) and split alike."""
+    rnd = random.Random(7)
+    for _ in range(50):
+        cal, busy = PortCalendar(), []
+        for _ in range(60):
+            ready = rnd.choice([rnd.random() * 10, float(rnd.randint(0, 20)) / 2,
+                                cal.busy_until()])
+            length = rnd.choice([rnd.random(), rnd.randint(1, 4) / 4, rnd.random() * 1e-3])
+            pieces = _first_fit(busy, ready, length)
+            assert cal.occupy(ready, length) == pytest.approx((pieces[0][0], pieces[-1][1]),
+                                                              rel=1e-12, abs=1e-12)
+            busy += pieces
 
 
 def test_two_flows_through_one_egress_port_share_its_bandwidth() -> None:
