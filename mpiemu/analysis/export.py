@@ -69,7 +69,7 @@ def _ports(rt: RankTrace, bins: int = 200) -> Iterator[dict[str, Any]]:
         port = egress_port(res)
         if port is None:
             continue
-        idx = idx[rt.cats[idx] == "comm"]
+        idx = idx[rt.is_cat("comm", idx)]
         busy.setdefault(port, []).extend(zip(ev["t_start"][idx].tolist(),
                                              ev["t_end"][idx].tolist()))
     if not busy:
@@ -166,7 +166,7 @@ def _messages(rt: RankTrace, inbox: bool, route_id: dict[str, int]) -> np.ndarra
         if route is None:
             continue
         if not inbox:
-            idx = idx[rt.cats[idx] == "comm"]
+            idx = idx[rt.is_cat("comm", idx)]
         gid = route_id.setdefault(route, len(route_id))
         rows.append(np.stack([np.full(len(idx), gid, dtype=float), rt.events["t_start"][idx],
                               np.full(len(idx), rt.rank, dtype=float), idx.astype(float)], 1))

@@ -38,7 +38,7 @@ def _kernel_mask(rt: RankTrace) -> np.ndarray:
     (not `in:` receive records, not collective summaries)."""
     keep = np.zeros(len(rt.events), dtype=bool)
     for c in KERNEL_CATS:
-        keep |= rt.cats == c
+        keep |= rt.is_cat(c)
     for res, idx in rt.by_resource():
         if res.startswith("in:"):
             keep[idx] = False

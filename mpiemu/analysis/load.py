@@ -62,13 +62,17 @@ class RankTrace:
         return self._phases
 
     def is_cat(self, cat: str, idx: np.ndarray | None = None) -> np.ndarray:
-        """Whether each event (of `idx`, or all) is of category `cat` (codes compared)."""
-        codes = self.events["cat"] if idx is None else self.events["cat"][idx]
-        return codes == CATS[cat]
+        """Whether each event (of `idx`, or all) is of category `cat` (codes compared; an
+        unknown category matches nothing)."""
+        return self._coded("cat", CATS.get(cat), idx)
 
     def is_phase(self, phase: str, idx: np.ndarray | None = None) -> np.ndarray:
-        codes = self.events["phase"] if idx is None else self.events["phase"][idx]
-        return codes == PHASES[phase]
+        """Whether each event (of `idx`, or all) is of phase `phase`, as `is_cat`."""
+        return self._coded("phase", PHASES.get(phase), idx)
+
+    def _coded(self, fld: str, code: int | None, idx: np.ndarray | None) -> np.ndarray:
+        codes = self.events[fld] if idx is None else self.events[fld][idx]
+        return codes == code if code is not None else np.zeros(len(codes), bool)
 
     def resource_in(self, names: tuple[str, ...], idx: np.ndarray | None = None
                     ) -> np.ndarray:
@@ -90,13 +94,13 @@ class RankTrace:
         """Boolean mask of events matching all the given filters."""
         mask = np.ones(len(self.events), bool)
         if cat is not None:
-            mask &= self.cats == cat
+            mask &= self.is_cat(cat)
         if name is not None:
             mask &= self.names == name
         if prefix is not None:
             mask &= self.name_startswith((prefix,))
         if phase is not None:
-            mask &= self.phases == phase
+            mask &= self.is_phase(phase)
         return mask
 
     def by_resource(self) -> list[tuple[str, np.ndarray]]:

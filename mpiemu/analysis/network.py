@@ -47,13 +47,13 @@ def busiest_ports(run: Run) -> list[PortBusy]:
     best: dict[str, PortBusy] = {}
     for rt in run.ranks:
         ev = rt.events
-        coll = rt.cats == "collective"
+        coll = rt.is_cat("collective")
         coll_s = union_length(ev["t_start"][coll], ev["t_end"][coll])
         ports: dict[str, list[np.ndarray]] = {}
         for res, idx in rt.by_resource():
             port = egress_port(res)
             if port is not None:
-                ports.setdefault(port, []).append(idx[rt.cats[idx] == "comm"])
+                ports.setdefault(port, []).append(idx[rt.is_cat("comm", idx)])
         for port, parts in ports.items():
             ix = np.sort(np.concatenate(parts))
             busy = union_length(ev["t_start"][ix], ev["t_end"][ix])

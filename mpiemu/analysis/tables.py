@@ -40,8 +40,8 @@ class RankBudget:
 
 def rank_budget(rt: RankTrace) -> RankBudget:
     ev = rt.events
-    comp = rt.cats == "compute"
-    coll = rt.cats == "collective"
+    comp = rt.is_cat("compute")
+    coll = rt.is_cat("collective")
     t0, t1 = ev["t_start"], ev["t_end"]
     compute = union_length(t0[comp], t1[comp])
     collective = union_length(t0[coll], t1[coll])

@@ -114,8 +114,8 @@ def _rows(ctx: RankContext, pts: list[tuple[int, int, int, float]]) -> list[dict
     rt = read_rank(rank_file(ctx.out, 0))
     ev = rt.events
     dur = ev["t_end"] - ev["t_start"]
-    gemm = (rt.cats == "compute") & [bool(GEMM.search(str(n))) for n in rt.names]
-    linear_bwd = (rt.cats == "compute") & [bool(LINEAR_BWD.match(str(n))) for n in rt.names]
+    gemm = rt.is_cat("compute") & [bool(GEMM.search(str(n))) for n in rt.names]
+    linear_bwd = rt.is_cat("compute") & [bool(LINEAR_BWD.match(str(n))) for n in rt.names]
     rows = []
     for i, (h, sl, b, c) in enumerate(pts):
         br = iteration_breakdown(rt, i)

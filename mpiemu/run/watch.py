@@ -13,8 +13,9 @@ once, as on a cluster node; on an oversubscribed workstation the launcher's kill
 first and the ranks found dead together are named together). Once every rank is gone while
 the manifest still says `running`, it writes `failed` (`failed_rank` the first to die, `cause`
 the order) and says so in one line beside the launcher's own messages (MPICH's hydra:
-`_proc.launcher_stderr`). It exits once the ranks are gone. Readers also recognise a `running` manifest with
-no live process (`analysis.load`), for when the watchman itself was killed.
+`_proc.launcher_stderr`). It exits once the ranks are gone. Readers also recognise a
+`running` manifest with no live process (`analysis.load`), for when the watchman itself was
+killed.
 """
 from __future__ import annotations
 

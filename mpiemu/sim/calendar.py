@@ -26,18 +26,20 @@ class PortCalendar:
         self.starts: list[float] = []
         self.ends: list[float] = []
 
+    def _gap(self, t: float) -> tuple[int, float]:
+        """(index of the first interval after the gap the port is idle in from t on, the
+        first instant >= t at which the port is idle)."""
+        i = bisect.bisect_right(self.starts, t)
+        return i, self.ends[i - 1] if i and self.ends[i - 1] > t else t
+
     def first_idle(self, t: float) -> float:
         """The first instant >= t at which the port is idle."""
-        i = bisect.bisect_right(self.starts, t) - 1
-        if i >= 0 and self.ends[i] > t:
-            return self.ends[i]
-        return t
+        return self._gap(t)[1]
 
     def occupy(self, ready: float, busy: float) -> tuple[float, float]:
         """Reserve `busy` seconds of idle time from `ready` on; returns (start, end)."""
         starts, ends = self.starts, self.ends
-        i = bisect.bisect_right(starts, ready)          # the interval after `ready`'s gap
-        start = ends[i - 1] if i and ends[i - 1] > ready else ready     # first idle instant
+        i, start = self._gap(ready)
         if busy <= 0.0:
             return start, start
         if i == len(starts) or busy <= starts[i] - start:   # the usual case: one piece

@@ -47,9 +47,6 @@ class StringTable(dict[str, int]):
         c = self[s] = len(self)
         return c
 
-    def code(self, s: str) -> int:
-        return self[s]
-
     def take_new(self) -> list[str]:
         """Strings interned since the last call, in code order."""
         names = list(self)[self._flushed:]

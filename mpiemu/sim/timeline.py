@@ -61,10 +61,6 @@ class Timeline:
         self.fault = ""                 # "collective": the next message raises (debug.fail_at)
         self._wall0 = time.perf_counter()
 
-    def wall(self) -> float:
-        """Wall seconds since this timeline was created (only for annotation)."""
-        return time.perf_counter() - self._wall0
-
     def occupy(self, port: str, ready: SimTime, busy: SimTime) -> tuple[SimTime, SimTime]:
         """Reserve `busy` seconds of a network port's idle time from `ready` on (gaps
         filled in issue order, `sim.calendar`); returns (start, end)."""
@@ -124,7 +120,7 @@ class Timeline:
         if w is None:
             return
         lab, codes = self.labels, w.strings
-        now = time.perf_counter() - self._wall0
+        now = time.perf_counter() - self._wall0      # wall seconds: annotation only
         w.add((codes[name], CATS[cat], codes[resource], t0, t1,
                now if wall_start is None else wall_start, now, flops, int(nbytes),
                int(dram_bytes), lab.layer, PHASES[lab.phase], lab.iteration, peer, stage))
