@@ -114,7 +114,8 @@ def test_tile_choice_and_split_k_follow_the_shape() -> None:
 @pytest.mark.parametrize("preset", ["h100-sxm5", "a100-pcie-40gb", "rtx3090"])
 def test_skipping_candidates_by_their_floor_keeps_the_exhaustive_choice(preset: str) -> None:
     """gemm_cost skips a (tile, split) whose floor already loses; walking every candidate
-    instead gives the same cost, bit for bit (shapes from skinny to batched)."""
+    instead gives the same cost, bit for bit (shapes from skinny to batched); the floor is
+    never above the walked waves' time."""
     spec = load_device(preset)
     epi = gemm.Epilogue(out_flops=5, out_sfu=1)
     for m_, n_, k_, b, dt, ep in [(512, 512, 16384, 1, "fp16", gemm.NO_EPILOGUE),
@@ -127,6 +128,8 @@ def test_skipping_candidates_by_their_floor_keeps_the_exhaustive_choice(preset: 
             stages = tuple(gemm._waves(spec, sh, dt, spec.compute_units, False))
             stages += (gemm._split_reduce(spec, sh),) if sh.split > 1 else ()
             t = spec.kernel_launch_s + sum(s.time_s for s in stages)
+            walked = sum(s.time_s for s in stages[:len(stages) - (sh.split > 1)])
+            assert gemm._floor_s(spec, sh, dt, spec.compute_units) <= walked * (1 + 1e-12)
             if best is None or t < best[0] * (1 - gemm.TIE):
                 best = (t, sh.tm, sh.tn, sh.split)
         got = gemm.gemm_cost(spec, m_, n_, k_, dtype=dt, batch=b, epilogue=ep)

@@ -29,6 +29,8 @@ LAYOUTS = ("NN", "TN", "NT", "TT")
 PARTIAL_BYTES = 4            # split-K partial sums are kept in fp32
 TIE = 0.01                   # a smaller tile or more splits must win by 1% (library bias
                              # toward large tiles and no split: fewer kernels, fewer partials)
+FLOOR_SLACK = 1e-9           # a pruning floor is lowered by this much so that its rounding
+                             # (a product, not the walk's sum) never prunes a winner
 
 
 @dataclass(frozen=True)
@@ -184,26 +186,25 @@ def swizzle_width(wave: int, tiles_n: int, swizzle: int = 1) -> int:
     return max(1, min(width, tiles_n))
 
 
-def _wave_span(first: int, count: int, sh: "_Shape", width: int) -> tuple[set[int], set[int]]:
-    """Tile rows and columns touched by tiles [first, first+count) of one K split, walked in
-    bands of `width` columns, each band row by row (the last band may be narrower)."""
-    rows: set[int] = set()
-    cols: set[int] = set()
-    band_tiles = sh.tiles_m * width
+def _wave_span(first: int, count: int, tiles_m: int, tiles_n: int, width: int,
+               rows: set[int], cols: set[int], row0: int, col0: int) -> None:
+    """Add to `rows` / `cols` (numbered from `row0` / `col0`) the tile rows and columns that
+    tiles [first, first+count) of one K split touch, walked in bands of `width` columns,
+    each band row by row (the last band may be narrower)."""
+    band_tiles = tiles_m * width
     t, end = first, first + count
     while t < end:
         band, rest = divmod(t, band_tiles)
         c0 = band * width
-        w = min(width, sh.tiles_n - c0)
-        take = min(end - t, sh.tiles_m * w - rest)
+        w = min(width, tiles_n - c0)
+        take = min(end - t, tiles_m * w - rest)
         r0, r1 = rest // w, (rest + take - 1) // w
-        rows.update(range(r0, r1 + 1))
+        rows.update(range(row0 + r0, row0 + r1 + 1))
         if r1 > r0:
-            cols.update(range(c0, c0 + w))
+            cols.update(range(col0 + c0, col0 + c0 + w))
         else:
-            cols.update(range(c0 + rest % w, c0 + (rest + take - 1) % w + 1))
+            cols.update(range(col0 + c0 + rest % w, col0 + c0 + (rest + take - 1) % w + 1))
         t += take
-    return rows, cols
 
 
 def _stage_panels(first: int, count: int, sh: _Shape, width: int
@@ -211,16 +212,15 @@ def _stage_panels(first: int, count: int, sh: _Shape, width: int
     """Panels (A tile-rows, B tile-columns, each per K split) a wave touches, over the batch."""
     rows: set[int] = set()
     cols: set[int] = set()
-    per_split = sh.tiles_m * sh.tiles_n
+    tiles_m, tiles_n, per_gemm = sh.tiles_m, sh.tiles_n, sh.per_gemm
+    per_split = tiles_m * tiles_n
     pos, left = first, count
     while left > 0:
-        b, local = divmod(pos, sh.per_gemm)
+        b, local = divmod(pos, per_gemm)
         s, t = divmod(local, per_split)
         take = min(left, per_split - t)
-        r, c = _wave_span(t, take, sh, width)
-        key = (b * sh.split + s) * (sh.tiles_m + sh.tiles_n)
-        rows.update(key + i for i in r)
-        cols.update(key + sh.tiles_m + j for j in c)
+        key = (b * sh.split + s) * (tiles_m + tiles_n)
+        _wave_span(t, take, tiles_m, tiles_n, width, rows, cols, key, key + tiles_m)
         pos += take
         left -= take
     return rows, cols
@@ -243,10 +243,34 @@ def _math_rate(spec: DeviceSpec, dtype: str) -> float:
     return spec.peak(dtype) * eff / spec.compute_units
 
 
-def _waves(spec: DeviceSpec, sh: _Shape, dtype: str, cus: int, bypass: bool,
-           walk: bool = True) -> Iterator[GemmStage]:
-    """The waves of one candidate; `walk=False` skips the panel walk and counts no input
-    reads: each wave's time is then a lower bound of the walked one (same float order)."""
+def _floor_s(spec: DeviceSpec, sh: _Shape, dtype: str, cus: int) -> float:
+    """A lower bound of the candidate's wave time: every wave as `_waves` costs it but with
+    no panel reads. The waves are alike but the last, so it is a product, not a walk; its
+    rounding differs from the walked sum by a few ulps, which `FLOOR_SLACK` absorbs."""
+    g = spec.gemm
+    wave = cus * ctas_per_cu(g, sh.tm, sh.tn, sh.in_bytes)
+    total = sh.per_gemm * sh.batch
+    tile_out = min(sh.tm, sh.m) * min(sh.tn, sh.n) * \
+        (0 if _partials_in_llc(spec, sh) else PARTIAL_BYTES if sh.split > 1 else sh.out_bytes)
+    tile_math = 2.0 * sh.tm * sh.tn * sh.k_part / _math_rate(spec, dtype)
+    tile_epi = _tile_epilogue_s(spec, sh)
+    feed_per_tile = (sh.tm + sh.tn) * sh.k_part * sh.in_bytes
+    per_tile_bytes = tile_out + (sh.epi.extra_read_bytes + sh.epi.extra_write_bytes) / total
+
+    def one(count: int) -> float:
+        per_sm = math.ceil(count / cus)
+        compute = max(per_sm * tile_math, count * feed_per_tile / g.l2_bw_bytes_per_s) \
+            + g.wave_fixed_s
+        return max(compute, count * per_tile_bytes / spec.dram_bw_bytes_per_s) \
+            + per_sm * tile_epi
+
+    full, last = divmod(total, wave)
+    return full * one(wave) + (one(last) if last else 0.0)
+
+
+def _waves(spec: DeviceSpec, sh: _Shape, dtype: str, cus: int, bypass: bool
+           ) -> Iterator[GemmStage]:
+    """The waves of one candidate, each with the input panels it reads from DRAM."""
     g = spec.gemm
     per_cu = ctas_per_cu(g, sh.tm, sh.tn, sh.in_bytes)
     wave, total = cus * per_cu, sh.per_gemm * sh.batch
@@ -266,11 +290,9 @@ def _waves(spec: DeviceSpec, sh: _Shape, dtype: str, cus: int, bypass: bool,
         count = min(wave, total - first)
         out_stage = count * tile_out
         llc = spec.llc_bytes - (0.0 if bypass else min(out_stage, spec.llc_bytes / 2))
-        reads = 0.0
-        if walk:
-            rows, cols = _stage_panels(first, count, sh, width)
-            reads = _stage_reads(rows, cols, prev_rows, prev_cols, row_bytes, col_bytes, llc)
-            prev_rows, prev_cols = rows, cols
+        rows, cols = _stage_panels(first, count, sh, width)
+        reads = _stage_reads(rows, cols, prev_rows, prev_cols, row_bytes, col_bytes, llc)
+        prev_rows, prev_cols = rows, cols
         per_sm = math.ceil(count / cus)
         compute = max(per_sm * tile_math, count * feed_per_tile / g.l2_bw_bytes_per_s) \
             + g.wave_fixed_s
@@ -337,9 +359,8 @@ def gemm_cost(spec: DeviceSpec, m: int, n: int, k: int, *, dtype: str = "fp16",
         raise ValueError(f"compute_units={compute_units} must lie in [1, {spec.compute_units}]")
     best: GemmCost | None = None
     for sh in _candidates(spec, m, n, k, batch, in_bytes, out_bytes, epilogue):
-        if best is not None and spec.kernel_launch_s + sum(
-                s.time_s for s in _waves(spec, sh, dtype, cus, bypass_llc_output, walk=False)
-        ) >= best.time_s * (1 - TIE):
+        if best is not None and (spec.kernel_launch_s + _floor_s(spec, sh, dtype, cus)) \
+                * (1 - FLOOR_SLACK) >= best.time_s * (1 - TIE):
             continue        # even its floor (no panel reads) loses: the choice is unchanged
         stages = tuple(_waves(spec, sh, dtype, cus, bypass_llc_output))
         if sh.split > 1:
