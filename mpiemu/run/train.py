@@ -28,7 +28,6 @@ from ..comm.p2p import TimedComm
 from ..nn.flops import hardware_flops, model_flops, utilization
 from ..nn.model import ShardedModel
 from ..nn.optim import ShardedOptimizer
-from ..nn.sunway_layer import SunwayEngine, SunwayLayerPlan
 from ..pipeline.step import PipelineStep
 from ..sim.timeline import Timeline
 from .config import Workload
@@ -81,12 +80,15 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
     distributed = w.optimizer.distributed and grid.dp > 1
     mp = comm(grid.world_comm if distributed else grid.mp_comm, "world" if distributed else "mp")
     assert tp is not None and dp is not None and mp is not None
-    cls = SunwayEngine if ctx.spec.kind == "sunway" else Engine
+    sunway = ctx.spec.kind == "sunway"       # layers charged as SwFormer CG schedules
+    if sunway:                                # (only Sunway runs import their modules)
+        from ..nn.sunway_layer import SunwayEngine, SunwayLayerPlan  # noqa: PLC0415
+    cls: type[Engine] = SunwayEngine if sunway else Engine
     eng = cls(tl, ctx.model, tp, dtype=w.run.emulated_dtype, numerics=numerics,
               overlap=w.overlap.to_overlap(strategy or None),
-              sp=dims.sp, kernels=w.train.kernel_options(), tp_async=w.train.tp_comm_async and cls is Engine)
-    if isinstance(eng, SunwayEngine):     # layers charged as SwFormer CG schedules
-        eng.plan = SunwayLayerPlan.build(ctx.model, dims, w.run.emulated_dtype,  # type: ignore[arg-type]
+              sp=dims.sp, kernels=w.train.kernel_options(), tp_async=w.train.tp_comm_async and not sunway)
+    if sunway:
+        eng.plan = SunwayLayerPlan.build(ctx.model, dims, w.run.emulated_dtype,  # type: ignore[attr-defined,arg-type]
                                          w.sunway.scheduler, w.sunway.attention)
     m = micro_batches(w)
     opt_cfg = w.optimizer.to_config()
