@@ -8,9 +8,10 @@ TP x DP GPUs: GPT-3 175B at TP 8 x PP 8 x DP 16 / 32 / 64 (1024 / 2048 / 4096 GP
 batch 1536 as Narayanan et al. 2021 Table 2) and the 1T model at TP 8 x PP 64 x DP 6 (3072
 GPUs, global batch 3072, Table 1), with the distributed optimizer (its DP reduce-scatter and
 all-gather are rings: folding is exact; NCCL's tree for a DP all-reduce across nodes is not).
-Prints wall seconds of the whole command, of the iteration alone (rank 0's), the largest peak
-RSS of any rank (the launcher's children) and the emulated iteration; first, the floor: as
-many processes as the smallest run only starting (Python, numpy, MPI_Init, h5py, mpiemu).
+Prints wall seconds of the whole command, the CPU seconds of all its processes, wall seconds
+of the iteration alone (rank 0's), the largest peak RSS of any rank (the launcher's children)
+and the emulated iteration; first, the floor: as many processes as the smallest run only
+starting (Python, numpy, MPI_Init, h5py, mpiemu), wall and CPU seconds.
 `--exact` first checks folded == unfolded bit for bit on three workloads at 8, 16 and 32 ranks.
 Usage: python benchmarks/scale.py [--ranks 8 16 32 64] [--no-pipeline] [--no-folded] [--exact]
 """
@@ -28,34 +29,42 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _cpu_s() -> float:
+    """CPU seconds (user + system) of every finished child process so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def one(ranks: int, workload: str, sets: list[str], out: Path
-        ) -> tuple[float, float, float, float]:
+        ) -> tuple[float, float, float, float, float]:
     """(command wall s, iteration wall s, peak RSS MB of the largest rank, emulated
-    iteration s) of one run."""
+    iteration s, CPU s of all its processes) of one run."""
     bindir = Path(sys.executable).parent
     cmd = [str(bindir / "mpiexec"), "-n", str(ranks), str(bindir / "mpiemu"), "run", workload,
            "--out", str(out)]
     for s in sets:
         cmd += ["--set", s]
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), _cpu_s()
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
     peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     rows = json.loads((out / "manifest.json").read_text())["summary"]["iterations"]
-    return wall, float(rows[0]["wall_s"]), peak_mb, float(rows[0]["t_end"] - rows[0]["t_start"])
+    return (wall, float(rows[0]["wall_s"]), peak_mb,
+            float(rows[0]["t_end"] - rows[0]["t_start"]), cpu)
 
 
-def floor(ranks: int) -> tuple[float, float]:
-    """Wall s of `ranks` processes that only start: importing numpy, mpi4py (MPI_Init) and
-    h5py; and importing mpiemu's run modules too. What no unfolded run on this host beats."""
+def floor(ranks: int) -> list[tuple[float, float]]:
+    """(wall s, CPU s) of `ranks` processes that only start: importing numpy, mpi4py
+    (MPI_Init) and h5py; and importing mpiemu's run modules too. What no unfolded run on this
+    host beats."""
     bindir = Path(sys.executable).parent
     out = []
     for mods in ("numpy, mpi4py.MPI, h5py", "mpiemu.run.runner, mpiemu.run.train"):
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), _cpu_s()
         subprocess.run([str(bindir / "mpiexec"), "-n", str(ranks), sys.executable, "-c",
                         f"import {mods}"], cwd=ROOT, check=True, capture_output=True)
-        out.append(time.perf_counter() - t0)
-    return out[0], out[1]
+        out.append((time.perf_counter() - t0, _cpu_s() - cpu0))
+    return out
 
 
 PP8 = "workloads/gpt3-175b-tp8-pp8.toml"
@@ -114,19 +123,22 @@ def main() -> int:
         if args.exact and not exact(Path(tmp)):
             return 1
         if args.ranks:
-            bare, mods = floor(args.ranks[0])
+            (bare, bare_cpu), (mods, mods_cpu) = floor(args.ranks[0])
             print(f"floor: {args.ranks[0]} processes importing numpy, mpi4py, h5py: "
-                  f"{bare:.1f} s; and mpiemu's run modules: {mods:.1f} s", flush=True)
-        print(f"{'ranks':>6} {'GPUs':>5} {'workload':<36} {'command s':>10} "
+                  f"{bare:.1f} s ({bare_cpu:.1f} CPU s); and mpiemu's run modules: {mods:.1f} s "
+                  f"({mods_cpu:.1f} CPU s)", flush=True)
+        print(f"{'ranks':>6} {'GPUs':>5} {'workload':<36} {'command s':>10} {'CPU s':>7} "
               f"{'iteration s':>12} {'peak MB/rank':>13} {'emulated s':>11}")
         for k, (n, gpus, wl, sets) in enumerate(runs):
-            wall, it, peak, emu = one(n, wl, sets, Path(tmp) / f"r{k}")
+            wall, it, peak, emu, cpu = one(n, wl, sets, Path(tmp) / f"r{k}")
             m = next((int(s.split("=")[1]) for s in sets if "global_batch" in s), 0)
             dp = next((int(s.split("=")[1]) for s in sets if "parallel.dp" in s), 1)
             what = Path(wl).stem + (f" ({m // dp} micro-batches)" if "pp" in wl else "")
-            print(f"{n:>6} {gpus:>5} {what:<36} {wall:>10.1f} {it:>12.1f} {peak:>13.0f} "
-                  f"{emu:>11.3f}", flush=True)
-    print("peak MB/rank: the largest resident set of any rank so far (RUSAGE_CHILDREN)")
+            print(f"{n:>6} {gpus:>5} {what:<36} {wall:>10.1f} {cpu:>7.1f} {it:>12.1f} "
+                  f"{peak:>13.0f} {emu:>11.3f}", flush=True)
+    print("CPU s: user + system time of every process of the command (on this host's cores, "
+          "command s >= CPU s / cores); peak MB/rank: the largest resident set of any rank so "
+          "far (RUSAGE_CHILDREN)")
     return 0
 
 
