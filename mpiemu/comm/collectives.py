@@ -20,6 +20,8 @@ Passing `x=None` runs the same schedule on sizes alone (timing-only mode).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from mpi4py import MPI
 
@@ -56,7 +58,7 @@ def _unit(x: np.ndarray | None, unit: int | None) -> int:
         return unit
     if x is None or x.ndim <= 1:
         return 1
-    return int(np.prod(x.shape[1:]))
+    return math.prod(x.shape[1:])
 
 
 def _out(out: np.ndarray | None, n: int, dtype: np.dtype) -> np.ndarray:

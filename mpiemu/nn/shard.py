@@ -8,6 +8,7 @@ gradient is a partial sum that must be all-reduced over TP (Megatron's layernorm
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -42,7 +43,7 @@ class LocalParam:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape))
+        return math.prod(self.shape)
 
 
 def local_params(cfg: ModelConfig, tp: int) -> Iterator[LocalParam]:
