@@ -243,61 +243,73 @@ def _math_rate(spec: DeviceSpec, dtype: str) -> float:
     return spec.peak(dtype) * eff / spec.compute_units
 
 
+@dataclass(frozen=True)
+class _Tiles:
+    """What every wave of one candidate shares: its size and each tile's costs."""
+
+    wave: int               # CTAs per wave: compute units x CTAs each holds
+    total: int              # CTAs of the whole GEMM
+    out_bytes: float        # DRAM bytes a tile writes (C, or its fp32 partial)
+    math_s: float           # a tile's K-loop at the SM's matrix rate
+    epilogue_s: float       # a tile's fused epilogue / prologue (serial, `Epilogue`)
+    feed_bytes: float       # operand bytes a tile pulls from L2
+
+    def compute_s(self, g: GemmTiling, count: int, cus: int) -> tuple[int, float]:
+        """(tiles per SM, compute time) of a wave of `count` tiles: math or L2 feed, plus
+        the fixed pipeline fill / drain."""
+        per_sm = math.ceil(count / cus)
+        return per_sm, max(per_sm * self.math_s, count * self.feed_bytes / g.l2_bw_bytes_per_s) \
+            + g.wave_fixed_s
+
+
+def _tiles(spec: DeviceSpec, sh: _Shape, dtype: str, cus: int) -> _Tiles:
+    return _Tiles(
+        wave=cus * ctas_per_cu(spec.gemm, sh.tm, sh.tn, sh.in_bytes),
+        total=sh.per_gemm * sh.batch,
+        out_bytes=min(sh.tm, sh.m) * min(sh.tn, sh.n) * (
+            0 if _partials_in_llc(spec, sh) else PARTIAL_BYTES if sh.split > 1
+            else sh.out_bytes),
+        math_s=2.0 * sh.tm * sh.tn * sh.k_part / _math_rate(spec, dtype),
+        epilogue_s=_tile_epilogue_s(spec, sh),
+        feed_bytes=(sh.tm + sh.tn) * sh.k_part * sh.in_bytes)
+
+
 def _floor_s(spec: DeviceSpec, sh: _Shape, dtype: str, cus: int) -> float:
     """A lower bound of the candidate's wave time: every wave as `_waves` costs it but with
     no panel reads. The waves are alike but the last, so it is a product, not a walk; its
     rounding differs from the walked sum by a few ulps, which `FLOOR_SLACK` absorbs."""
-    g = spec.gemm
-    wave = cus * ctas_per_cu(g, sh.tm, sh.tn, sh.in_bytes)
-    total = sh.per_gemm * sh.batch
-    tile_out = min(sh.tm, sh.m) * min(sh.tn, sh.n) * \
-        (0 if _partials_in_llc(spec, sh) else PARTIAL_BYTES if sh.split > 1 else sh.out_bytes)
-    tile_math = 2.0 * sh.tm * sh.tn * sh.k_part / _math_rate(spec, dtype)
-    tile_epi = _tile_epilogue_s(spec, sh)
-    feed_per_tile = (sh.tm + sh.tn) * sh.k_part * sh.in_bytes
-    per_tile_bytes = tile_out + (sh.epi.extra_read_bytes + sh.epi.extra_write_bytes) / total
+    t = _tiles(spec, sh, dtype, cus)
+    per_tile_bytes = t.out_bytes + (sh.epi.extra_read_bytes + sh.epi.extra_write_bytes) / t.total
 
     def one(count: int) -> float:
-        per_sm = math.ceil(count / cus)
-        compute = max(per_sm * tile_math, count * feed_per_tile / g.l2_bw_bytes_per_s) \
-            + g.wave_fixed_s
+        per_sm, compute = t.compute_s(spec.gemm, count, cus)
         return max(compute, count * per_tile_bytes / spec.dram_bw_bytes_per_s) \
-            + per_sm * tile_epi
+            + per_sm * t.epilogue_s
 
-    full, last = divmod(total, wave)
-    return full * one(wave) + (one(last) if last else 0.0)
+    full, last = divmod(t.total, t.wave)
+    return full * one(t.wave) + (one(last) if last else 0.0)
 
 
 def _waves(spec: DeviceSpec, sh: _Shape, dtype: str, cus: int, bypass: bool
            ) -> Iterator[GemmStage]:
     """The waves of one candidate, each with the input panels it reads from DRAM."""
-    g = spec.gemm
-    per_cu = ctas_per_cu(g, sh.tm, sh.tn, sh.in_bytes)
-    wave, total = cus * per_cu, sh.per_gemm * sh.batch
-    rate = _math_rate(spec, dtype)
+    t = _tiles(spec, sh, dtype, cus)
     row_bytes = min(sh.tm, sh.m) * sh.k_part * sh.in_bytes
     col_bytes = min(sh.tn, sh.n) * sh.k_part * sh.in_bytes
-    tile_out = min(sh.tm, sh.m) * min(sh.tn, sh.n) * \
-        (0 if _partials_in_llc(spec, sh) else PARTIAL_BYTES if sh.split > 1 else sh.out_bytes)
-    tile_math = 2.0 * sh.tm * sh.tn * sh.k_part / rate
-    tile_epi = _tile_epilogue_s(spec, sh)
-    feed_per_tile = (sh.tm + sh.tn) * sh.k_part * sh.in_bytes
-    extra_r, extra_w = sh.epi.extra_read_bytes / total, sh.epi.extra_write_bytes / total
-    width = swizzle_width(wave, sh.tiles_n, g.swizzle)
+    extra_r, extra_w = sh.epi.extra_read_bytes / t.total, sh.epi.extra_write_bytes / t.total
+    width = swizzle_width(t.wave, sh.tiles_n, spec.gemm.swizzle)
     prev_rows: set[int] = set()
     prev_cols: set[int] = set()
-    for first in range(0, total, wave):
-        count = min(wave, total - first)
-        out_stage = count * tile_out
+    for first in range(0, t.total, t.wave):
+        count = min(t.wave, t.total - first)
+        out_stage = count * t.out_bytes
         llc = spec.llc_bytes - (0.0 if bypass else min(out_stage, spec.llc_bytes / 2))
         rows, cols = _stage_panels(first, count, sh, width)
         reads = _stage_reads(rows, cols, prev_rows, prev_cols, row_bytes, col_bytes, llc)
         prev_rows, prev_cols = rows, cols
-        per_sm = math.ceil(count / cus)
-        compute = max(per_sm * tile_math, count * feed_per_tile / g.l2_bw_bytes_per_s) \
-            + g.wave_fixed_s
+        per_sm, compute = t.compute_s(spec.gemm, count, cus)
         yield GemmStage(count, compute, reads + count * extra_r, out_stage + count * extra_w,
-                        spec.dram_bw_bytes_per_s, per_sm * tile_epi)
+                        spec.dram_bw_bytes_per_s, per_sm * t.epilogue_s)
 
 
 def _tile_epilogue_s(spec: DeviceSpec, sh: _Shape) -> float:
