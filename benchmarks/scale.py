@@ -11,7 +11,8 @@ all-gather are rings: folding is exact; NCCL's tree for a DP all-reduce across n
 Prints wall seconds of the whole command, the CPU seconds of all its processes, wall seconds
 of the iteration alone (rank 0's), the largest peak RSS of any rank (the launcher's children)
 and the emulated iteration; first, the floor: as many processes as the smallest run only
-starting (Python, numpy, MPI_Init, h5py, mpiemu), wall and CPU seconds.
+starting (Python, numpy, MPI_Init, h5py, mpiemu), wall and CPU seconds; and the smallest
+run's command with a one-layer model (what it costs besides its layers).
 `--exact` first checks folded == unfolded bit for bit on three workloads at 8, 16 and 32 ranks.
 Usage: python benchmarks/scale.py [--ranks 8 16 32 64] [--no-pipeline] [--no-folded] [--exact]
 """
@@ -127,6 +128,12 @@ def main() -> int:
             print(f"floor: {args.ranks[0]} processes importing numpy, mpi4py, h5py: "
                   f"{bare:.1f} s ({bare_cpu:.1f} CPU s); and mpiemu's run modules: {mods:.1f} s "
                   f"({mods_cpu:.1f} CPU s)", flush=True)
+            n = args.ranks[0]
+            wall, _, _, _, cpu = one(n, "workloads/gpt3-175b-tp8.toml",
+                                     [f"parallel.dp={n // 8}", f"train.global_batch={2 * (n // 8)}",
+                                      "model.layers=1"], Path(tmp) / "fixed")
+            print(f"fixed: the {n}-rank command with a one-layer model: {wall:.1f} s "
+                  f"({cpu:.1f} CPU s); the rest of each row below is its layers", flush=True)
         print(f"{'ranks':>6} {'GPUs':>5} {'workload':<36} {'command s':>10} {'CPU s':>7} "
               f"{'iteration s':>12} {'peak MB/rank':>13} {'emulated s':>11}")
         for k, (n, gpus, wl, sets) in enumerate(runs):

@@ -7,6 +7,8 @@ import ctypes
 import sys
 from typing import Any, Callable, Sequence
 
+from .._threads import pin_rank
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
 
@@ -18,6 +20,7 @@ def _command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
 @_command
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a workload under MPI (every rank)."""
+    pin_rank()                  # before MPI_Init: threads it starts inherit the core
     from .runner import run_workload  # noqa: PLC0415 - MPI starts only for `run`
     summary = run_workload(args.workload, args.set or [], args.out, sys.argv)
     check = summary.get("reference")
