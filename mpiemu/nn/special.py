@@ -8,9 +8,9 @@ absolute. Evaluated by Horner in place: about 50 array passes, no Python per ele
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
-from numpy.polynomial import chebyshev as cheb
 
 _Z_MAX = 26.0
 _T_MIN = 2.0 / (2.0 + _Z_MAX)
@@ -24,9 +24,15 @@ def _log_erfc_remainder(t: np.ndarray) -> np.ndarray:
     return np.array([math.log(math.erfc(zi)) + zi * zi - math.log(ti) for zi, ti in zip(z, t)])
 
 
-# power series of c in u = A t + B, u in [-1, 1] (coefficients stay below 1: no cancellation)
-_POLY = cheb.cheb2poly(cheb.Chebyshev.interpolate(_log_erfc_remainder, 22,
-                                                  domain=[_T_MIN, 1.0]).coef)
+@lru_cache(maxsize=1)
+def _poly() -> np.ndarray:
+    """Power series of c in u = A t + B, u in [-1, 1] (coefficients stay below 1: no
+    cancellation); fitted on first use (timing-only runs never need it)."""
+    from numpy.polynomial import chebyshev as cheb  # noqa: PLC0415
+    return cheb.cheb2poly(cheb.Chebyshev.interpolate(_log_erfc_remainder, 22,
+                                                     domain=[_T_MIN, 1.0]).coef)
+
+
 _A, _B = 2.0 / (1.0 - _T_MIN), -(1.0 + _T_MIN) / (1.0 - _T_MIN)
 
 
@@ -34,8 +40,9 @@ def erfc_nonneg(z: np.ndarray) -> np.ndarray:
     """erfc(z) for z >= 0."""
     t = 2.0 / (2.0 + z)
     u = np.maximum(_A * t + _B, -1.0)
-    acc = np.full_like(u, _POLY[-1])
-    for c in _POLY[-2::-1]:
+    poly = _poly()
+    acc = np.full_like(u, poly[-1])
+    for c in poly[-2::-1]:
         acc *= u
         acc += c
     acc -= z * z
