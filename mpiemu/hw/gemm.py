@@ -369,16 +369,28 @@ def gemm_cost(spec: DeviceSpec, m: int, n: int, k: int, *, dtype: str = "fp16",
     cus = spec.compute_units if compute_units is None else compute_units
     if not 0 < cus <= spec.compute_units:
         raise ValueError(f"compute_units={compute_units} must lie in [1, {spec.compute_units}]")
-    best: GemmCost | None = None
-    for sh in _candidates(spec, m, n, k, batch, in_bytes, out_bytes, epilogue):
-        if best is not None and (spec.kernel_launch_s + _floor_s(spec, sh, dtype, cus)) \
-                * (1 - FLOOR_SLACK) >= best.time_s * (1 - TIE):
-            continue        # even its floor (no panel reads) loses: the choice is unchanged
+    shapes = list(_candidates(spec, m, n, k, batch, in_bytes, out_bytes, epilogue))
+    floors = [(spec.kernel_launch_s + _floor_s(spec, sh, dtype, cus)) * (1 - FLOOR_SLACK)
+              for sh in shapes]
+
+    def walk(sh: _Shape) -> GemmCost:
         stages = tuple(_waves(spec, sh, dtype, cus, bypass_llc_output))
         if sh.split > 1:
             stages += (_split_reduce(spec, sh),)
-        cost = GemmCost(m, n, k, batch, 2.0 * m * n * k * batch, spec.kernel_launch_s, stages,
+        return GemmCost(m, n, k, batch, 2.0 * m * n * k * batch, spec.kernel_launch_s, stages,
                         sh.tm, sh.tn, sh.split, layout)
+
+    # cuBLAS's order decides ties (TIE), so candidates are judged in order; but the one with
+    # the least floor, walked first, wins its turn outright if it beats every earlier floor:
+    # then the earlier candidates need no walk (each would have lost to it or been replaced)
+    g = min(range(len(shapes)), key=floors.__getitem__)
+    cost_g = walk(shapes[g])
+    first = g if all(cost_g.time_s < f * (1 - TIE) for f in floors[:g]) else 0
+    best: GemmCost | None = None
+    for i in range(first, len(shapes)):
+        if best is not None and floors[i] >= best.time_s * (1 - TIE):
+            continue        # even its floor (no panel reads) loses: the choice is unchanged
+        cost = cost_g if i == g else walk(shapes[i])
         if best is None or cost.time_s < best.time_s * (1 - TIE):
             best = cost
     assert best is not None
