@@ -33,6 +33,9 @@ FLUSH_INTERVAL_S = 2.0
 # about 8 MB more resident after a 200k-event compaction, measured; this, none)
 MERGE_CACHE_BYTES = CHUNK_EVENTS * EVENT_DTYPE.itemsize * 3 // 2
 TICK_EVERY = 64       # events between two looks at the wall clock (one costs as much as an add)
+# deflate level of the rank files: on a 175B TP 8 rank's 9,731 events level 1 took 10.6 ms
+# for 181 KB, level 4 21.0 ms for 176 KB (byte-shuffled first, as HDF5 recommends for records)
+GZIP_LEVEL = 1
 
 
 def commit(final: Path, write: Callable[[Path], object], tmp: Path | None = None) -> None:
@@ -69,7 +72,8 @@ def part_files(path: Path) -> list[tuple[int, Path]]:
 
 def _tables(f: h5py.File) -> None:
     f.create_dataset("events", shape=(0,), maxshape=(None,), dtype=EVENT_DTYPE,
-                     chunks=(CHUNK_EVENTS,), compression="gzip", compression_opts=4, shuffle=True)
+                     chunks=(CHUNK_EVENTS,), compression="gzip", compression_opts=GZIP_LEVEL,
+                     shuffle=True)
     f.create_dataset("strings", shape=(0,), maxshape=(None,), dtype=STRING_DTYPE,
                      chunks=(256,))
 
