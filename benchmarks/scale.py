@@ -132,7 +132,7 @@ def main() -> int:
             wall, _, _, _, cpu = one(n, "workloads/gpt3-175b-tp8.toml",
                                      [f"parallel.dp={n // 8}", f"train.global_batch={2 * (n // 8)}",
                                       "model.layers=1"], Path(tmp) / "fixed")
-            print(f"fixed: the {n}-rank command with a one-layer model: {wall:.1f} s "
+            print(f"fixed: the {n}-rank command with a one-layer model: {wall:.2f} s "
                   f"({cpu:.1f} CPU s); the rest of each row below is its layers", flush=True)
         print(f"{'ranks':>6} {'GPUs':>5} {'workload':<36} {'command s':>10} {'CPU s':>7} "
               f"{'iteration s':>12} {'peak MB/rank':>13} {'emulated s':>11}")
@@ -141,7 +141,7 @@ def main() -> int:
             m = next((int(s.split("=")[1]) for s in sets if "global_batch" in s), 0)
             dp = next((int(s.split("=")[1]) for s in sets if "parallel.dp" in s), 1)
             what = Path(wl).stem + (f" ({m // dp} micro-batches)" if "pp" in wl else "")
-            print(f"{n:>6} {gpus:>5} {what:<36} {wall:>10.1f} {cpu:>7.1f} {it:>12.1f} "
+            print(f"{n:>6} {gpus:>5} {what:<36} {wall:>10.2f} {cpu:>7.1f} {it:>12.1f} "
                   f"{peak:>13.0f} {emu:>11.3f}", flush=True)
     print("CPU s: user + system time of every process of the command (on this host's cores, "
           "command s >= CPU s / cores); peak MB/rank: the largest resident set of any rank so "

@@ -26,7 +26,7 @@ from ..hw.specs import DeviceSpec, dtype_bytes
 from ..sim.timeline import Timeline
 from ..sim.trace import TraceWriter, commit, rank_file, write_merged
 from .config import Workload, resolve_device
-from .mpi import say
+from .mpi import arrive, say
 from .schema import as_table
 
 
@@ -129,7 +129,7 @@ def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str],
                              "emulated_ranks": shape.size,
                              "folded": stands_for})   # file rank -> emulated ranks
         _start_watchman(out, processes)
-    world.Barrier()
+    arrive(world)
     attrs = {"rank": grid.rank, "world_size": world.Get_size(), "tp_rank": grid.tp_rank,
              "dp_rank": grid.dp_rank, "pp_rank": grid.pp_rank,
              "grid": [grid.tp, grid.dp, grid.pp], "device": as_table(spec),
@@ -187,4 +187,5 @@ def close_run(ctx: RankContext, summary: dict[str, Any]) -> None:
         write_manifest(ctx.out, manifest)
     ctx.say(f"traces in {ctx.out}/ (mpiemu analyze {ctx.out}; mpiemu export {ctx.out} "
             "--chrome trace.json.gz)")
+    arrive(ctx.world)           # MPI_Finalize polls too: rank 0 writes the merged view last
     ctx.grid.free()

@@ -18,6 +18,7 @@ from typing import Callable
 from mpi4py import MPI
 
 from .._proc import alive, launcher_stderr
+from ..comm.p2p import wait_all
 from .errors import one_line
 
 EXIT_CONFIG = 2
@@ -31,12 +32,23 @@ def say(comm: MPI.Comm, *lines: str) -> None:
         sys.stdout.flush()
 
 
+def arrive(comm: MPI.Comm) -> None:
+    """Collective: return once every rank of `comm` is here, waiting as `p2p.wait_all` does.
+
+    MPI's blocking collectives poll: on a node whose ranks outnumber its cores, the ranks
+    that arrive first would take the cores from those still on their way (imports,
+    validation, rank 0's report). Called before a blocking collective where ranks arrive
+    apart, it leaves that collective only the exchange."""
+    wait_all([comm.Ibarrier()])
+
+
 def agree_on_error(comm: MPI.Comm, err: BaseException | None) -> str | None:
     """Collective: the first rank's error message if any rank failed, else None.
 
     Lets every rank exit the same way after a validation error instead of one rank raising
     while the others wait for it.
     """
+    arrive(comm)                # ranks finish importing and validating far apart
     msgs = comm.allgather(None if err is None else one_line(err))
     return next((m for m in msgs if m), None)
 

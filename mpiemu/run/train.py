@@ -32,6 +32,7 @@ from ..pipeline.step import PipelineStep
 from ..sim.timeline import Timeline
 from .config import Workload
 from .context import RankContext
+from .mpi import arrive
 from .train_setup import (layout, micro_batches, reference_tolerance, resolve, train_memory,
                           validate)
 
@@ -131,6 +132,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
         with ctx.tl.labelled(iteration=it):
             share = trainer.train_step(it)
         ctx.writer.tick()
+        arrive(ctx.world)       # pipeline stages end their step far apart
         loss = ctx.world.allreduce(share if reports_loss else 0.0, op=MPI.SUM)  # reporting
         wall = ctx.world.allreduce(time.perf_counter() - wall0, op=MPI.MAX)
         rows.append(_report_iteration(ctx, it, loss, wall, flops,
@@ -263,8 +265,9 @@ def _report_iteration(ctx: RankContext, it: int, loss: float, wall: float,
                 yield block
         window = window_of(keep(ctx.writer.blocks_since_mark(BREAKDOWN_FIELDS)), it, grid.rank)
         rt = make_trace({"rank": grid.rank}, np.concatenate(kept), list(ctx.writer.strings))
-    b = ctx.world.bcast(iteration_breakdown(rt, it, window) if ctx.rank == 0 and rt else None,
-                        root=0)
+    whole = iteration_breakdown(rt, it, window) if ctx.rank == 0 and rt else None
+    arrive(ctx.world)           # while rank 0 reads its iteration back
+    b = ctx.world.bcast(whole, root=0)
     mine = None if rt is None else \
         iteration_breakdown(rt, it, (b.t_start, b.t_end), sync_is_idle=True)
     stages = {stage: br for stage, br in ctx.world.allgather((grid.pp_rank, mine))
