@@ -17,6 +17,7 @@ field reads is refused, as in device presets.
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,19 @@ def list_networks() -> list[str]:
 
 
 def load_network(name_or_path: str) -> NetworkSpec:
-    """A NetworkSpec from a bundled preset name or a path; PresetError says what is wrong."""
+    """A NetworkSpec from a bundled preset name or a path; PresetError says what is wrong. A
+    bundled preset is read once per process (a spec is immutable); a file, at every call."""
+    if name_or_path in list_networks():
+        return _bundled_network(name_or_path)
+    return _read_network(name_or_path)
+
+
+@functools.lru_cache(maxsize=None)
+def _bundled_network(name: str) -> NetworkSpec:
+    return _read_network(name)
+
+
+def _read_network(name_or_path: str) -> NetworkSpec:
     raw = read_preset(name_or_path, preset_dir(), "network.preset")
     name = str(raw.get("name", name_or_path))
     secs = all_quantities(raw)

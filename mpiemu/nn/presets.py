@@ -7,6 +7,7 @@ starting with "ASSUMPTION" marks a value no paper states. `[model]` holds the ar
 from __future__ import annotations
 
 import dataclasses
+import functools
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +38,12 @@ def _preset_dir() -> Path:
 
 def list_model_presets() -> list[str]:
     """Names of the bundled model presets."""
-    return sorted(p.stem for p in _preset_dir().glob("*.toml"))
+    return list(_bundled_names())
+
+
+@functools.lru_cache(maxsize=1)
+def _bundled_names() -> tuple[str, ...]:
+    return tuple(sorted(p.stem for p in _preset_dir().glob("*.toml")))
 
 
 def preset_path(name_or_path: str) -> Path:
@@ -62,7 +68,20 @@ def _entries(section: Mapping[str, Any], where: str) -> dict[str, tuple[Any, str
 
 
 def load_model_preset(name_or_path: str) -> ModelPreset:
-    """Read and validate a model preset; raises ModelPresetError naming what is wrong."""
+    """Read and validate a model preset; raises ModelPresetError naming what is wrong. A
+    bundled preset is read once per process (validation asks for it about 20 times); a
+    file, at every call."""
+    if name_or_path in _bundled_names():
+        return _bundled_model_preset(name_or_path)
+    return _read_model_preset(name_or_path)
+
+
+@functools.lru_cache(maxsize=None)
+def _bundled_model_preset(name: str) -> ModelPreset:
+    return _read_model_preset(name)
+
+
+def _read_model_preset(name_or_path: str) -> ModelPreset:
     path = preset_path(name_or_path)
     with path.open("rb") as f:
         raw = tomllib.load(f)

@@ -270,6 +270,7 @@ def _report_iteration(ctx: RankContext, it: int, loss: float, wall: float,
     b = ctx.world.bcast(whole, root=0)
     mine = None if rt is None else \
         iteration_breakdown(rt, it, (b.t_start, b.t_end), sync_is_idle=True)
+    arrive(ctx.world)           # while each stage's first rank breaks its own down
     stages = {stage: br for stage, br in ctx.world.allgather((grid.pp_rank, mine))
               if br is not None}
     devices, peak = flops["devices"], flops["peak_flops_per_s"]
