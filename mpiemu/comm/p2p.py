@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from mpi4py import MPI
 
+from .._threads import local_ranks
 from ..hw.cost import ComputeModel
 from ..net import HEADER_LEN, Network, arrival, send
 from ..net.message import Feed
@@ -25,15 +26,13 @@ from .fold import Mirror
 
 
 def _oversubscribed() -> bool:
-    """More ranks on this node than cores it lets us use: waiting ranks must yield."""
+    """More ranks on this node than cores it lets us use: waiting ranks must yield. The
+    launcher says how many ranks it put here (asking MPI would be a collective, and the
+    first wait of each rank comes at a different moment)."""
     env = os.environ.get("MPIEMU_YIELD", "")
     if env in ("0", "1"):
         return env == "1"
-    node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        return node.Get_size() > len(os.sched_getaffinity(0))
-    finally:
-        node.Free()
+    return local_ranks() > len(os.sched_getaffinity(0))
 
 
 _YIELD: bool | None = None
