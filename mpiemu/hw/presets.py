@@ -12,13 +12,14 @@ import math
 import tomllib
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 from .caps import UNITS, CapError, Quantity, load_spec
 from .specs import DeviceSpec
 
 UNIT_SCALE: dict[str, float] = {unit: factor for unit, (factor, _) in UNITS.items()}
 TOP_LEVEL = ("name", "kind", "description", "network")   # strings, not quantities
+T = TypeVar("T")
 
 
 class PresetError(ValueError):
@@ -58,7 +59,24 @@ def _preset_dir() -> Path:
 
 def list_presets() -> list[str]:
     """Names of the bundled device presets."""
-    return sorted(p.stem for p in _preset_dir().glob("*.toml"))
+    return list(bundled_names(_preset_dir()))
+
+
+@functools.lru_cache(maxsize=None)
+def bundled_names(directory: Path) -> tuple[str, ...]:
+    """Names of the preset files shipped in `directory` (device, network, model presets)."""
+    return tuple(sorted(p.stem for p in directory.glob("*.toml")))
+
+
+def read_once_if_bundled(read: Callable[[str], T], directory: Path) -> Callable[[str], T]:
+    """`read(name_or_path)`, remembering what it built from a preset bundled in `directory`
+    (a spec is immutable, and validation asks for the same one many times); a file is read
+    at every call."""
+    cached = functools.lru_cache(maxsize=None)(read)
+
+    def load(name_or_path: str) -> T:
+        return (cached if name_or_path in bundled_names(directory) else read)(name_or_path)
+    return load
 
 
 def read_preset(name_or_path: str, directory: Path | None = None,
@@ -69,9 +87,8 @@ def read_preset(name_or_path: str, directory: Path | None = None,
     if not path.suffix:
         path = directory / f"{name_or_path}.toml"
     if not path.is_file():
-        names = sorted(p.stem for p in directory.glob("*.toml"))
         raise PresetError(f"{what}={name_or_path!r} is not a preset; choose one of "
-                          f"{names} or give a path to a preset .toml")
+                          f"{list(bundled_names(directory))} or give a path to a preset .toml")
     try:
         with path.open("rb") as f:
             return tomllib.load(f)
@@ -101,14 +118,7 @@ def load_device(name_or_path: str) -> DeviceSpec:
     """Build a DeviceSpec from a preset (every section a field of the spec tree, `caps`);
     raises PresetError naming what is wrong, including an entry no field reads. A bundled
     preset is read once per process (a spec is immutable); a file, at every call."""
-    if Path(name_or_path).suffix:
-        return _read_device(name_or_path)
-    return _bundled_device(name_or_path)
-
-
-@functools.lru_cache(maxsize=None)
-def _bundled_device(name: str) -> DeviceSpec:
-    return _read_device(name)
+    return _load_device(name_or_path)
 
 
 def _read_device(name_or_path: str) -> DeviceSpec:
@@ -119,6 +129,9 @@ def _read_device(name_or_path: str) -> DeviceSpec:
                              zip(TOP_LEVEL, (name_or_path, "gpu", "", ""))}
     return build_spec(DeviceSpec, raw, secs, name, given, "device spec",
                       f"mpiemu devices {name}")
+
+
+_load_device = read_once_if_bundled(_read_device, _preset_dir())
 
 
 def build_spec(cls: type, raw: Mapping[str, Any], secs: Mapping[str, Mapping[str, Quantity]],

@@ -17,11 +17,11 @@ field reads is refused, as in device presets.
 """
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any
 
-from ..hw.presets import PresetError, all_quantities, build_spec, read_preset
+from ..hw.presets import (PresetError, all_quantities, build_spec, bundled_names,
+                          read_once_if_bundled, read_preset)
 from .spec import NetworkSpec
 
 TOP_LEVEL = ("name", "topology", "node_topology", "description")
@@ -33,20 +33,13 @@ def preset_dir() -> Path:
 
 def list_networks() -> list[str]:
     """Names of the bundled network presets."""
-    return sorted(p.stem for p in preset_dir().glob("*.toml"))
+    return list(bundled_names(preset_dir()))
 
 
 def load_network(name_or_path: str) -> NetworkSpec:
     """A NetworkSpec from a bundled preset name or a path; PresetError says what is wrong. A
     bundled preset is read once per process (a spec is immutable); a file, at every call."""
-    if name_or_path in list_networks():
-        return _bundled_network(name_or_path)
-    return _read_network(name_or_path)
-
-
-@functools.lru_cache(maxsize=None)
-def _bundled_network(name: str) -> NetworkSpec:
-    return _read_network(name)
+    return _load_network(name_or_path)
 
 
 def _read_network(name_or_path: str) -> NetworkSpec:
@@ -59,3 +52,6 @@ def _read_network(name_or_path: str) -> NetworkSpec:
         raise PresetError(f"network preset {name}: missing top-level 'topology'")
     return build_spec(NetworkSpec, raw, secs, name, given,  # type: ignore[no-any-return]
                       "network spec", f"mpiemu devices --network {name}")
+
+
+_load_network = read_once_if_bundled(_read_network, preset_dir())

@@ -7,12 +7,12 @@ starting with "ASSUMPTION" marks a value no paper states. `[model]` holds the ar
 from __future__ import annotations
 
 import dataclasses
-import functools
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..hw.presets import bundled_names, read_once_if_bundled
 from .config import ModelConfig
 
 SETUP_KEYS = ("seq_len", "global_batch")
@@ -38,12 +38,7 @@ def _preset_dir() -> Path:
 
 def list_model_presets() -> list[str]:
     """Names of the bundled model presets."""
-    return list(_bundled_names())
-
-
-@functools.lru_cache(maxsize=1)
-def _bundled_names() -> tuple[str, ...]:
-    return tuple(sorted(p.stem for p in _preset_dir().glob("*.toml")))
+    return list(bundled_names(_preset_dir()))
 
 
 def preset_path(name_or_path: str) -> Path:
@@ -71,14 +66,7 @@ def load_model_preset(name_or_path: str) -> ModelPreset:
     """Read and validate a model preset; raises ModelPresetError naming what is wrong. A
     bundled preset is read once per process (validation asks for it about 20 times); a
     file, at every call."""
-    if name_or_path in _bundled_names():
-        return _bundled_model_preset(name_or_path)
-    return _read_model_preset(name_or_path)
-
-
-@functools.lru_cache(maxsize=None)
-def _bundled_model_preset(name: str) -> ModelPreset:
-    return _read_model_preset(name)
+    return _load_model_preset(name_or_path)
 
 
 def _read_model_preset(name_or_path: str) -> ModelPreset:
@@ -104,3 +92,6 @@ def _read_model_preset(name_or_path: str) -> ModelPreset:
                **{f"setup.{k}": s for k, (_, s) in setup.items()}}
     return ModelPreset(cfg, int(setup["global_batch"][0]), str(raw.get("description", "")),
                        sources)
+
+
+_load_model_preset = read_once_if_bundled(_read_model_preset, _preset_dir())
