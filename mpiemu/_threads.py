@@ -12,13 +12,24 @@ _BLAS_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
               "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
 
 
+def _launcher_int(names: tuple[str, ...]) -> int | None:
+    """The first of the launchers' variables `names` that holds a count (Slurm may append
+    a repeat, as in `8(x2)`), or None."""
+    for var in names:
+        value = os.environ.get(var, "").split("(")[0]
+        if value.isdigit():
+            return int(value)
+    return None
+
+
 def local_ranks() -> int:
     """How many ranks the launcher put on this node (1 when not under a launcher)."""
-    for var in _RANK_COUNT_VARS:
-        value = os.environ.get(var, "")
-        if value.split("(")[0].isdigit():
-            return int(value.split("(")[0])
-    return 1
+    return _launcher_int(_RANK_COUNT_VARS) or 1
+
+
+def oversubscribed() -> bool:
+    """More ranks on this node than cores this process may use."""
+    return local_ranks() > len(os.sched_getaffinity(0))
 
 
 def limit_blas_threads() -> None:
@@ -45,7 +56,7 @@ def pin_rank() -> None:
     if os.environ.get("MPIEMU_PIN", "") == "0" or not hasattr(os, "sched_setaffinity"):
         return
     cores = sorted(os.sched_getaffinity(0))
-    local = next((os.environ[v] for v in _LOCAL_RANK_VARS if v in os.environ), "")
-    if len(cores) < 2 or local_ranks() <= len(cores) or not local.isdigit():
+    local = _launcher_int(_LOCAL_RANK_VARS)
+    if len(cores) < 2 or not oversubscribed() or local is None:
         return
-    os.sched_setaffinity(0, {cores[int(local) % len(cores)]})
+    os.sched_setaffinity(0, {cores[local % len(cores)]})

@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from .._threads import local_ranks
+from .._threads import oversubscribed
 from ..hw.cost import ComputeModel
 from ..net import HEADER_LEN, Network, arrival, send
 from ..net.message import Feed
@@ -32,7 +32,7 @@ def _oversubscribed() -> bool:
     env = os.environ.get("MPIEMU_YIELD", "")
     if env in ("0", "1"):
         return env == "1"
-    return local_ranks() > len(os.sched_getaffinity(0))
+    return oversubscribed()
 
 
 _YIELD: bool | None = None
