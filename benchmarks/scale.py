@@ -68,7 +68,14 @@ def floor(ranks: int) -> list[tuple[float, float]]:
     return out
 
 
+TP8 = "workloads/gpt3-175b-tp8.toml"
 PP8 = "workloads/gpt3-175b-tp8-pp8.toml"
+
+
+def tp8_sets(ranks: int) -> list[str]:
+    """GPT-3 175B TP 8 on `ranks` ranks: DP = ranks / 8, two sequences per replica."""
+    return [f"parallel.dp={ranks // 8}", f"train.global_batch={2 * (ranks // 8)}"]
+
 ZERO = ["optimizer.distributed=true"]
 FOLDED = [(8, 1024, PP8, ["parallel.dp=16", "train.global_batch=1536", *ZERO]),
           (8, 2048, PP8, ["parallel.dp=32", "train.global_batch=1536", *ZERO]),
@@ -77,7 +84,7 @@ FOLDED = [(8, 1024, PP8, ["parallel.dp=16", "train.global_batch=1536", *ZERO]),
            ["parallel.dp=6", "train.global_batch=3072", *ZERO])]
 SMALL = ["model.layers=8", "train.memory_check=warn", "run.iterations=1"]
 # (what, unfolded ranks, folded ranks, workload, overrides): three symmetry kinds
-EXACT = [("TP ring", 8, 1, "workloads/gpt3-175b-tp8.toml", ["model.layers=2", *SMALL[1:]]),
+EXACT = [("TP ring", 8, 1, TP8, ["model.layers=2", *SMALL[1:]]),
          ("TP x DP, 4 nodes", 16, 1, PP8,
           ["parallel.tp=4", "parallel.dp=4", "parallel.pp=1", "network.devices_per_node=4",
            "parallel.schedule=1f1b", "parallel.virtual_stages=1", "train.global_batch=8",
@@ -110,8 +117,7 @@ def main() -> int:
     ap.add_argument("--no-folded", action="store_true", help="skip the folded runs")
     ap.add_argument("--exact", action="store_true", help="check folded == unfolded first")
     args = ap.parse_args()
-    runs = [(n, n, "workloads/gpt3-175b-tp8.toml",
-             [f"parallel.dp={n // 8}", f"train.global_batch={2 * (n // 8)}"]) for n in args.ranks]
+    runs = [(n, n, TP8, tp8_sets(n)) for n in args.ranks]
     if not args.no_pipeline:
         runs.append((64, 64, PP8, ["train.global_batch=8"]))
     if not args.no_folded:
@@ -129,9 +135,7 @@ def main() -> int:
                   f"{bare:.1f} s ({bare_cpu:.1f} CPU s); and mpiemu's run modules: {mods:.1f} s "
                   f"({mods_cpu:.1f} CPU s)", flush=True)
             n = args.ranks[0]
-            wall, _, _, _, cpu = one(n, "workloads/gpt3-175b-tp8.toml",
-                                     [f"parallel.dp={n // 8}", f"train.global_batch={2 * (n // 8)}",
-                                      "model.layers=1"], Path(tmp) / "fixed")
+            wall, _, _, _, cpu = one(n, TP8, [*tp8_sets(n), "model.layers=1"], Path(tmp) / "fixed")
             print(f"fixed: the {n}-rank command with a one-layer model: {wall:.2f} s "
                   f"({cpu:.1f} CPU s); the rest of each row below is its layers", flush=True)
         print(f"{'ranks':>6} {'GPUs':>5} {'workload':<36} {'command s':>10} {'CPU s':>7} "
