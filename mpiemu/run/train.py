@@ -86,11 +86,12 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
         from ..nn.sunway_layer import SunwayEngine, SunwayLayerPlan  # noqa: PLC0415
     cls: type[Engine] = SunwayEngine if sunway else Engine
     eng = cls(tl, ctx.model, tp, dtype=w.run.emulated_dtype, numerics=numerics,
-              overlap=w.overlap.to_overlap(strategy or None),
-              sp=dims.sp, kernels=w.train.kernel_options(), tp_async=w.train.tp_comm_async and not sunway)
+              overlap=w.overlap.to_overlap(strategy or None), sp=dims.sp,
+              kernels=w.train.kernel_options(), tp_async=w.train.tp_comm_async and not sunway)
     if sunway:
-        eng.plan = SunwayLayerPlan.build(ctx.model, dims, w.run.emulated_dtype,  # type: ignore[attr-defined,arg-type]
-                                         w.sunway.scheduler, w.sunway.attention)
+        plan = SunwayLayerPlan.build(ctx.model, dims,  # type: ignore[arg-type]
+                                     w.run.emulated_dtype, w.sunway.scheduler, w.sunway.attention)
+        eng.plan = plan                                       # type: ignore[attr-defined]
     m = micro_batches(w)
     opt_cfg = w.optimizer.to_config()
     model = ShardedModel(cfg, eng, dims, tp_rank=grid.tp_rank, dp_rank=grid.dp_rank,
