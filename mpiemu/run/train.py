@@ -132,7 +132,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
         wall0 = time.perf_counter()
         with ctx.tl.labelled(iteration=it):
             share = trainer.train_step(it)
-        ctx.writer.tick()
+        ctx.end_iteration()
         arrive(ctx.world)       # pipeline stages end their step far apart
         loss = ctx.world.allreduce(share if reports_loss else 0.0, op=MPI.SUM)  # reporting
         wall = ctx.world.allreduce(time.perf_counter() - wall0, op=MPI.MAX)
