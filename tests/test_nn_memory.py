@@ -111,7 +111,7 @@ def test_1f1b_stage_i_holds_p_minus_i_micro_batches(pp: int) -> None:
         edge = (embed_stored(cfg, d).bytes(2) if i == 0 else 0) + \
             (head_stored(cfg, d).bytes(2) if i == pp - 1 else 0)
         assert stage_activations(cfg, d, 2, lay).bytes(2) == (pp - i) * (one + edge)
-        gpipe = stage_activations(cfg, d, 2, dataclasses.replace(lay, schedule="gpipe"))
+        gpipe = stage_activations(cfg, d, 2, lay._replace(schedule="gpipe"))
         assert gpipe.bytes(2) == m * (one + edge)
 
 

@@ -105,7 +105,7 @@ def test_events_name_the_gemm_and_the_all_reduce(strategy: str) -> None:
     run(strategy, rec=rec)
     ev = rec.events()
     gemm = [e for e in ev if e["name"] == "fc2.gemm"]
-    n_stages = model_for(load_device("t3-gpu")).gemm(*vars(fc2(MPI.COMM_WORLD)).values()).n_stages
+    n_stages = model_for(load_device("t3-gpu")).gemm(*fc2(MPI.COMM_WORLD)).n_stages
     assert gemm and all(e["cat"] == "compute" for e in gemm)
     if strategy != "sw-overlap":          # sw-overlap runs its GEMM on fewer CUs
         assert {e["stage"] for e in gemm} == {n_stages}

@@ -4,12 +4,21 @@ from __future__ import annotations
 from .load import Run
 from .tables import op_totals
 
+Totals = dict[tuple[str, str], float]
 
-def compare_dict(a: Run, b: Run, top: int = 20) -> dict[str, object]:
-    """The comparison as JSON-ready data (seconds)."""
+
+def _changed(a: Run, b: Run) -> tuple[Totals, Totals, list[tuple[str, str]]]:
+    """Per-op totals of A and B, and the (name, cat) keys, largest change first (ties by
+    name: the same table every time)."""
     ta = {(r.name, r.cat): r.total_s for r in op_totals(a)}
     tb = {(r.name, r.cat): r.total_s for r in op_totals(b)}
     keys = sorted(set(ta) | set(tb), key=lambda k: (-abs(tb.get(k, 0.0) - ta.get(k, 0.0)), k))
+    return ta, tb, keys
+
+
+def compare_dict(a: Run, b: Run, top: int = 20) -> dict[str, object]:
+    """The comparison as JSON-ready data (seconds)."""
+    ta, tb, keys = _changed(a, b)
     return {"a": str(a.path), "b": str(b.path), "makespan_a_s": a.makespan,
             "makespan_b_s": b.makespan,
             "speedup": a.makespan / b.makespan if b.makespan > 0 else None,
@@ -24,9 +33,7 @@ def compare_lines(a: Run, b: Run, top: int = 20) -> list[str]:
              f"B {b.path}  makespan {b.makespan * 1e3:.4f} ms",
              f"speedup of B over A: {speed:.4f}x  ({(speed - 1) * 100:+.2f}%)", "",
              f"{'op':<30}{'cat':<11}{'A ms':>12}{'B ms':>12}{'B-A ms':>12}"]
-    ta = {(r.name, r.cat): r.total_s for r in op_totals(a)}
-    tb = {(r.name, r.cat): r.total_s for r in op_totals(b)}
-    keys = sorted(set(ta) | set(tb), key=lambda k: -abs(tb.get(k, 0.0) - ta.get(k, 0.0)))
+    ta, tb, keys = _changed(a, b)
     for name, cat in keys[:top]:
         x, y = ta.get((name, cat), 0.0), tb.get((name, cat), 0.0)
         lines.append(f"{name[:29]:<30}{cat:<11}{x * 1e3:>12.4f}{y * 1e3:>12.4f}"

@@ -9,7 +9,7 @@ rank was waiting: the gap is charged as `idle` and the walk continues on the sam
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -18,8 +18,7 @@ from .load import RankTrace, Run
 WALK_CATS = ("compute", "comm", "memory")
 
 
-@dataclass(frozen=True)
-class PathStep:
+class PathStep(NamedTuple):
     """One op on the critical path (or an idle gap, name='idle')."""
 
     rank: int

@@ -22,8 +22,7 @@ tuner does (`docs/nccl_model.md`); `collectives.algorithm` / `protocol` override
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from ..net import Network
 from ..net.topology import Hop
@@ -42,8 +41,7 @@ def pipeline_depth(nbytes: float) -> int:
     return int(min(PIPELINE_STEPS, max(1, nbytes // PIPELINE_MIN_BYTES)))
 
 
-@dataclass(frozen=True)
-class Choice:
+class Choice(NamedTuple):
     """An algorithm and protocol for one collective call."""
 
     algorithm: str

@@ -21,8 +21,7 @@ representatives).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -34,8 +33,7 @@ class FoldError(RuntimeError):
     """Folding met something that would make it inexact (says what and how to run instead)."""
 
 
-@dataclass(frozen=True)
-class Fold:
+class Fold(NamedTuple):
     """The emulated grid `shape` run on one MPI rank per pipeline stage: MPI rank p plays
     emulated rank (0, 0, p) and stands for every (t, d, p)."""
 

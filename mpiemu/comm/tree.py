@@ -15,7 +15,7 @@ through `TimedComm` (header, and payload with numerics on).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from mpi4py import MPI
@@ -27,8 +27,7 @@ from .schedule import chunk_bounds
 TAG_UP, TAG_DOWN = 500, 600
 
 
-@dataclass(frozen=True)
-class TreeRole:
+class TreeRole(NamedTuple):
     """A rank's place in one tree: whom it hears from going up, whom it sends to."""
 
     up_from: tuple[int, ...]         # chain child and, for a head, the node-tree children

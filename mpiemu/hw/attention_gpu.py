@@ -20,8 +20,7 @@ Backward: sd and sdf keep the baseline's backward (the softmax gradient needs on
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Union
+from typing import NamedTuple, Union
 
 from . import kernels as K
 from .cost import ComputeModel
@@ -34,8 +33,7 @@ FLASH_SOFTMAX_FLOPS = 4                   # ASSUMPTION: scale, running max, subt
 FLASH_BWD_FLOPS = 4                       # ASSUMPTION: dS = P (dP - D) and its scaling
 
 
-@dataclass(frozen=True)
-class AttnShape:
+class AttnShape(NamedTuple):
     """One rank's attention problem: `heads` independent (batch x head) problems."""
 
     heads: int
@@ -60,8 +58,7 @@ class AttnShape:
         return self.heads, self.seq
 
 
-@dataclass(frozen=True)
-class GemmStep:
+class GemmStep(NamedTuple):
     name: str
     m: int
     n: int
@@ -70,14 +67,12 @@ class GemmStep:
     epilogue: Epilogue = NO_EPILOGUE
 
 
-@dataclass(frozen=True)
-class KernelStep:
+class KernelStep(NamedTuple):
     name: str
     kernel: K.Kernel
 
 
-@dataclass(frozen=True)
-class FlashStep:
+class FlashStep(NamedTuple):
     name: str
     shape: AttnShape
     backward: bool
@@ -139,8 +134,7 @@ def steps(model: ComputeModel, a: AttnShape, variant: str, mode: str, dtype: str
             GemmStep("gs+context", rows, a.head_dim, a.keys, batch, gs_pro)]
 
 
-@dataclass(frozen=True)
-class FlashCost:
+class FlashCost(NamedTuple):
     time_s: float
     flops: float
     dram_bytes: float

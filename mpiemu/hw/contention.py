@@ -20,7 +20,7 @@ Nothing here knows of MPI: callers pass bytes and times.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 POLICIES = ("none", "round-robin", "compute-first")
 
@@ -120,8 +120,7 @@ def mca(params: T3Params, read_intensity: float) -> Arbitration:
     return Arbitration("compute-first", threshold / params.dram_queue_entries, starve)
 
 
-@dataclass(frozen=True)
-class StageDemand:
+class StageDemand(NamedTuple):
     """One GEMM stage in isolation: its time, its DRAM bytes, the accesses it waits on."""
 
     time_s: float

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from .specs import MATRIX_DTYPES, DeviceSpec, GemmTiling
 
@@ -33,8 +33,7 @@ FLOOR_SLACK = 1e-9           # a pruning floor is lowered by this much so that i
                              # (a product, not the walk's sum) never prunes a winner
 
 
-@dataclass(frozen=True)
-class Epilogue:
+class Epilogue(NamedTuple):
     """Work fused into a GEMM: per output element after the K-loop, per A element before it.
 
     Costs run on the CUDA cores / SFUs of the SM that owns the tile, serially with its MMA
@@ -55,8 +54,7 @@ class Epilogue:
 NO_EPILOGUE = Epilogue()
 
 
-@dataclass(frozen=True)
-class GemmStage:
+class GemmStage(NamedTuple):
     """One wave of CTAs: its tiles, isolated compute time and DRAM traffic.
 
     `serial_s`: fused epilogue / prologue work that adds to the wave rather than hiding
@@ -126,8 +124,7 @@ class GemmCost:
         return self.flops / self.time_s / 1e12
 
 
-@dataclass(frozen=True)
-class _Shape:
+class _Shape(NamedTuple):
     """Everything the wave loop needs about one (tile, split-K) candidate."""
 
     m: int
@@ -243,8 +240,7 @@ def _math_rate(spec: DeviceSpec, dtype: str) -> float:
     return spec.peak(dtype) * eff / spec.compute_units
 
 
-@dataclass(frozen=True)
-class _Tiles:
+class _Tiles(NamedTuple):
     """What every wave of one candidate shares: its size and each tile's costs."""
 
     wave: int               # CTAs per wave: compute units x CTAs each holds

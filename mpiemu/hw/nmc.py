@@ -25,8 +25,7 @@ square root needs only those), command-bus bandwidth is not a limit.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 from .specs import DeviceSpec, NmcSpec
 
@@ -34,8 +33,7 @@ MASTER_BYTES = 4        # fp32 master weights and optimizer states (thesis 4.2.1
 OPTIMIZERS = ("adam", "lamb")
 
 
-@dataclass(frozen=True)
-class Access:
+class Access(NamedTuple):
     """One pass over one array: `bytes` per parameter, read or written, in update `phase`."""
 
     phase: str
@@ -116,8 +114,7 @@ def partial_sums(spec: DeviceSpec, n_norms: int) -> tuple[float, float]:
     return nmc.host_sync_s + nbytes / spec.dram_stream_bw, nbytes
 
 
-@dataclass(frozen=True)
-class NmcUpdate:
+class NmcUpdate(NamedTuple):
     """Time and DRAM-interface traffic of an update on NMC, per phase."""
 
     phase_s: dict[str, float]          # NMC work per phase (all banks in parallel)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -46,8 +46,7 @@ class KernelOptions:
         check_mode(self.mode)
 
 
-@dataclass(frozen=True)
-class Dims:
+class Dims(NamedTuple):
     """Local sizes of one rank: rows are sequence x micro-batch, sequence first."""
 
     seq: int

@@ -12,6 +12,7 @@ many as its schedule has run forwards ahead of backwards (`pipeline.schedules.in
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from .config import ModelConfig
 from .engine import Dims
@@ -106,8 +107,7 @@ class MemoryReport:
                 f"({'fits' if self.fits else 'does NOT fit'})")
 
 
-@dataclass(frozen=True)
-class Layout:
+class Layout(NamedTuple):
     """Where a rank sits in the pipeline and how its step runs: what its memory depends on
     beyond the shapes."""
 

@@ -9,16 +9,14 @@ gradient is a partial sum that must be all-reduced over TP (Megatron's layernorm
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
 from .config import ModelConfig
 
 
-@dataclass(frozen=True)
-class LocalParam:
+class LocalParam(NamedTuple):
     """One parameter tensor of a TP rank and where it comes from."""
 
     name: str

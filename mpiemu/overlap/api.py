@@ -13,8 +13,7 @@ Trace events: `<name>.gemm` (compute; `stage` = the GEMM's stage count), `rs.sen
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -30,8 +29,7 @@ from .model import OverlapStats
 from .strategy import MODES, STRATEGIES, Overlap
 
 
-@dataclass(frozen=True)
-class GemmShape:
+class GemmShape(NamedTuple):
     """C[M, N] = A[M, K] @ B[K, N]; M is the token (row) dimension that is scattered."""
 
     m: int

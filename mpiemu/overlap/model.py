@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..hw.contention import NO_CONTENTION, Arbitration, T3Params, mca, round_robin
 from ..hw.cost import ComputeModel
@@ -14,8 +15,7 @@ from ..hw.gemm import GemmCost
 from .strategy import Overlap
 
 
-@dataclass(frozen=True)
-class Wave:
+class Wave(NamedTuple):
     """One GEMM stage as the overlap engine sees it (launch folded into the first)."""
 
     time_s: float
@@ -26,8 +26,7 @@ class Wave:
     pos1: float
 
 
-@dataclass(frozen=True)
-class GemmPlan:
+class GemmPlan(NamedTuple):
     """A GEMM's stages on this device, as fractions of its output in execution order."""
 
     cost: GemmCost
@@ -71,8 +70,7 @@ def gemm_plan(model: ComputeModel, m: int, n: int, k: int, dtype: str, *,
     return GemmPlan(cost, tuple(waves))
 
 
-@dataclass(frozen=True)
-class ByteCost:
+class ByteCost(NamedTuple):
     """Per byte a ring step moves: local DRAM reads, writes, their time cost, CU traffic."""
 
     reads: float
@@ -81,8 +79,7 @@ class ByteCost:
     cu_bytes: float       # loads + stores through the communication kernel's CUs (0: DMA)
 
 
-@dataclass(frozen=True)
-class RingCosts:
+class RingCosts(NamedTuple):
     """The DRAM and CU footprint of each kind of ring step under one strategy (Fig. 8.8)."""
 
     first: ByteCost       # step 0 send of a rank's own partial

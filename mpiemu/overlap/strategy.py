@@ -14,13 +14,13 @@ Each strategy is a set of traits (thesis 8.2.2 and 8.4.3):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 STRATEGIES = ("sequential", "ideal", "ideal+nmc", "sw-overlap", "t3", "t3-mca")
 MODES = ("all_reduce", "reduce_scatter")
 
 
-@dataclass(frozen=True)
-class Traits:
+class Traits(NamedTuple):
     """What a strategy changes in the schedule and in the hardware model."""
 
     fused: bool              # per-chunk data dependencies between GEMM and collective

@@ -17,13 +17,12 @@ interleaved (Narayanan et al. 2021, 2.2.1-2.2.2).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
-@dataclass(frozen=True)
-class Pass:
+class Pass(NamedTuple):
     """One forward ("F") or backward ("B") of micro-batch `micro` on model chunk `chunk`."""
 
     kind: str

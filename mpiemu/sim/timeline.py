@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, NamedTuple, Sequence
 
 from .calendar import PortCalendar
 from .events import CATS, PHASES
@@ -20,8 +19,7 @@ SimTime = float
 COMPUTE = "compute"
 
 
-@dataclass(frozen=True)
-class Span:
+class Span(NamedTuple):
     """Where an op landed in emulated time."""
 
     t_start: SimTime
@@ -32,8 +30,7 @@ class Span:
         return self.t_end - self.t_start
 
 
-@dataclass(frozen=True)
-class Labels:
+class Labels(NamedTuple):
     """Context attached to every event: which layer, phase and iteration it belongs to."""
 
     layer: int = -1
@@ -138,7 +135,7 @@ class Timeline:
     def labelled(self, **labels: object) -> Iterator[None]:
         """Attach layer / phase / iteration labels to the events recorded inside."""
         old = self.labels
-        self.labels = replace(old, **labels)  # type: ignore[arg-type]
+        self.labels = old._replace(**labels)  # type: ignore[arg-type]
         try:
             yield
         finally:
