@@ -13,14 +13,19 @@ of the iteration alone (rank 0's), the largest peak RSS of any rank (the launche
 and the emulated iteration; first, the floor: as many processes as the smallest run only
 starting (Python, numpy, MPI_Init, h5py, mpiemu), wall and CPU seconds; and the smallest
 run's command with a one-layer model (what it costs besides its layers).
-`--exact` first checks folded == unfolded bit for bit on three workloads at 8, 16 and 32 ranks.
+`--exact` first checks folded == unfolded bit for bit on three workloads at 8, 16 and 32 ranks;
+`--against GITREF` times the smallest run's command with this tree and with GITREF (a git
+worktree) alternately, `--repeat` times each, and prints both medians and their ratio.
 Usage: python benchmarks/scale.py [--ranks 8 16 32 64] [--no-pipeline] [--no-folded] [--exact]
+       [--against GITREF [--repeat N]]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,17 +41,21 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def one(ranks: int, workload: str, sets: list[str], out: Path
+def one(ranks: int, workload: str, sets: list[str], out: Path, code: Path | None = None
         ) -> tuple[float, float, float, float, float]:
     """(command wall s, iteration wall s, peak RSS MB of the largest rank, emulated
-    iteration s, CPU s of all its processes) of one run."""
+    iteration s, CPU s of all its processes) of one run; `code`: run the mpiemu found there
+    (`python -m mpiemu`, outside this tree) instead of this tree's."""
     bindir = Path(sys.executable).parent
-    cmd = [str(bindir / "mpiexec"), "-n", str(ranks), str(bindir / "mpiemu"), "run", workload,
+    prog = [str(bindir / "mpiemu")] if code is None else [sys.executable, "-m", "mpiemu"]
+    cmd = [str(bindir / "mpiexec"), "-n", str(ranks), *prog, "run", str(ROOT / workload),
            "--out", str(out)]
     for s in sets:
         cmd += ["--set", s]
+    env = None if code is None else {**os.environ, "PYTHONPATH": str(code)}
     t0, cpu0 = time.perf_counter(), _cpu_s()
-    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(cmd, cwd=ROOT if code is None else out.parent, env=env, check=True,
+                   capture_output=True)
     wall, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
     peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     rows = json.loads((out / "manifest.json").read_text())["summary"]["iterations"]
@@ -110,25 +119,56 @@ def exact(tmp: Path) -> bool:
     return ok
 
 
+def _compile(code: Path) -> None:
+    """Bytecode first, as pip does at install: the runs time the emulator, not Python's
+    compiler (with PYTHONDONTWRITEBYTECODE set, every process would compile every module)."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(code / "mpiemu")], check=True,
+                   capture_output=True)
+
+
+def against(ref: str, ranks: int, repeat: int, tmp: Path) -> None:
+    """The smallest run's command with this tree and with git `ref` (a worktree), alternating:
+    the host's speed drifts by 10-20% within minutes, so only runs side by side compare."""
+    base = tmp / "against"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(base), ref],
+                   check=True)
+    try:
+        _compile(base)
+        walls: dict[str, list[float]] = {ref: [], "this tree": []}
+        for _ in range(repeat):
+            for name, code in ((ref, base), ("this tree", ROOT)):
+                walls[name].append(one(ranks, TP8, tp8_sets(ranks), tmp / "a", code)[0])
+        med = {k: statistics.median(v) for k, v in walls.items()}
+        print(f"against {ref}: the {ranks}-rank command, {repeat} alternating runs each: " +
+              "; ".join(f"{k} median {med[k]:.2f} s ({min(v):.2f}-{max(v):.2f})"
+                        for k, v in walls.items()) +
+              f"; this tree / {ref}: {med['this tree'] / med[ref]:.3f}", flush=True)
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
+                       check=False, capture_output=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[8, 16, 32, 64])
     ap.add_argument("--no-pipeline", action="store_true", help="skip the TP 8 x PP 8 run")
     ap.add_argument("--no-folded", action="store_true", help="skip the folded runs")
     ap.add_argument("--exact", action="store_true", help="check folded == unfolded first")
+    ap.add_argument("--against", metavar="GITREF",
+                    help="also time the smallest run's command with GITREF, alternating")
+    ap.add_argument("--repeat", type=int, default=5, help="alternations with --against")
     args = ap.parse_args()
     runs = [(n, n, TP8, tp8_sets(n)) for n in args.ranks]
     if not args.no_pipeline:
         runs.append((64, 64, PP8, ["train.global_batch=8"]))
     if not args.no_folded:
         runs += FOLDED
-    # bytecode first, as pip does at install: the runs time the emulator, not Python's
-    # compiler (with PYTHONDONTWRITEBYTECODE set, every process would compile every module)
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "mpiemu")], check=True,
-                   capture_output=True)
+    _compile(ROOT)
     with tempfile.TemporaryDirectory() as tmp:
         if args.exact and not exact(Path(tmp)):
             return 1
+        if args.against:
+            against(args.against, args.ranks[0] if args.ranks else 8, args.repeat, Path(tmp))
         if args.ranks:
             (bare, bare_cpu), (mods, mods_cpu) = floor(args.ranks[0])
             print(f"floor: {args.ranks[0]} processes importing numpy, mpi4py, h5py: "
