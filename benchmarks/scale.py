@@ -31,8 +31,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent          # the venv's mpiexec and mpiemu
 
 
 def _cpu_s() -> float:
@@ -41,22 +43,25 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _timed(cmd: list[str], **kw: Any) -> tuple[float, float]:
+    """(wall s, CPU s of all its processes) of `cmd` run to the end (`kw`: subprocess.run's)."""
+    t0, cpu0 = time.perf_counter(), _cpu_s()
+    subprocess.run(cmd, check=True, capture_output=True, **kw)
+    return time.perf_counter() - t0, _cpu_s() - cpu0
+
+
 def one(ranks: int, workload: str, sets: list[str], out: Path, code: Path | None = None
         ) -> tuple[float, float, float, float, float]:
     """(command wall s, iteration wall s, peak RSS MB of the largest rank, emulated
     iteration s, CPU s of all its processes) of one run; `code`: run the mpiemu found there
     (`python -m mpiemu`, outside this tree) instead of this tree's."""
-    bindir = Path(sys.executable).parent
-    prog = [str(bindir / "mpiemu")] if code is None else [sys.executable, "-m", "mpiemu"]
-    cmd = [str(bindir / "mpiexec"), "-n", str(ranks), *prog, "run", str(ROOT / workload),
+    prog = [str(BIN / "mpiemu")] if code is None else [sys.executable, "-m", "mpiemu"]
+    cmd = [str(BIN / "mpiexec"), "-n", str(ranks), *prog, "run", str(ROOT / workload),
            "--out", str(out)]
     for s in sets:
         cmd += ["--set", s]
     env = None if code is None else {**os.environ, "PYTHONPATH": str(code)}
-    t0, cpu0 = time.perf_counter(), _cpu_s()
-    subprocess.run(cmd, cwd=ROOT if code is None else out.parent, env=env, check=True,
-                   capture_output=True)
-    wall, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
+    wall, cpu = _timed(cmd, cwd=ROOT if code is None else out.parent, env=env)
     peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     rows = json.loads((out / "manifest.json").read_text())["summary"]["iterations"]
     return (wall, float(rows[0]["wall_s"]), peak_mb,
@@ -67,14 +72,9 @@ def floor(ranks: int) -> list[tuple[float, float]]:
     """(wall s, CPU s) of `ranks` processes that only start: importing numpy, mpi4py
     (MPI_Init) and h5py; and importing mpiemu's run modules too. What no unfolded run on this
     host beats."""
-    bindir = Path(sys.executable).parent
-    out = []
-    for mods in ("numpy, mpi4py.MPI, h5py", "mpiemu.run.runner, mpiemu.run.train"):
-        t0, cpu0 = time.perf_counter(), _cpu_s()
-        subprocess.run([str(bindir / "mpiexec"), "-n", str(ranks), sys.executable, "-c",
-                        f"import {mods}"], cwd=ROOT, check=True, capture_output=True)
-        out.append((time.perf_counter() - t0, _cpu_s() - cpu0))
-    return out
+    return [_timed([str(BIN / "mpiexec"), "-n", str(ranks), sys.executable, "-c",
+                    f"import {mods}"], cwd=ROOT)
+            for mods in ("numpy, mpi4py.MPI, h5py", "mpiemu.run.runner, mpiemu.run.train")]
 
 
 TP8 = "workloads/gpt3-175b-tp8.toml"

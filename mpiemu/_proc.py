@@ -88,4 +88,4 @@ def collect_garbage() -> None:
     if gc.isenabled():
         return
     gc.collect()
-    gc.freeze()
+    set_aside()
