@@ -92,3 +92,45 @@ def test_tree_time_is_its_closed_form_on_two_nodes() -> None:
     from mpiemu.comm.cost import Choice, estimate_s
     est = estimate_s(tc, "all_reduce", count * itemsize, itemsize, Choice("tree", "simple"))
     assert est == pytest.approx(want, rel=1e-9, abs=0.0)
+
+
+@pytest.mark.mpi
+def test_nvls_waits_for_the_last_member() -> None:
+    """The switch cannot hand out a sum before every member's data is in: a member that
+    enters late delays every member's result by as much."""
+    comm = MPI.COMM_WORLD
+    if comm.size < 3:
+        pytest.skip("NVLS needs more than 2 GPUs")
+    tc = timed_comm(preset="h100-sxm5", net=network("dgx-h100"))
+    tc.algorithm = "nvls"
+    late = 1e-3
+    after = late if comm.rank == comm.size - 1 else 0.0
+    _, span = all_reduce(tc, None, after=after, count=1 << 20, wire_itemsize=2)
+    ref = timed_comm(preset="h100-sxm5", net=network("dgx-h100"))
+    ref.algorithm = "nvls"
+    _, alone = all_reduce(ref, None, count=1 << 20, wire_itemsize=2)
+    assert span.t_end == pytest.approx(late + alone.duration, rel=1e-12, abs=0.0)
+
+
+@pytest.mark.mpi
+def test_sequential_row_parallel_all_reduce_runs_what_nccl_chooses() -> None:
+    """Without overlap, the GEMM's all-reduce is the collective NCCL's tuner picks (NVLS on
+    an NVSwitch H100 node), timed as the plain all-reduce of the same size."""
+    from mpiemu.overlap.api import GemmShape, gemm_then_reduce
+    comm = MPI.COMM_WORLD
+    if comm.size < 3:
+        pytest.skip("NVLS needs more than 2 GPUs")
+    m, n, k = 2048, 1024, 512
+    tc = timed_comm(preset="h100-sxm5", net=network("dgx-h100"))
+    x = np.random.default_rng(comm.rank).standard_normal((m, k))
+    w = np.random.default_rng(100 + comm.rank).standard_normal((k, n))
+    y, span = gemm_then_reduce(tc, x, w, shape=GemmShape(m, n, k), mode="all_reduce",
+                               dtype="fp16", after=0.0)
+    want = np.empty((m, n))
+    comm.Allreduce(x @ w, want)
+    np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12)
+    gemm = tc.model.gemm(m, n, k, dtype="fp16").time_s
+    ref = timed_comm(preset="h100-sxm5", net=network("dgx-h100"))
+    _, ar = all_reduce(ref, None, after=gemm, count=m * n, wire_itemsize=2)
+    assert (tc.algo, ref.algo) == ("nvls", "nvls")
+    assert span.t_end == pytest.approx(ar.t_end, rel=1e-12, abs=0.0)

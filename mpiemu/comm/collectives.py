@@ -10,9 +10,10 @@ setup, independent of the number of steps) and then runs its algorithm:
   split once and cached), pipelined over up to 8 segments;
 * `tree` (all-reduce across nodes, `comm.tree`): NCCL's double binary tree, a chain inside
   each node, pipelined over up to 8 segments;
-* `nvls` (all-reduce inside one NVSwitch node with NVLink SHARP): the switch reduces; each
-  device's two ports carry S (N+1)/N at the NVLS rate (`net.message.switch_reduce`). The
-  payload's sum is MPI's own `Allreduce`, standing for the switch's arithmetic.
+* `nvls` (all-reduce inside one NVSwitch node with NVLink SHARP): the switch reduces once
+  the last member's data is ready (the members exchange their ready times); each device's
+  two ports carry S (N+1)/N at the NVLS rate (`net.message.switch_reduce`). The payload's
+  sum is MPI's own `Allreduce`, standing for the switch's arithmetic.
 
 The (algorithm, protocol) pair is the one with the lowest predicted time (`comm.cost`, as
 NCCL's tuner chooses), unless `tc.algorithm` / `tc.protocol` (from `[collectives]`) name one.
@@ -241,6 +242,9 @@ def all_reduce(tc: TimedComm, x: np.ndarray | None, *, after: SimTime = 0.0,
         end = tree_all_reduce(tc, node_groups(tc.net, tc.devices), flat, buf, n, itemsize, t,
                               pipeline_depth(n * itemsize / 2))
     elif ch.algorithm == "nvls":
+        # the switch reduces every member's chunk and multicasts the sum: no member holds
+        # it before the last member's data is in (NCCL's NVLS kernel waits for its peers)
+        t = float(tc.comm.allreduce(t, op=MPI.MAX))
         if flat is not None:
             tc.comm.Allreduce(flat, buf)
         end = switch_reduce(tc.tl, tc.net, tc.device, n * itemsize, t, label="nvls")

@@ -6,7 +6,8 @@ Every strategy of thesis 8.4.3 (plus software overlap, 8.2.2) runs the same ring
 on real data (or on shapes alone when x = w = None) and charges emulated time by its traits
 (`strategy.TRAITS`): sequential and ideal multiply whole matrices, the fused strategies one
 chunk at a time. For mode "all_reduce" the reduce-scatter is followed by a sequential
-all-gather, fused or not (thesis 8.4.3).
+all-gather, fused or not (thesis 8.4.3); sequential, where NCCL's tuner would not run the
+all-reduce as a ring (NVLS, tree, hierarchical), the GEMM is followed by the plain collective.
 Trace events: `<name>.gemm` (compute; `stage` = the GEMM's stage count), `rs.send`,
 `rs.reduce`, `ag.send` (comm, the ring steps), and one collective span per call:
 `<name>.rs` (reduce-scatter), `<name>.ar` (all-reduce = RS then AG) or `<name>.ag`.
@@ -17,6 +18,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from ..comm.collectives import all_reduce
 from ..comm.cost import choose
 from ..comm.p2p import TimedComm
 from ..hw.contention import T3Params
@@ -83,6 +85,21 @@ def _single(tc: TimedComm, x: np.ndarray | None, w: np.ndarray | None, shape: Ge
     return _matmul(x, w), g
 
 
+def _gemm_then_all_reduce(tc: TimedComm, x: np.ndarray | None, w: np.ndarray | None,
+                          shape: GemmShape, dtype: str, after: SimTime, overlap: Overlap,
+                          name: str, stats: OverlapStats) -> tuple[np.ndarray | None, Span]:
+    """Sequential, where NCCL's tuner runs this all-reduce other than as a ring (NVLS on an
+    NVSwitch node, a tree or the hierarchical form across nodes): the GEMM, then the
+    collective as `comm.collectives.all_reduce` runs it, as for the backward's all-reduce of
+    the same size (Megatron-LM calls the same NCCL all-reduce in both passes)."""
+    y, g = _single(tc, x, w, shape, dtype, after, name, stats)
+    out, span = all_reduce(tc, y, after=g.t_end, count=shape.m * shape.n,
+                           wire_itemsize=dtype_bytes(dtype), bidirectional=overlap.bidirectional,
+                           label=f"{name}.ar", unit=shape.n)
+    stats.total_s = span.t_end - g.t_start
+    return out, Span(latest(after), span.t_end)
+
+
 def overlapped_gemm_then_reduce(tc: TimedComm, x: np.ndarray | None, w: np.ndarray | None, *,
                                 shape: GemmShape, mode: str, dtype: str, after: SimTime,
                                 overlap: Overlap, name: str, stats: OverlapStats | None = None
@@ -93,6 +110,10 @@ def overlapped_gemm_then_reduce(tc: TimedComm, x: np.ndarray | None, w: np.ndarr
     if tc.size == 1:
         return _single(tc, x, w, shape, dtype, after, name, stats)
     itemsize, t = dtype_bytes(dtype), overlap.traits
+    if mode == "all_reduce" and not (t.fused or t.concurrent) and choose(
+            tc, mode, shape.m * shape.n * itemsize, itemsize, tc.algorithm, tc.protocol,
+            overlap.bidirectional).algorithm != "ring":
+        return _gemm_then_all_reduce(tc, x, w, shape, dtype, after, overlap, name, stats)
     before = dict(stats.dram)
     base = _protocol(tc, mode, shape.m * shape.n * itemsize, itemsize, t.fused)
     s = rs.setup(tc, overlap, shape.m, shape.n, shape.k, dtype, itemsize, latest(after),

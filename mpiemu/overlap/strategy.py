@@ -4,12 +4,16 @@ Each strategy is a set of traits (thesis 8.2.2 and 8.4.3):
 
 | strategy    | GEMM and collective              | reductions      | DRAM arbitration      |
 |-------------|----------------------------------|-----------------|-----------------------|
-| sequential  | GEMM, then RS, then AG           | CUs             | -                     |
+| sequential  | GEMM, then RS, then AG (*)       | CUs             | -                     |
 | ideal       | max(GEMM, RS), no deps, then AG  | CUs             | none (no contention)  |
 | ideal+nmc   | as ideal                         | near memory     | none                  |
 | sw-overlap  | fused, comm kernel on some CUs   | CUs             | round-robin           |
 | t3          | fused, track & trigger (DMA)     | near memory     | round-robin           |
 | t3-mca      | fused, track & trigger (DMA)     | near memory     | compute-first + MCA   |
+
+(*) An all-reduce that NCCL's tuner runs other than as a ring (NVLS on an NVSwitch node, a
+tree or the hierarchical form across nodes) runs as `comm.collectives.all_reduce` does, after
+the GEMM (`overlap.api`).
 """
 from __future__ import annotations
 
