@@ -1,11 +1,14 @@
 """Cores for ranks that outnumber them: one BLAS thread per rank (set before numpy loads
-BLAS), and, for `mpiemu run`, each rank on a core of its own choosing (`pin_rank`)."""
+BLAS), and, for `mpiemu run`, each rank on a core of its own choosing (`pin_rank`); on one
+node, UCX started without its memory hooks (set before MPI loads: `skip_ucx_memory_hooks`)."""
 from __future__ import annotations
 
 import os
 
 _RANK_COUNT_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPICH_LOCALNRANKS",
                     "SLURM_NTASKS_PER_NODE", "PMI_SIZE")
+_LOCAL_COUNT_VARS = _RANK_COUNT_VARS[:-1]       # what a launcher says of this node alone
+_WORLD_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS")
 _LOCAL_RANK_VARS = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPICH_LOCALRANKID",
                     "SLURM_LOCALID")
 _BLAS_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
@@ -30,6 +33,27 @@ def local_ranks() -> int:
 def oversubscribed() -> bool:
     """More ranks on this node than cores this process may use."""
     return local_ranks() > len(os.sched_getaffinity(0))
+
+
+def one_node() -> bool:
+    """The launcher says every rank of the job is on this node."""
+    local = _launcher_int(_LOCAL_COUNT_VARS)
+    return local is not None and local == _launcher_int(_WORLD_SIZE_VARS)
+
+
+def skip_ucx_memory_hooks() -> None:
+    """When every rank is on this node, start UCX with `UCX_MEM_EVENTS=no` unless the user
+    set it.
+
+    UCX (a network layer of MPICH's ch4 and of Open MPI) patches the process's memory calls
+    as its library loads, so that its cache of RDMA-registered buffers hears of memory given
+    back to the system: 10-40 ms of CPU per process before any work. Ranks on one node
+    exchange messages through shared memory (MPICH's ch4 shm, Open MPI's sm), never through
+    registered RDMA buffers, so there the hooks guard nothing. On the 2-core host of the
+    scale benchmark the 8-rank GPT-3 command took 3.5% less wall time with it (median of 10
+    alternating runs) and 0.13 CPU-s less. Emulated time does not depend on it."""
+    if "UCX_MEM_EVENTS" not in os.environ and one_node():
+        os.environ["UCX_MEM_EVENTS"] = "no"
 
 
 def limit_blas_threads() -> None:

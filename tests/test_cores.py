@@ -1,5 +1,5 @@
-"""Rank processes: (`mpiemu run`) a core each when ranks outnumber the cores, and garbage
-collected at iteration ends."""
+"""Rank processes: (`mpiemu run`) a core each when ranks outnumber the cores, UCX without
+memory hooks when the job is on one node, and garbage collected at iteration ends."""
 from __future__ import annotations
 
 import os
@@ -31,6 +31,29 @@ def test_an_oversubscribed_rank_takes_core_local_rank_mod_cores_unless_told_not_
     assert _probe(MPI_LOCALNRANKS=ranks, MPI_LOCALRANKID="0") == f"[{cores[0]}]"
     assert _probe(MPI_LOCALNRANKS=ranks, MPI_LOCALRANKID="1", MPIEMU_PIN="0") == str(cores)
     assert _probe(MPI_LOCALNRANKS=str(n), MPI_LOCALRANKID="1") == str(cores)     # they fit
+
+
+UCX_PROBE = "import os, mpiemu; print(os.environ.get('UCX_MEM_EVENTS', '-'))"
+
+
+@pytest.mark.parametrize("env, want", [
+    ({"MPI_LOCALNRANKS": "4", "PMI_SIZE": "4"}, "no"),                  # mpiexec, one node
+    ({"SLURM_NTASKS_PER_NODE": "8", "SLURM_NTASKS": "8"}, "no"),        # srun, one node
+    ({"MPI_LOCALNRANKS": "4", "PMI_SIZE": "8"}, "-"),                   # two nodes
+    ({"SLURM_NTASKS": "16"}, "-"),                                      # per node unknown
+    ({"PMI_SIZE": "4"}, "-"),
+    ({"MPI_LOCALNRANKS": "4", "PMI_SIZE": "4", "UCX_MEM_EVENTS": "yes"}, "yes"),  # the user's
+])
+def test_ucx_starts_without_memory_hooks_only_when_the_job_is_on_one_node(
+        env: dict[str, str], want: str) -> None:
+    base = {k: "" for k in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                            "MPICH_LOCALNRANKS", "SLURM_NTASKS_PER_NODE", "PMI_SIZE",
+                            "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS")}
+    full = {k: v for k, v in child_env(**{**base, **env}).items()
+            if v != "" and (k != "UCX_MEM_EVENTS" or "UCX_MEM_EVENTS" in env)}
+    out = subprocess.run([sys.executable, "-c", UCX_PROBE], env=full, check=True,
+                         capture_output=True, text=True).stdout.strip()
+    assert out == want
 
 
 GC_PROBE = """
