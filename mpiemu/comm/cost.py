@@ -16,8 +16,9 @@ two agree to 1e-9 where the closed form is exact; `docs/network.md` derives each
 
 A ring whose lanes share ports (bidirectional on a switch, several rails across nodes) is
 estimated by its most loaded port per step; that estimate serves the choice only.
-`choose` picks the lowest estimate among what the network and group allow, as NCCL's
-tuner does (`docs/nccl_model.md`); `collectives.algorithm` / `protocol` override it.
+`choose` picks the lowest estimate among what the network and group allow and NCCL has
+(the hierarchical form is not NCCL's: it runs only when asked), as NCCL's tuner does
+(`docs/nccl_model.md`); `collectives.algorithm` / `protocol` override it.
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ from .p2p import TimedComm
 from .ring import ring_orders
 
 OPS = ("reduce_scatter", "all_gather", "all_reduce")
+ASKED_ONLY = ("hierarchical",)  # run when `collectives.algorithm` names it, never chosen:
+                                # NCCL has no such algorithm (docs/nccl_model.md 1, 2.2)
 
 PIPELINE_STEPS = 8          # NCCL src/include/device.h NCCL_STEPS: slots a channel pipelines
 PIPELINE_MIN_BYTES = 1 << 20  # ASSUMPTION: no segment of the hierarchical form below 1 MiB
@@ -215,6 +218,8 @@ def _choose(tc: TimedComm, op: str, nbytes: float, itemsize: int, algorithm: str
             raise ValueError(f"collectives.algorithm={algorithm!r} cannot run {op} on this "
                              f"group and network; allowed here: {algos}")
         algos = [algorithm]
+    else:                       # NCCL's tuner has no hierarchical ring (tuning.cc's algorithms:
+        algos = [a for a in algos if a not in ASKED_ONLY]   # tree, ring, collnet, nvls)
     protos = tc.net.spec.protocols
     if protocol:
         if protocol not in protos:
