@@ -114,14 +114,16 @@ def test_nvls_waits_for_the_last_member() -> None:
 
 @pytest.mark.mpi
 def test_sequential_row_parallel_all_reduce_runs_what_nccl_chooses() -> None:
-    """Without overlap, the GEMM's all-reduce is the collective NCCL's tuner picks (NVLS on
-    an NVSwitch H100 node), timed as the plain all-reduce of the same size."""
+    """Without overlap, the GEMM's all-reduce is the collective the tuner picks or the
+    config names (here NVLS, on an NVSwitch H100 node), timed as the plain all-reduce of
+    the same size; before, it was always a ring."""
     from mpiemu.overlap.api import GemmShape, gemm_then_reduce
     comm = MPI.COMM_WORLD
     if comm.size < 3:
         pytest.skip("NVLS needs more than 2 GPUs")
     m, n, k = 2048, 1024, 512
     tc = timed_comm(preset="h100-sxm5", net=network("dgx-h100"))
+    tc.algorithm = "nvls"                                 # [collectives] algorithm
     x = np.random.default_rng(comm.rank).standard_normal((m, k))
     w = np.random.default_rng(100 + comm.rank).standard_normal((k, n))
     y, span = gemm_then_reduce(tc, x, w, shape=GemmShape(m, n, k), mode="all_reduce",
@@ -131,6 +133,7 @@ def test_sequential_row_parallel_all_reduce_runs_what_nccl_chooses() -> None:
     np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12)
     gemm = tc.model.gemm(m, n, k, dtype="fp16").time_s
     ref = timed_comm(preset="h100-sxm5", net=network("dgx-h100"))
+    ref.algorithm = "nvls"
     _, ar = all_reduce(ref, None, after=gemm, count=m * n, wire_itemsize=2)
     assert (tc.algo, ref.algo) == ("nvls", "nvls")
     assert span.t_end == pytest.approx(ar.t_end, rel=1e-12, abs=0.0)

@@ -109,6 +109,24 @@ def test_bad_spec_values_are_refused() -> None:
         network("dgx-a100", bw=0.0)
     with pytest.raises(ValueError, match="topology"):
         network("dgx-a100", topology="torus")
+    with pytest.raises(ValueError, match="latency_scale=0"):
+        network("dgx-a100", latency_scale=0.0)
+
+
+def test_latency_scale_multiplies_every_base_and_hop_latency() -> None:
+    """The calibrated constant: NCCL's tuning latencies times it, rates untouched."""
+    one = network("dgx-a100", latency_scale=1.0)
+    three = network("dgx-a100", latency_scale=3.0)
+    n1, n3 = Network(one, 16), Network(three, 16)
+    for a, b in ((0, 3), (3, 11)):
+        for proto in ("ll", "ll128", "simple"):
+            for algo in ("ring", "tree"):
+                assert n3.latency(n3.hop(a, b), proto, algo) == pytest.approx(
+                    3 * n1.latency(n1.hop(a, b), proto, algo), rel=1e-15)
+            assert n3.rate(n3.hop(a, b), proto) == n1.rate(n1.hop(a, b), proto)
+    for algo, proto in (("ring", "simple"), ("tree", "ll"), ("nvls", "simple")):
+        assert three.base(algo, proto) == pytest.approx(3 * one.base(algo, proto), rel=1e-15)
+    assert load_network("t3-ring").latency_scale == 1.0         # the paper's own numbers
 
 
 @pytest.mark.parametrize("name", list_networks())

@@ -8,7 +8,8 @@ field added to any spec class is covered without more code. Conventions:
 
 * a field's unit is in its name, in SI (`dram_bw_bytes_per_s`, `clock_hz`, `wave_fixed_s`);
   a preset key (or an override key) may carry a unit of `UNITS` instead: `dram_bw_GBps`
-  -> `dram_bw_bytes_per_s`, `efficiency_frac` -> `efficiency`, `tile_m_count` -> `tile_m`;
+  -> `dram_bw_bytes_per_s`, `efficiency_frac` -> `efficiency`, `tile_m_count` -> `tile_m`,
+  `latency_scale_x` (a multiplier) -> `latency_scale`;
 * a nested spec is the preset section named like its field (`gemm` <- `[gemm]`); a field
   names another section in its metadata (`cap(section="memory")`);
 * `cap(key=...)`: the preset key when it is not the field name without its unit; a Mapping
@@ -34,7 +35,8 @@ UNITS: dict[str, tuple[float, str]] = {
     "GHz": (1e9, "hz"), "TFLOPS": (1e12, "flops_per_s"), "GFLOPS": (1e9, "flops_per_s"),
     "GBps": (1e9, "bytes_per_s"), "GiB": (2.0**30, "bytes"), "GB": (1e9, "bytes"),
     "MiB": (2.0**20, "bytes"), "KiB": (2.0**10, "bytes"), "us": (1e-6, "s"), "ns": (1e-9, "s"),
-    "s": (1.0, "s"), "frac": (1.0, ""), "count": (1.0, ""), "cycles": (1.0, "cycles"),
+    "s": (1.0, "s"), "frac": (1.0, ""), "count": (1.0, ""), "x": (1.0, ""),
+    "cycles": (1.0, "cycles"),
 }
 SCALES = ("compute", "memory_bw", "bw")
 NOT_CAPABILITIES = ("name", "kind", "description", "sources", "network", "topology",

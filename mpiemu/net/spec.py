@@ -80,6 +80,9 @@ class NetworkSpec:
 
     `devices_per_node` = 0: every rank in one node. Ranks fill nodes in order (rank r on
     node r // devices_per_node), as `srun` block distribution and `mpiexec` place them.
+    `latency_scale` multiplies every base and hop latency: NCCL's tuning latencies are
+    relative costs for choosing among algorithms, and measured calls take longer (the one
+    calibrated constant of the network layer, results/collectives/README.md).
     """
 
     name: str
@@ -95,6 +98,7 @@ class NetworkSpec:
     devices_per_node: int = field(default=0, metadata=cap(section="node"))
     nvls_efficiency: float = field(default=0.0, metadata=cap(section="collectives"))
     channels: int = field(default=0, metadata=cap(section="collectives"))
+    latency_scale: float = field(default=1.0, metadata=cap(section="collectives"))
     inter: Transport | None = None
     scale: NetScale = field(default=NetScale(), metadata=cap(preset=False))
     description: str = ""
@@ -107,6 +111,9 @@ class NetworkSpec:
         if self.node_topology not in FABRICS:
             raise ValueError(f"network.node_topology={self.node_topology!r}; choose one of "
                              f"{list(FABRICS)}")
+        if not self.latency_scale > 0:
+            raise ValueError(f"network.latency_scale={self.latency_scale} must be > 0 (a "
+                             "multiplier of every base and hop latency)")
         if self.channels < 0:
             raise ValueError(f"network.channels={self.channels} must be >= 0 (0: no rule)")
         if self.devices_per_node < 0:
@@ -159,4 +166,4 @@ class NetworkSpec:
         """Fixed cost of one collective call (launch, setup; NCCL's baseLat; the
         hierarchical form is rings, so it pays the ring's; tree and nvls their own)."""
         algo = algorithm if algorithm in ("nvls", "tree") else "ring"
-        return self.base_latency_s.get(f"{algo}_{proto}", 0.0)
+        return self.base_latency_s.get(f"{algo}_{proto}", 0.0) * self.latency_scale

@@ -147,7 +147,8 @@ class Network:
         return (min(r, cap) if cap else r) * share
 
     def latency(self, hop: Hop, proto: str, algorithm: str = "ring") -> float:
-        return hop.transport.latency(proto, algorithm) * hop.hops
+        """A message's latency on this hop (per protocol, the tree's own where given)."""
+        return hop.transport.latency(proto, algorithm) * hop.hops * self.spec.latency_scale
 
     def spans_nodes(self, devices: list[int]) -> bool:
         return len({self.node_of(d) for d in devices}) > 1

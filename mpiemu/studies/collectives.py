@@ -109,13 +109,47 @@ def _args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="mpiemu report collectives", description=__doc__)
     ap.add_argument("--only", nargs="*", help="setup keys to run (default: all)")
     ap.add_argument("--out", help="output directory (default results/collectives)")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="fit network.latency_scale on the calibration setups (a grid) "
+                         "and print the table; writes nothing")
     return ap.parse_args(argv)
 
 
-def sweep(keys: list[str] | None) -> list[Row]:
+def sweep(keys: list[str] | None, sets: list[str] | None = None) -> list[Row]:
     chosen = [s for s in setups() if not keys or s["key"] in keys]
     with tempfile.TemporaryDirectory() as tmp:
-        return [r for st in chosen for r in emulate(st, Path(tmp))]
+        return [r for st in chosen
+                for r in emulate({**st, "sets": [*st["sets"], *(sets or [])]}, Path(tmp))]
+
+
+def calibration() -> dict[str, Any]:
+    """The setups whose data sets fit `network.latency_scale`, and its grid."""
+    return dict(load_figures("collectives")["calibration"].value)
+
+
+def calibrated(cmp: list[Row]) -> set[str]:
+    """The data sets the latency scale was fitted on (the others are held out)."""
+    keys = set(calibration()["setups"])
+    return {r["dataset"] for r in cmp if r["setup"] in keys}
+
+
+def targets_error(rows: list[Row]) -> tuple[float, float]:
+    """(geomean |busbw error| from 1 MiB up, over all sizes) of these points."""
+    def gm(rs: list[Row]) -> float:
+        return geomean(max(abs(r["error"]), 1e-6) for r in rs) if rs else float("nan")
+    return gm([r for r in rows if r["bytes"] >= MiB]), gm(rows)
+
+
+def calibrate() -> list[tuple[float, float, float]]:
+    """(k, error from 1 MiB up, error over all sizes) on the calibration setups for each k
+    of the grid; the fit is the k of the least mean of the two."""
+    cal = calibration()
+    chosen = [s for s in setups() if s["key"] in cal["setups"]]
+    out = []
+    for k in cal["grid"]:
+        ours = sweep(cal["setups"], [f"network.latency_scale={k}"])
+        out.append((float(k), *targets_error(compare(ours, chosen))))
+    return out
 
 
 def golden() -> list[Golden]:
@@ -127,6 +161,14 @@ def main(out_dir: Path, argv: list[str]) -> int:
     """Run the setups, compare, write the report; returns a process exit code."""
     from .collectives_report import markdown, plot  # noqa: PLC0415
     args = _args(argv)
+    if args.calibrate:
+        table = calibrate()
+        for k, big, every in table:
+            sys.stdout.write(f"latency_scale {k:g}: {big:.1%} from 1 MiB up, {every:.1%} over "
+                             "all sizes\n")
+        best = min(table, key=lambda row: (row[1] + row[2]) / 2)
+        sys.stdout.write(f"fit: latency_scale = {best[0]:g}\n")
+        return 0
     out_dir = Path(args.out) if args.out else out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     ours = sweep(args.only)

@@ -178,7 +178,8 @@ def _dp_bw(rows: list[Row]) -> str:
             f"{nbytes / 2**20:.1f} MiB of gradients over {n} ranks) reaches a bus bandwidth "
             f"of {bus / 1e9:.0f} GB/s in our ring model (network {net.name}: base latency "
             f"{net.base('ring', 'simple') * 1e6:.1f} us per call, "
-            f"{net.intra.latency('simple') * 1e6:.1f} us per step)")
+            f"{net.intra.latency('simple') * net.latency_scale * 1e6:.1f} us per step, "
+            f"NCCL's latencies x the calibrated {net.latency_scale:g})")
 
 
 def markdown(tp_rows: list[Row], dp_rows: list[Row], tps: Iterable[int]) -> list[str]:
