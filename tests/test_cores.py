@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from mpiemu._threads import _RANK_COUNT_VARS, _WORLD_SIZE_VARS
 from tests.conftest import child_env
 
 PROBE = "import os; from mpiemu._threads import pin_rank; pin_rank(); " \
@@ -46,11 +47,8 @@ UCX_PROBE = "import os, mpiemu; print(os.environ.get('UCX_MEM_EVENTS', '-'))"
 ])
 def test_ucx_starts_without_memory_hooks_only_when_the_job_is_on_one_node(
         env: dict[str, str], want: str) -> None:
-    base = {k: "" for k in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE",
-                            "MPICH_LOCALNRANKS", "SLURM_NTASKS_PER_NODE", "PMI_SIZE",
-                            "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS")}
-    full = {k: v for k, v in child_env(**{**base, **env}).items()
-            if v != "" and (k != "UCX_MEM_EVENTS" or "UCX_MEM_EVENTS" in env)}
+    drop = {*_RANK_COUNT_VARS, *_WORLD_SIZE_VARS, "UCX_MEM_EVENTS"}   # only `env` says
+    full = {**{k: v for k, v in child_env().items() if k not in drop}, **env}
     out = subprocess.run([sys.executable, "-c", UCX_PROBE], env=full, check=True,
                          capture_output=True, text=True).stdout.strip()
     assert out == want

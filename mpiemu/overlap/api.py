@@ -92,12 +92,13 @@ def _gemm_then_all_reduce(tc: TimedComm, x: np.ndarray | None, w: np.ndarray | N
     NVSwitch node, a tree or the hierarchical form across nodes): the GEMM, then the
     collective as `comm.collectives.all_reduce` runs it, as for the backward's all-reduce of
     the same size (Megatron-LM calls the same NCCL all-reduce in both passes)."""
-    y, g = _single(tc, x, w, shape, dtype, after, name, stats)
+    t0 = latest(after)
+    y, g = _single(tc, x, w, shape, dtype, t0, name, stats)
     out, span = all_reduce(tc, y, after=g.t_end, count=shape.m * shape.n,
                            wire_itemsize=dtype_bytes(dtype), bidirectional=overlap.bidirectional,
                            label=f"{name}.ar", unit=shape.n)
-    stats.total_s = span.t_end - g.t_start
-    return out, Span(latest(after), span.t_end)
+    stats.total_s = span.t_end - t0             # from the call's start, as the ring path's
+    return out, Span(t0, span.t_end)
 
 
 def overlapped_gemm_then_reduce(tc: TimedComm, x: np.ndarray | None, w: np.ndarray | None, *,

@@ -11,6 +11,7 @@ to NCCL's own model or vendor documentation. The golden test reruns the 8-GPU DG
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tempfile
 import tomllib
@@ -91,16 +92,22 @@ def compare(ours: list[Row], setup_list: list[dict[str, Any]]) -> list[Row]:
     return out
 
 
+def targets_error(rows: list[Row]) -> tuple[float, float]:
+    """(geomean |busbw error| from 1 MiB up, over all sizes) of these points (nan: none)."""
+    def gm(rs: list[Row]) -> float:
+        return geomean(max(abs(r["error"]), 1e-6) for r in rs)
+    return gm([r for r in rows if r["bytes"] >= MiB]), gm(rows)
+
+
 def summarize(cmp: list[Row]) -> list[Row]:
     """Geometric mean of |busbw error| per dataset, over all sizes and from 1 MiB up."""
     out = []
     for ds in dict.fromkeys(r["dataset"] for r in cmp):
         rows = [r for r in cmp if r["dataset"] == ds]
-        big = [r for r in rows if r["bytes"] >= MiB]
+        big, every = targets_error(rows)
         out.append({"dataset": ds, "setup": rows[0]["setup"], "points": len(rows),
-                    "geomean_abs_error_all": geomean(max(abs(r["error"]), 1e-6) for r in rows),
-                    "geomean_abs_error_1MiB_up": geomean(max(abs(r["error"]), 1e-6)
-                                                         for r in big) if big else None,
+                    "geomean_abs_error_all": every,
+                    "geomean_abs_error_1MiB_up": None if math.isnan(big) else big,
                     "mean_signed_error": sum(r["error"] for r in rows) / len(rows)})
     return out
 
@@ -131,13 +138,6 @@ def calibrated(cmp: list[Row]) -> set[str]:
     """The data sets the latency scale was fitted on (the others are held out)."""
     keys = set(calibration()["setups"])
     return {r["dataset"] for r in cmp if r["setup"] in keys}
-
-
-def targets_error(rows: list[Row]) -> tuple[float, float]:
-    """(geomean |busbw error| from 1 MiB up, over all sizes) of these points."""
-    def gm(rs: list[Row]) -> float:
-        return geomean(max(abs(r["error"]), 1e-6) for r in rs) if rs else float("nan")
-    return gm([r for r in rows if r["bytes"] >= MiB]), gm(rows)
 
 
 def calibrate() -> list[tuple[float, float, float]]:
