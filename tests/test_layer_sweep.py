@@ -50,6 +50,10 @@ def test_tp_share_grows_with_compute_speed_and_falls_with_width(mpi_tmp_path: Pa
     assert all(0 < s < 1 for s in share.values())
     assert share[(2048, 2.0)] > share[(2048, 1.0)] and share[(8192, 2.0)] > share[(8192, 1.0)]
     assert share[(8192, 1.0)] < share[(2048, 1.0)]              # thesis 5.2.3: (H + SL) / TP
+    bwd = {(int(r["hidden"]), float(r["compute_scale"])): float(r["bwd_gemm_s"]) for r in rows}
+    # every GEMM runs on the point's device, the ones paired with a TP ring included
+    # (fc1 / qkv input gradients): compute-bound GEMMs 2x faster take half the time
+    assert bwd[(8192, 1.0)] / bwd[(8192, 2.0)] == pytest.approx(2.0, rel=0.02)
     for r in rows:                  # compute 2x faster: the layer's compute time halves-ish
         assert float(r["compute_s"]) > 0 and float(r["tp_comm_s"]) > 0
         assert (float(r["dp_over_bwd"]) > 0) == (n == 4)
