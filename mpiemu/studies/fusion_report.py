@@ -110,7 +110,10 @@ def _peer(device: str) -> str:
     net = load_network(load_device(device).network)
     return (f"`{net.name}`: {net.intra.bw_bytes_per_s / 1e9:g} GB/s per pair and "
             f"{net.intra.latency('simple') * 1e6:g} us per transfer, NCCL's counted NVLink "
-            "rate and hop latency since issue 8, where the link's line rate was used before")
+            "rate and the hop latency of its tuning table since issue 8, where the link's line "
+            "rate was used before; a StarPU transfer is a peer copy, not an NCCL call, so it "
+            f"does not take the {net.latency_scale:g}x `network.latency_scale` that our NCCL "
+            "collectives are calibrated with")
 
 
 def markdown(rows: list[Row], st: list[Row], grain: list[Row]) -> list[str]:
