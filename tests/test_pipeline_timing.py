@@ -48,19 +48,26 @@ def test_each_stage_holds_the_micro_batches_its_schedule_has_in_flight(
 def test_tp_input_gradient_reduction_runs_under_the_weight_gradient_gemm(
         mpi_tmp_path: Path) -> None:
     tp = MPI.COMM_WORLD.Get_size()
-    run(mpi_tmp_path, f"parallel.tp={tp}")
+    wide = ("model.hidden=4096", "model.heads=32", "model.ffn_hidden=16384",
+            "model.seq_len=2048")    # GEMMs that fill every SM, all-reduces on every channel
+    run(mpi_tmp_path, f"parallel.tp={tp}", *wide)
     rt = load(mpi_tmp_path).ranks[MPI.COMM_WORLD.Get_rank()]
+    under = {}
     for layer in ("qkv", "fc1"):
         a0, a1 = spans(rt, f"l0.{layer}.bwd.ar", "collective")
         w0, w1 = spans(rt, f"l0.{layer}.wgrad", "compute")
         assert len(a0) == len(w0) == 1
         assert a0[0] <= w0[0] < a1[0]          # the wgrad GEMM starts while it moves
+        under[layer] = w1[0] - w0[0]
     out = mpi_tmp_path / "serialized"
-    run(out, f"parallel.tp={tp}", "train.tp_comm_async=false")
+    run(out, f"parallel.tp={tp}", "train.tp_comm_async=false", *wide)
     rt = load(out).ranks[MPI.COMM_WORLD.Get_rank()]
     a0, _ = spans(rt, "l0.qkv.bwd.ar", "collective")
-    _, w1 = spans(rt, "l0.qkv.wgrad", "compute")
+    w0, w1 = spans(rt, "l0.qkv.wgrad", "compute")
     assert w1[0] <= a0[0]                      # thesis layer: wgrad, then dgrad + all-reduce
+    # NCCL's kernel holds one SM per channel while it moves (sim.sms): the wgrad GEMM
+    # under it runs on the SMs left, slower than alone
+    assert under["qkv"] > w1[0] - w0[0]
 
 
 @pytest.mark.mpi(min_size=2)

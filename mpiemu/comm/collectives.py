@@ -87,6 +87,14 @@ def _start(tc: TimedComm, op: str, nbytes: float, itemsize: int, bidirectional: 
     return ch, t0 + tc.net.spec.base(ch.algorithm, ch.protocol)
 
 
+def _record(tc: TimedComm, label: str, span: Span, nbytes: int, ch: Choice) -> None:
+    """The call's summary event, and the SMs its kernel holds from issue to end (one block
+    per channel, `NetworkSpec.kernel_blocks`): a GEMM meanwhile runs on the rest."""
+    tc.tl.summary(label, span, resource=f"coll.{tc.name}", nbytes=nbytes)
+    tc.tl.sms.hold(span.t_start, span.t_end,
+                   tc.net.spec.kernel_blocks(ch.algorithm, ch.protocol, nbytes, tc.size))
+
+
 def _own(n: int, unit: int, size: int, rank: int) -> tuple[int, int]:
     lo, hi = chunk_bounds(n // unit, size)[rank]
     return lo * unit, hi * unit
@@ -183,9 +191,9 @@ def reduce_scatter(tc: TimedComm, x: np.ndarray | None, *, after: SimTime = 0.0,
     flat = None if x is None else np.ascontiguousarray(x).reshape(-1)
     lo, hi = _own(n, u, tc.size, tc.rank)
     res = None if flat is None else _out(out, hi - lo, flat.dtype)
-    _, t = _start(tc, "reduce_scatter", n * itemsize, itemsize, bidirectional, t0)
+    ch, t = _start(tc, "reduce_scatter", n * itemsize, itemsize, bidirectional, t0)
     span = Span(t0, _ring_rs(tc, flat, n, itemsize, u, bidirectional, t, res, lo))
-    tc.tl.summary(label, span, resource=f"coll.{tc.name}", nbytes=n * itemsize)
+    _record(tc, label, span, n * itemsize, ch)
     if res is not None and x is not None and x.ndim > 1:
         res = res.reshape(-1, *x.shape[1:])
     return res, span
@@ -213,9 +221,9 @@ def all_gather(tc: TimedComm, x: np.ndarray | None, *, total: int | None = None,
                              f"{tc.rank} of {n} has {hi - lo}")
         buf = _out(out, n, x.dtype)
         buf[lo:hi] = x.reshape(-1)
-    _, t = _start(tc, "all_gather", n * itemsize, itemsize, bidirectional, t0)
+    ch, t = _start(tc, "all_gather", n * itemsize, itemsize, bidirectional, t0)
     span = Span(t0, _ring_ag(tc, buf, n, itemsize, u, bidirectional, t))
-    tc.tl.summary(label, span, resource=f"coll.{tc.name}", nbytes=n * itemsize)
+    _record(tc, label, span, n * itemsize, ch)
     if buf is not None and x is not None and x.ndim > 1:
         buf = buf.reshape(-1, *x.shape[1:])
     return buf, span
@@ -251,7 +259,7 @@ def all_reduce(tc: TimedComm, x: np.ndarray | None, *, after: SimTime = 0.0,
     else:
         end = _ring_ar(tc, flat, buf, n, itemsize, unit, bidirectional, t)
     span = Span(t0, end)
-    tc.tl.summary(label, span, resource=f"coll.{tc.name}", nbytes=n * itemsize)
+    _record(tc, label, span, n * itemsize, ch)
     return (None if buf is None else buf.reshape(x.shape)), span  # type: ignore[union-attr]
 
 
@@ -274,5 +282,5 @@ def all_reduce_scalars(tc: TimedComm, x: np.ndarray | None, *, after: SimTime = 
         out = np.empty_like(x)
         tc.comm.Allreduce(np.ascontiguousarray(x), out)
     span = Span(t0, end)
-    tc.tl.summary(label, span, resource=f"coll.{tc.name}", nbytes=n * itemsize)
+    _record(tc, label, span, n * itemsize, ch)
     return out, span

@@ -17,8 +17,8 @@ class ComputeModel(Protocol):
     spec: DeviceSpec
 
     def gemm(self, m: int, n: int, k: int, *, dtype: str = "fp16", batch: int = 1,
-             bypass_llc_output: bool = False, layout: str = "NN",
-             epilogue: Epilogue = NO_EPILOGUE) -> GemmCost: ...
+             bypass_llc_output: bool = False, compute_units: int | None = None,
+             layout: str = "NN", epilogue: Epilogue = NO_EPILOGUE) -> GemmCost: ...
 
     def elementwise_s(self, read_bytes: float, write_bytes: float, flops: float = 0.0,
                       *, launch: bool = True, sfu_ops: float = 0.0,

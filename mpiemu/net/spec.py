@@ -98,6 +98,7 @@ class NetworkSpec:
     devices_per_node: int = field(default=0, metadata=cap(section="node"))
     nvls_efficiency: float = field(default=0.0, metadata=cap(section="collectives"))
     channels: int = field(default=0, metadata=cap(section="collectives"))
+    nvls_channels: int = field(default=0, metadata=cap(section="collectives"))
     latency_scale: float = field(default=1.0, metadata=cap(section="collectives"))
     inter: Transport | None = None
     scale: NetScale = field(default=NetScale(), metadata=cap(preset=False))
@@ -116,6 +117,9 @@ class NetworkSpec:
                              "multiplier of every base and hop latency)")
         if self.channels < 0:
             raise ValueError(f"network.channels={self.channels} must be >= 0 (0: no rule)")
+        if self.nvls_channels < 0:
+            raise ValueError(f"network.nvls_channels={self.nvls_channels} must be >= 0 (0: "
+                             "the ring's channel rule)")
         if self.devices_per_node < 0:
             raise ValueError(f"network.devices_per_node={self.devices_per_node} must be >= 0 "
                              "(0: one node)")
@@ -154,13 +158,27 @@ class NetworkSpec:
         (enqueue.cc:1590-1606); 1 when the network names no channel count."""
         if not self.channels:
             return 1.0
+        nc, nt = self._channels_threads(proto, nbytes, nranks)
+        return nc / self.channels * nt / NCCL_THREADS[proto]
+
+    def kernel_blocks(self, algorithm: str, proto: str, nbytes: float, nranks: int) -> int:
+        """Thread blocks of a call's kernel, one per channel it runs (NCCL src/enqueue.cc,
+        ncclLaunchKernel: grid = the channel count), each holding an SM while the call
+        runs (`sim.sms`); NVLS runs its own channel count; 0 when no count is named."""
+        if algorithm == "nvls" and self.nvls_channels:
+            return self.nvls_channels
+        return self._channels_threads(proto, nbytes, nranks)[0] if self.channels else 0
+
+    def _channels_threads(self, proto: str, nbytes: float, nranks: int) -> tuple[int, int]:
+        """NCCL's channels and threads per channel for a call of nbytes
+        (enqueue.cc:1590-1606)."""
         thr = NCCL_THREAD_THRESHOLD[proto] * (nranks if proto == "ll" else 1)
         nc, nt = self.channels, NCCL_THREADS[proto]
         while nc >= 2 and nbytes < nc * nt * thr:
             nc -= 1
         while nbytes < nc * nt * thr and nt % 128 == 0:
             nt //= 2
-        return nc / self.channels * nt / NCCL_THREADS[proto]
+        return nc, nt
 
     def base(self, algorithm: str, proto: str) -> float:
         """Fixed cost of one collective call (launch, setup; NCCL's baseLat; the

@@ -11,9 +11,18 @@ from .timeline import COMPUTE, SimTime, Span, Timeline
 def gemm(tl: Timeline, model: ComputeModel, name: str, m: int, n: int, k: int, *,
          dtype: str, after: SimTime | Iterable[SimTime] = 0.0, batch: int = 1,
          resource: str = COMPUTE, epilogue: Epilogue = NO_EPILOGUE) -> Span:
-    """Place C[M,N] = A[M,K] B[K,N] (x batch); the event's `stage` holds its stage count."""
+    """Place C[M,N] = A[M,K] B[K,N] (x batch); the event's `stage` holds its stage count.
+    While collective kernels hold SMs, it runs on the SMs left (`sim.sms`)."""
     cost = model.gemm(m, n, k, dtype=dtype, batch=batch, epilogue=epilogue)
-    return tl.reserve(name, [resource], cost.time_s, after, cat="compute", flops=cost.flops,
+    t0 = tl.earliest([resource], after)
+    cus = model.spec.compute_units
+
+    def shared_s(held: int) -> float:
+        return model.gemm(m, n, k, dtype=dtype, batch=batch, epilogue=epilogue,
+                          compute_units=max(1, cus - held)).time_s
+
+    duration = tl.sms.stretch(t0, cost.time_s, shared_s, forget_before=resource == COMPUTE)
+    return tl.reserve(name, [resource], duration, t0, cat="compute", flops=cost.flops,
                       dram_bytes=cost.dram_bytes, stage=cost.n_stages)
 
 

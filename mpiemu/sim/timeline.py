@@ -13,6 +13,7 @@ from typing import Iterable, Iterator, NamedTuple, Sequence
 
 from .calendar import PortCalendar
 from .events import CATS, PHASES
+from .sms import SmShare
 from .trace import TraceWriter
 
 SimTime = float
@@ -53,6 +54,7 @@ class Timeline:
         self.free: dict[str, SimTime] = {}
         self.ports: dict[str, PortCalendar] = {}
         self.horizon: SimTime = 0.0     # latest end of a recorded summary (a collective)
+        self.sms = SmShare()            # SMs held by this rank's collective kernels
         self.labels = Labels()
         self.writer = writer
         self.fault = ""                 # "collective": the next message raises (debug.fail_at)
