@@ -22,8 +22,8 @@ def gemm(tl: Timeline, model: ComputeModel, name: str, m: int, n: int, k: int, *
                           compute_units=max(1, cus - held)).time_s
 
     duration = tl.sms.stretch(t0, cost.time_s, shared_s, forget_before=resource == COMPUTE)
-    return tl.reserve(name, [resource], duration, t0, cat="compute", flops=cost.flops,
-                      dram_bytes=cost.dram_bytes, stage=cost.n_stages)
+    return tl.place(name, [resource], t0, t0 + duration, cat="compute", flops=cost.flops,
+                    dram_bytes=cost.dram_bytes, stage=cost.n_stages)
 
 
 def elementwise(tl: Timeline, model: ComputeModel, name: str, read_bytes: float,

@@ -42,6 +42,8 @@ class SmShare:
         `shared_s(h)` while collectives hold h SMs. `forget_before`: nothing will start
         before t0 again (the compute stream places in issue order), so spans that end by
         then are dropped."""
+        if not self._held:
+            return full_s
         live = [h for h in self._held if h.t_end > t0]
         if forget_before:
             self._held = live
