@@ -32,8 +32,8 @@ def markdown(layers: list[Row], its: list[Row]) -> list[str]:
            "pipeline stages fold: one process per stage stands for its TP x DP GPUs, with "
            "bit-identical emulated times, docs/folding.md; the 280-GPU MT-NLG runs (35 "
            "processes) take about two minutes each on a 2-core machine, the 512-GPU 1T runs "
-           "(64 processes, 512 micro-batches) two to three; `--skip-175b` leaves out every run of more "
-           "than 8 GPUs, `--keep-runs DIR --reuse` rebuilds the tables from runs kept "
+           "(64 processes, 512 micro-batches) two to three; `--skip-175b` leaves out every "
+           "run of more than 8 GPUs, `--keep-runs DIR --reuse` rebuilds the tables from runs kept "
            "earlier). Device preset "
            f"`{fig['device'].value}`, network preset `dgx-a100`, timing only; nothing is "
            "fitted per configuration.", "",
