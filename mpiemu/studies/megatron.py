@@ -40,17 +40,16 @@ def _sets(sp: bool, recompute: str) -> list[str]:
     return [f"parallel.sequence_parallel={str(sp).lower()}", f"train.recompute='{recompute}'"]
 
 
-def layer_span_s(run_dir: Path, layer: int) -> float:
-    """Forward span plus backward span (recomputation included) of one layer, rank 0."""
+def layer_spans_s(run_dir: Path, layer: int) -> tuple[float, float]:
+    """Forward span and backward span (recomputation included) of one layer, rank 0."""
     from ..analysis import load  # noqa: PLC0415
     rt = load(run_dir).ranks[0]
     ev = rt.events
     mine = ev["layer"] == layer
-    total = 0.0
-    for phases in (("fwd",), ("bwd", "recompute")):
-        sel = mine & np.isin(rt.phases, phases)
-        total += float(ev["t_end"][sel].max() - ev["t_start"][sel].min())
-    return total
+    fwd, bwd = (mine & np.isin(rt.phases, phases)
+                for phases in (("fwd",), ("bwd", "recompute")))
+    return (float(ev["t_end"][fwd].max() - ev["t_start"][fwd].min()),
+            float(ev["t_end"][bwd].max() - ev["t_start"][bwd].min()))
 
 
 def layer_rows(runs: Path, labels: tuple[str, ...] = (), reuse: bool = False) -> list[Row]:
@@ -64,10 +63,13 @@ def layer_rows(runs: Path, labels: tuple[str, ...] = (), reuse: bool = False) ->
         out = runs / cfg["label"].replace(" ", "_").replace(":", "").replace("+", "and")
         _launch(8, "megatron-22b-tp8.toml", _sets(cfg["sp"], cfg["recompute"]) +
                 ["model.layers=2"], out, reuse)
-        ours, ref = layer_span_s(out, 1), float(theirs["iteration_s"])
+        fwd, bwd = layer_spans_s(out, 1)
+        ours, ref = fwd + bwd, float(theirs["iteration_s"])
         rows.append({"run": cfg["label"], "sp": cfg["sp"], "recompute": cfg["recompute"],
                      "measured_ms": ref * 1e3, "ours_ms": ours * 1e3,
-                     "difference": ours / ref - 1.0})
+                     "difference": ours / ref - 1.0,
+                     "measured_forward_ms": cfg["forward_ms"], "ours_forward_ms": fwd * 1e3,
+                     "measured_backward_ms": cfg["backward_ms"], "ours_backward_ms": bwd * 1e3})
     return rows
 
 
