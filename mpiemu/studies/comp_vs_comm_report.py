@@ -5,10 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ..net import load_network
-from ..hw.presets import load_device
+from ..net.spec import NetworkSpec
 from .common import Row, load_figures, md_table, pct, plt
-
 
 
 def _fig() -> dict[str, Any]:
@@ -166,10 +164,19 @@ def case_lines(tp_rows: list[Row], dp_rows: list[Row]) -> list[str]:
             *md_table(["figure", "thesis", "ours"], rows), ""]
 
 
+def _network() -> tuple[NetworkSpec, bool]:
+    """The network the sweep runs on (the device's preset with the study's overrides) and
+    whether its rings are bidirectional."""
+    from ..run.config import load_workload, resolve_device, resolve_network  # noqa: PLC0415
+    from .comp_vs_comm import WORKLOAD  # noqa: PLC0415
+    f = _fig()
+    w = load_workload(WORKLOAD, [*f["network"], f"device.preset='{f['device']}'"])
+    return resolve_network(w, resolve_device(w)), w.overlap.bidirectional
+
+
 def _dp_bw(rows: list[Row]) -> str:
     """Bus bandwidth the smallest DP all-reduce reaches, from its emulated time."""
-    f = _fig()
-    net = load_network(load_device(str(f["device"])).network)
+    net, _ = _network()
     r = min((r for r in rows if r["compute_scale"] == 1.0), key=lambda r: r["hidden"])
     n, tp = r["dp"], r["tp"]
     nbytes = 12 * r["hidden"] ** 2 / tp * 2          # a layer's weight gradients (Eq. 5.8), fp16
@@ -203,16 +210,12 @@ def _dp_scaling(rows: list[Row]) -> str:
 def _ring_note(rows: list[Row]) -> str:
     """The largest TP ring against the thesis's size-only all-reduce time (a four-GPU
     measurement scaled by array size, (N - 1) / N ~ 1, 5.3.3.2)."""
-    from ..run.config import load_workload, resolve_device, resolve_network  # noqa: PLC0415
-    from .comp_vs_comm import WORKLOAD  # noqa: PLC0415
     at = [r for r in _at(rows, "1") if r["highlighted"] and r["batch"] == 1]
     if not at:
         return ""
     r = max(at, key=lambda r: (r["tp"], -r["seq_len"]))
-    f = _fig()
-    w = load_workload(WORKLOAD, [*f["network"], f"device.preset='{f['device']}'"])
-    net = resolve_network(w, resolve_device(w))
-    bus = net.intra.bw_bytes_per_s * (2 if w.overlap.bidirectional else 1)
+    net, bidirectional = _network()
+    bus = net.intra.bw_bytes_per_s * (2 if bidirectional else 1)
     n = r["tp"]
     size_only = 4 * 2 * (n - 1) / n * r["seq_len"] * r["batch"] * r["hidden"] * 2 / bus
     share = size_only / (r["compute_s"] + size_only)
