@@ -27,11 +27,11 @@ def one_step(cfg: ModelConfig, comm: MPI.Comm, sp: bool, recompute: str = "none"
              ) -> ShardedModel:
     """A numerics step of the tiny model, TP over `comm`, keeping what forward stored."""
     tp = timed_comm(comm)
-    tl, model = tp.tl, tp.model
+    tl = tp.tl
     dp = tp.sibling(MPI.COMM_SELF, "dp")
     cfg = cfg.for_tp(comm.size)
     dims = make_dims(cfg, comm.size, 8, sp)
-    eng = Engine(tl, model, tp, dtype="fp16", numerics=True, overlap=Overlap(), sp=dims.sp)
+    eng = Engine(tl, tp, dtype="fp16", numerics=True, overlap=Overlap(), sp=dims.sp)
     m = ShardedModel(cfg, eng, dims, tp_rank=comm.rank, dp_rank=0, seed=0, global_batch=8,
                      dp=dp, bucket_bytes=1e9, np_dtype=np.float64, recompute=recompute)
     m.keep_caches = True

@@ -15,7 +15,6 @@ import numpy as np
 
 from ..comm.p2p import TimedComm
 from ..comm.collectives import all_gather, all_reduce, reduce_scatter
-from ..hw.cost import ComputeModel
 from ..hw.gemm import NO_EPILOGUE, Epilogue
 from ..hw.kernels import check_mode
 from ..hw.specs import dtype_bytes
@@ -76,10 +75,12 @@ class Dims(NamedTuple):
 class Engine:
     """Math plus emulated charge for every op of one rank, on one critical-path cursor."""
 
-    def __init__(self, tl: Timeline, model: ComputeModel, tp: TimedComm, *, dtype: str,
+    def __init__(self, tl: Timeline, tp: TimedComm, *, dtype: str,
                  numerics: bool, overlap: Overlap, sp: bool,
                  kernels: KernelOptions = KernelOptions(), tp_async: bool = True) -> None:
-        self.tl, self.model, self.tp = tl, model, tp
+        # one device model for every op: the TP communicator's, which also charges the
+        # GEMMs paired with its rings (overlap.api)
+        self.tl, self.model, self.tp = tl, tp.model, tp
         self.tp_async = tp_async
         self.kernels = kernels
         self.dtype, self.e = dtype, dtype_bytes(dtype)

@@ -72,13 +72,11 @@ def _point(ctx: RankContext, index: int, h: int, sl: int, b: int, model: Compute
     tp = grid.tp
     dims = Dims(seq=sl, batch=b, hidden=h, heads=cfg.heads // tp, head_dim=cfg.head_dim,
                 ffn=cfg.ffn_hidden // tp, vocab=cfg.padded_vocab // tp, tp=tp, sp=False)
-    eng = Engine(ctx.tl, model, ctx.tp, dtype=w.run.emulated_dtype, numerics=False,
+    for tc in (ctx.tp, ctx.dp):     # the point's device, for every op of the point
+        tc.model = model
+    eng = Engine(ctx.tl, ctx.tp, dtype=w.run.emulated_dtype, numerics=False,
                  overlap=w.overlap.to_overlap(strategy="sequential"), sp=False,
                  kernels=w.train.kernel_options(), tp_async=False)   # thesis Eq. 5.5: serialized
-    # the point's device for every op: a GEMM paired with a ring (the row-parallel forward,
-    # the backward's input gradient) is charged by its communicator's model
-    for tc in (ctx.tp, ctx.dp):
-        tc.model = model
     specs = [lp for lp in local_params(cfg, tp) if lp.layer == 0]
     P: dict[str, Any] = {lp.name: None for lp in specs}
     G: dict[str, Any] = dict(P)

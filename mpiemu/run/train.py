@@ -85,7 +85,7 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
     if sunway:                                # (only Sunway runs import their modules)
         from ..nn.sunway_layer import SunwayEngine, SunwayLayerPlan  # noqa: PLC0415
     cls: type[Engine] = SunwayEngine if sunway else Engine
-    eng = cls(tl, ctx.model, tp, dtype=w.run.emulated_dtype, numerics=numerics,
+    eng = cls(tl, tp, dtype=w.run.emulated_dtype, numerics=numerics,
               overlap=w.overlap.to_overlap(strategy or None), sp=dims.sp,
               kernels=w.train.kernel_options(), tp_async=w.train.tp_comm_async and not sunway)
     if sunway:
