@@ -5,12 +5,14 @@ Each point builds the layer's TP shard (Megatron slicing, `nn/layers.py`), start
 rank at the same emulated time, runs forward and backward (TP all-reduces `sequential`,
 rings bidirectional under `overlap.bidirectional`) on the device model scaled by the
 point's `compute_scale` (`device.scale.compute`: matrix, vector, SFU peaks, clock, L2
-feed; DRAM and links unchanged, thesis 5.3.3.6), then all-reduces the layer's gradients
-over DP in one bucket. Events carry the point's index as their iteration. At the end rank 0
-reads its trace back and writes `layer_sweep.csv`: per point the serialized TP
+feed; DRAM and links unchanged, thesis 5.3.3.6), then, measured apart as the thesis's
+region of interest (5.3.2.2 step 2.a), all-reduces the FC weight's gradient over DP
+(4H x H / TP elements, Eq. 5.8). Events carry the point's index as their iteration. At the
+end rank 0 reads its trace back and writes `layer_sweep.csv`: per point the serialized TP
 communication (`analysis.breakdown`: TP collectives not under compute) over the layer's
-time, and the DP all-reduce's time over the backward GEMMs that would hide it (thesis
-5.2.4: the linear layers' weight-gradient and error GEMMs; measured apart, as 5.3.3.3 does).
+time, the attention core's share of compute (the SL^2 terms: score and context BGEMMs,
+scale / mask / softmax / dropout, forward and backward), and the FC gradient all-reduce
+over the FC's weight-gradient and error GEMMs that hide it (Eq. 5.7).
 """
 from __future__ import annotations
 
@@ -21,9 +23,9 @@ from typing import Any
 
 from mpi4py import MPI
 
+from ..comm.collectives import all_reduce
 from ..hw.caps import scaled
 from ..hw.cost import ComputeModel, model_for
-from ..nn.buckets import GradBuckets
 from ..nn.config import ModelConfig
 from ..nn.engine import Dims, Engine
 from ..nn.layers import Layer
@@ -35,12 +37,17 @@ from .context import RankContext
 from .errors import ConfigError
 
 GEMM = re.compile(r"(\.gemm|\.wgrad|attn\.(score|context)|attn\.bwd\.(dq|dk|dv|dprobs))$")
-# the backward GEMMs that hide a layer's DP all-reduce: its linear layers' weight-gradient
-# and error GEMMs (thesis 5.2.4, Eq. 5.7); attention's BGEMMs have no weights
-LINEAR_BWD = re.compile(r"^l\d+\.(qkv|proj|fc1|fc2)\.(bwd\.gemm|wgrad)$")
+# the attention core: the ops whose cost grows with SL^2 (thesis Eq. 5.2, 4.3)
+# (every attention op but the residual path's bias-dropout-add)
+ATTN_CORE = re.compile(r"^l\d+\.attn\.(?!bias_dropout_add|residual)")
+# the region of interest of the DP study (thesis 5.2.4): the FC weight's gradient
+# all-reduce and the FC's weight-gradient and error GEMMs that hide it (Eq. 5.7, 5.8)
+FC_BWD = re.compile(r"^l\d+\.fc1\.(bwd\.gemm|wgrad)$")
+ROI = "dp.fc1.weight"
+LAYER_DP = "dp.layer"
 FIELDS = ("point", "hidden", "seq_len", "batch", "tp", "dp", "compute_scale", "time_s",
-          "compute_s", "gemm_s", "tp_comm_s", "tp_share", "bwd_gemm_s", "dp_comm_s",
-          "dp_over_bwd")
+          "compute_s", "gemm_s", "attn_core_s", "tp_comm_s", "tp_share", "bwd_gemm_s",
+          "dp_comm_s", "dp_over_bwd", "dp_layer_s")
 
 
 def validate(w: Workload, world_size: int) -> None:
@@ -66,7 +73,9 @@ def _config(w: Workload, h: int, sl: int) -> ModelConfig:
 
 
 def _point(ctx: RankContext, index: int, h: int, sl: int, b: int, model: ComputeModel) -> None:
-    """One layer forward + backward + its DP gradient all-reduce, all ranks from one time."""
+    """One layer forward + backward, then over DP, each measured apart: its gradients' all-reduce
+    (one bucket) and the FC weight's alone (the thesis's region of interest); all ranks start
+    the point at one time."""
     w, grid = ctx.w, ctx.grid
     cfg = _config(w, h, sl)
     tp = grid.tp
@@ -80,8 +89,6 @@ def _point(ctx: RankContext, index: int, h: int, sl: int, b: int, model: Compute
     specs = [lp for lp in local_params(cfg, tp) if lp.layer == 0]
     P: dict[str, Any] = {lp.name: None for lp in specs}
     G: dict[str, Any] = dict(P)
-    buckets = GradBuckets(ctx.dp, eng.e, float("inf"), {lp.name: lp.size for lp in specs},
-                          eng.overlap.bidirectional)
     layer, masks = Layer(eng, cfg, dims, 0), Masks(cfg, w.run.seed, index, dims, grid.dp_rank * dims.batch,
                                                    grid.tp_rank, False)
     eng.t = ctx.world.allreduce(ctx.tl.now(), op=MPI.MAX)
@@ -89,8 +96,14 @@ def _point(ctx: RankContext, index: int, h: int, sl: int, b: int, model: Compute
         with ctx.tl.labelled(phase="fwd"):
             x, cache = layer.forward(None, P, masks)
         with ctx.tl.labelled(phase="bwd"):
-            layer.backward(None, cache, P, G, masks, lambda n: buckets.ready(n, G, eng.t))
-            eng.t = buckets.finish(G, eng.t)
+            layer.backward(None, cache, P, G, masks, lambda n: None)
+            # the layer's DP step (thesis 5.3.3.7's overlapped communication), then the
+            # region of interest alone on the DP ring (5.3.2.2 step 2.a): the FC weight's
+            # gradient, H x 4H / TP elements (Eq. 5.8)
+            for label, count in ((LAYER_DP, sum(lp.size for lp in specs)), (ROI, h * dims.ffn)):
+                _, span = all_reduce(ctx.dp, None, after=eng.t, count=count, wire_itemsize=eng.e,
+                                     bidirectional=eng.overlap.bidirectional, label=label)
+                eng.t = max(eng.t, span.t_end)
 
 
 def run(ctx: RankContext) -> dict[str, Any]:
@@ -118,19 +131,24 @@ def _rows(ctx: RankContext, pts: list[tuple[int, int, int, float]]) -> list[dict
     ev = rt.events
     dur = ev["t_end"] - ev["t_start"]
     gemm = rt.is_cat("compute") & [bool(GEMM.search(str(n))) for n in rt.names]
-    linear_bwd = rt.is_cat("compute") & [bool(LINEAR_BWD.match(str(n))) for n in rt.names]
+    attn = rt.is_cat("compute") & [bool(ATTN_CORE.search(str(n))) for n in rt.names]
+    fc_bwd = rt.is_cat("compute") & [bool(FC_BWD.match(str(n))) for n in rt.names]
+    roi, layer_dp = rt.names == ROI, rt.names == LAYER_DP
     rows = []
     for i, (h, sl, b, c) in enumerate(pts):
         br = iteration_breakdown(rt, i)
         mine = ev["iteration"] == i
-        bwd_gemm = float(dur[mine & linear_bwd].sum())
+        bwd_gemm = float(dur[mine & fc_bwd].sum())
+        dp_comm = float(dur[mine & roi].max(initial=0.0))
         serial = br.compute_s + br.tp_exposed_s
         rows.append({"point": i, "hidden": h, "seq_len": sl, "batch": b, "tp": ctx.grid.tp,
                      "dp": ctx.grid.dp, "compute_scale": c, "time_s": br.iteration_s,
                      "compute_s": br.compute_s, "gemm_s": float(dur[mine & gemm].sum()),
+                     "attn_core_s": float(dur[mine & attn].sum()),
                      "tp_comm_s": br.tp_exposed_s, "tp_share": br.tp_exposed_s / serial,
-                     "bwd_gemm_s": bwd_gemm, "dp_comm_s": br.dp_total_s,
-                     "dp_over_bwd": br.dp_total_s / bwd_gemm if ctx.grid.dp > 1 else 0.0})
+                     "bwd_gemm_s": bwd_gemm, "dp_comm_s": dp_comm,
+                     "dp_over_bwd": dp_comm / bwd_gemm,
+                     "dp_layer_s": float(dur[mine & layer_dp].max(initial=0.0))})
     with (ctx.out / "layer_sweep.csv").open("w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=FIELDS)
         wr.writeheader()

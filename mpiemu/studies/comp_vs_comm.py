@@ -4,10 +4,11 @@ Transformers and hardware scale, from emulated runs (not formulas).
 Every point is one transformer layer (forward + backward) of the `layer_sweep` kind on real
 MPI ranks, timing only (`workloads/comp_vs_comm.toml`, MI210 preset, the network of
 `comp_vs_comm.toml`): one job per TP degree of `--tp` (4 to 256, Table 5.1) for the
-serialized TP shares (Figs. 5.9, 5.12) and one TP x DP job for the DP all-reduce against the
-backward GEMMs that hide it (Figs. 5.10, 5.11), each over H x SL x B x compute scale. Each
+serialized TP shares (Figs. 5.9, 5.12), one TP x DP job for the FC weight's DP all-reduce
+against the backward GEMMs that hide it (Figs. 5.10, 5.11; the thesis's region of interest),
+each over H x SL x B x compute scale, and Fig. 5.13's case point at its TP with its DP step. Each
 job folds onto one process (`run.fold`: its TP x DP ranks are symmetric; bit-identical times,
-tests/test_fold.py). Writes tp.csv, dp.csv, tp_share.png, dp_share.png and README.md
+tests/test_fold.py). Writes tp.csv, dp.csv, case.csv, tp_share.png, dp_share.png and README.md
 (`comp_vs_comm_report.py`). Golden test: the TP = 4, scale 1, H <= 8K rows.
 """
 from __future__ import annotations
@@ -23,7 +24,8 @@ from .common import ROOT, Golden, Row, load_figures, read_csv, write_csv
 WORKLOAD = ROOT / "workloads" / "comp_vs_comm.toml"
 INTS = ("point", "hidden", "seq_len", "batch", "tp", "dp")
 KEEP = ("hidden", "seq_len", "batch", "tp", "dp", "compute_scale", "time_s", "compute_s",
-        "gemm_s", "tp_comm_s", "tp_share", "bwd_gemm_s", "dp_comm_s", "dp_over_bwd")
+        "gemm_s", "attn_core_s", "tp_comm_s", "tp_share", "bwd_gemm_s", "dp_comm_s",
+        "dp_over_bwd", "dp_layer_s")
 GOLDEN_H = 8192
 
 
@@ -89,15 +91,22 @@ def main(out_dir: Path, argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="mpiemu-cvc-") as tmp:
         runs = args.keep_runs or Path(tmp)
         tp_rows = [r for tp in args.tp for r in sweep(tp, 1, runs, extra=args.set)]
-        g = f["dp_grid"]
+        g, cs = f["dp_grid"], f["case_study"]
         dp_rows = [] if args.no_dp else sweep(g["tp"], g["dp"], runs, extra=args.set)
+        # Fig. 5.13's point with its DP step, at its own TP (5.3.3.7)
+        case_rows = [] if args.no_dp else sweep(
+            cs["tp"], g["dp"], runs, [cs["hidden"]], [float(cs["scale"])],
+            extra=[*args.set, f"layer_sweep.seq_len=[{cs['seq_len']}]",
+                   f"layer_sweep.batch=[{cs['batch']}]"])
     write_csv(out_dir / "tp.csv", tp_rows)
     if dp_rows:
         write_csv(out_dir / "dp.csv", dp_rows)
+        write_csv(out_dir / "case.csv", case_rows)
     from .comp_vs_comm_report import markdown, plot_dp, plot_tp  # noqa: PLC0415
     plot_tp(tp_rows, out_dir / "tp_share.png")
     if dp_rows:
         plot_dp(dp_rows, out_dir / "dp_share.png")
-    (out_dir / "README.md").write_text("\n".join(markdown(tp_rows, dp_rows, args.tp)) + "\n")
+    (out_dir / "README.md").write_text(
+        "\n".join(markdown(tp_rows, dp_rows, case_rows, args.tp)) + "\n")
     print(f"wrote {out_dir}/README.md and CSV/PNG beside it")
     return 0

@@ -60,13 +60,15 @@ def tp_tables(rows: list[Row]) -> list[str]:
     for s in _scales():
         lo, hi = f["tp_share"][s]
         mine = [r["tp_share"] for r in _at(hi_rows, s)]
+        named = [r["tp_share"] for r in _at(hi_rows, s) if r["hidden"] >= f["named_min_hidden"]]
         body.append([f"{s}x", f"{pct(lo, 0)}-{pct(hi, 0)}", _span(mine), _verdict(mine, lo, hi),
-                     _span([r["tp_share"] for r in _at(rows, s)])])
+                     _verdict(named, lo, hi), _span([r["tp_share"] for r in _at(rows, s)])])
     lines = [f"Highlighted pairs run (H / TP = {f['highlighted_h_per_tp']}): "
              + (", ".join(f"H = {_k(h)} at TP = {t}" for h, t in pairs) or "none")
              + f", every SL and B ({len(hi_rows) // len(_scales())} points per scale).", ""]
     lines += md_table(["compute scale", "thesis (highlighted)", "ours (highlighted)",
-                       "points inside", "ours, every point run"], body)
+                       "points inside", f"inside, H >= {_k(f['named_min_hidden'])} (the "
+                       "thesis's named models)", "ours, every point run"], body)
     per = [[f"{_k(h)} / {t}", _k(sl)] + [pct(next(r["tp_share"] for r in _at(hi_rows, s)
                                                if (r["hidden"], r["tp"], r["seq_len"],
                                                    r["batch"]) == (h, t, sl, 1)))
@@ -138,7 +140,7 @@ def missing_lines(tp_rows: list[Row], tps: Iterable[int]) -> list[str]:
         "(folded: one process per TP group).", ""]
 
 
-def case_lines(tp_rows: list[Row], dp_rows: list[Row]) -> list[str]:
+def case_lines(tp_rows: list[Row], case_rows: list[Row]) -> list[str]:
     """Future-2 and the Fig. 5.13 case study beside our points at their settings."""
     f = _fig()
     cs, h_max = f["case_study"], max(f["hidden"])
@@ -147,15 +149,16 @@ def case_lines(tp_rows: list[Row], dp_rows: list[Row]) -> list[str]:
     case = [r["tp_share"] for r in tp_rows if (r["hidden"], r["seq_len"], r["batch"], r["tp"])
             == (cs["hidden"], cs["seq_len"], cs["batch"], cs["tp"])
             and r["compute_scale"] == float(cs["scale"])]
-    dp = [r["dp_over_bwd"] for r in dp_rows if (r["hidden"], r["seq_len"], r["batch"])
-          == (cs["hidden"], cs["seq_len"], cs["batch"]) and r["compute_scale"] == float(cs["scale"])]
+    # 5.3.3.7: "9% [of time] is spent on overlapped communication", hidden under the layer
+    dp = [r["dp_layer_s"] / (r["compute_s"] + r["tp_comm_s"]) for r in case_rows]
     rows = [[f"Future-2: serialized TP share at H = {_k(h_max)} (highlighted pair, 1x, every SL "
              "and B)", pct(f["tp_share_future2"], 0), _span(fut)],
             [f"Fig. 5.13: serialized TP share, H = {_k(cs['hidden'])}, SL = {_k(cs['seq_len'])}, "
              f"B = {cs['batch']}, TP = {cs['tp']}, {cs['scale']}x", pct(cs["tp_share"], 0),
              _span(case)],
-            [f"Fig. 5.13: DP all-reduce over the backward GEMMs, same point (our DP job at "
-             f"TP = {f['dp_grid']['tp']}: the ratio does not depend on TP, Eq. 5.7, 5.8)",
+            [f"Fig. 5.13: overlapped (DP) communication over the layer's time, same point "
+             f"(TP = {cs['tp']} x DP = {f['dp_grid']['dp']}: the layer's gradient all-reduce, "
+             "measured apart, over its forward and backward with their TP all-reduces)",
              pct(cs["dp_share"], 0), _span(dp)]]
     for row in rows[1:]:                   # one point each: one value, not a span
         lo, _, hi = row[2].partition("-")
@@ -174,19 +177,43 @@ def _network() -> tuple[NetworkSpec, bool]:
     return resolve_network(w, resolve_device(w)), w.overlap.bidirectional
 
 
-def _dp_bw(rows: list[Row]) -> str:
-    """Bus bandwidth the smallest DP all-reduce reaches, from its emulated time."""
+def _fc_bytes(r: Row) -> float:
+    """The FC weight's gradient in bytes, fp16 (Eq. 5.8: 4H x H / TP elements)."""
+    return 4 * r["hidden"] ** 2 / r["tp"] * 2
+
+
+def _bus(r: Row) -> float:
+    """The DP all-reduce's bus bandwidth (nccl-tests: 2(n-1)/n x bytes / time)."""
+    return 2 * (r["dp"] - 1) / r["dp"] * _fc_bytes(r) / r["dp_comm_s"]
+
+
+def _dp_ends(rows: list[Row]) -> str:
+    """Both ends of our 1x DP range at SL x B = 4K, from the messages' bus bandwidth and
+    the GEMMs' rate: latency-bound small messages at small H, both at their peaks at large H."""
+    at = [r for r in _at(rows, "1") if r["seq_len"] * r["batch"] == 4096]
+    if not at:
+        return ""
     net, _ = _network()
-    r = min((r for r in rows if r["compute_scale"] == 1.0), key=lambda r: r["hidden"])
-    n, tp = r["dp"], r["tp"]
-    nbytes = 12 * r["hidden"] ** 2 / tp * 2          # a layer's weight gradients (Eq. 5.8), fp16
-    bus = 2 * (n - 1) / n * nbytes / r["dp_comm_s"]
-    return (f"the smallest DP all-reduce (H = {_k(r['hidden'])}, about "
-            f"{nbytes / 2**20:.1f} MiB of gradients over {n} ranks) reaches a bus bandwidth "
-            f"of {bus / 1e9:.0f} GB/s in our ring model (network {net.name}: base latency "
+    f = _fig()
+    small, big = min(at, key=lambda r: r["hidden"]), max(at, key=lambda r: r["hidden"])
+    flops = 4 * 4 * big["hidden"] ** 2 / big["tp"] * 4096      # Eq. 5.7
+    return (f"At SL x B = 4K our 1x DP shares run from {pct(big['dp_over_bwd'])} "
+            f"(H = {_k(big['hidden'])}) to {pct(small['dp_over_bwd'])} "
+            f"(H = {_k(small['hidden'])}). At large H both sides run at their peaks: the FC's "
+            f"backward GEMMs at {flops / big['bwd_gemm_s'] / 1e12:.0f} TFLOPS and its "
+            f"{_fc_bytes(big) / 2**20:.0f} MiB all-reduce at a bus bandwidth of "
+            f"{_bus(big) / 1e9:.0f} GB/s, so the share settles where the thesis's lower "
+            f"bound ({pct(f['dp_share_slb4k']['1'][0], 0)}) is. At small H the message is "
+            f"latency-bound: the FC gradient of H = {_k(small['hidden'])} "
+            f"({_fc_bytes(small) / 2**20:.0f} MiB over {small['dp']} ranks) reaches "
+            f"{_bus(small) / 1e9:.0f} GB/s (network {net.name}: base latency "
             f"{net.base('ring', 'simple') * 1e6:.1f} us per call, "
             f"{net.intra.latency('simple') * net.latency_scale * 1e6:.1f} us per step, "
-            f"NCCL's latencies x the calibrated {net.latency_scale:g})")
+            f"NCCL's latencies x the calibrated {net.latency_scale:g}), the thesis's "
+            "5.3.3.5: small messages do not saturate the network. Our DP job runs at TP = "
+            f"{f['dp_grid']['tp']} where Fig. 5.10 is at TP = 16, so each of our messages is "
+            "the thesis's at twice the H (Eq. 5.8: 4H x H / TP); its H = 1K at TP = 16, a "
+            "quarter of our smallest message, is further into the latency-bound regime. ")
 
 
 def _dp_scaling(rows: list[Row]) -> str:
@@ -200,11 +227,17 @@ def _dp_scaling(rows: list[Row]) -> str:
         ratio = [r["dp_over_bwd"] / base[(r["hidden"], r["seq_len"], r["batch"])]
                  for r in _at(rows, s) if (r["hidden"], r["seq_len"], r["batch"]) in base]
         parts.append(f"{s}x {min(ratio):.2f}-{max(ratio):.2f} times")
+    f = _fig()
+    lo1, hi1 = f["dp_share_slb4k"]["1"]
+    own = ", ".join(f"{s}x {pct(lo1 * float(s), 0)}-{pct(hi1 * float(s), 0)} against the stated "
+                    f"{pct(f['dp_share_slb4k'][s][0], 0)}-{pct(f['dp_share_slb4k'][s][1], 0)}"
+                    for s in _scales()[1:])
     return ("Compute made faster shortens the backward GEMMs in proportion (our DP shares at "
-            f"SL x B = 4K grow {', '.join(parts)} their 1x values), as the thesis's do "
-            "(5.3.3.6 divides compute time by the factor); starting from the bottom of the "
-            "1x range, ours stay at or below the lower bounds of the thesis's faster-compute "
-            "ranges. ")
+            f"SL x B = 4K grow {', '.join(parts)} their 1x values), as the thesis's method "
+            "does (5.3.3.6 divides compute time by the factor). That method applied to the "
+            f"thesis's own 1x range gives {own}: its stated 2x lower bound is above what its "
+            "1x lower bound becomes, so the 2x points of ours that sit near the 1x lower "
+            "bound fall below it. ")
 
 
 def _ring_note(rows: list[Row]) -> str:
@@ -230,7 +263,49 @@ def _ring_note(rows: list[Row]) -> str:
             "thesis's upper bounds.")
 
 
-def markdown(tp_rows: list[Row], dp_rows: list[Row], tps: Iterable[int]) -> list[str]:
+def _tp_low(rows: list[Row]) -> str:
+    """The highlighted points below the thesis's lower bounds: where they lie (H, SL) and
+    how much of their compute is the attention core, whose work grows with SL^2."""
+    f = _fig()
+    hi_rows = [r for r in rows if r["highlighted"]]
+    below = {s: [r for r in _at(hi_rows, s) if r["tp_share"] < f["tp_share"][s][0]]
+             for s in _scales()}
+    low = [r for s in _scales() for r in below[s]]
+    if not low:
+        return ""
+    named = f["named_min_hidden"]
+    small = [r for r in low if r["hidden"] < named]
+    other = [r for r in low if r["hidden"] >= named]
+    worst = max(low, key=lambda r: r["attn_core_s"] / r["compute_s"])
+
+    def edge(r: Row) -> float:
+        return (r["hidden"] + r["seq_len"]) / r["tp"]
+
+    counts = ", ".join(f"{s}x {len(below[s])}" for s in _scales())
+    named_edge = max((edge(r) for r in hi_rows if r["hidden"] >= named), default=0.0)
+    text = (f"The highlighted points below the thesis's lower bounds ({counts}) are "
+            f"{len(small)} at H <= {_k(named // 2)}, the H / TP = {f['highlighted_h_per_tp']} "
+            f"diagonal continued below the smallest model the thesis names (~T-NLG, "
+            f"H = {_k(named)}), with SL from {_k(min(r['seq_len'] for r in small))} up"
+            if small else "The highlighted points below the thesis's lower bounds "
+            f"({counts})")
+    if other:
+        text += (" and " if small else " are ") + "; ".join(
+            f"H = {_k(r['hidden'])}, SL = {_k(r['seq_len'])}, B = {r['batch']} at "
+            f"{r['compute_scale']:g}x ({pct(r['tp_share'], 2)} against "
+            f"{pct(f['tp_share'][str(int(r['compute_scale']))][0], 0)})" for r in other)
+    return (text + ". There compute's edge of Eq. 5.6, (H + SL) / TP, is the largest of the "
+            f"highlighted points (up to {max(edge(r) for r in low) / 1024:.2f}K, against at "
+            f"most {named_edge / 1024:.2f}K from H = {_k(named)} up), and the attention "
+            "core, the score and context BGEMMs with the scale / mask / softmax / dropout "
+            "kernels on the SL x SL score matrix (work in SL^2, Eq. 5.2), takes up to "
+            f"{pct(worst['attn_core_s'] / worst['compute_s'], 0)} of the layer's compute "
+            f"(H = {_k(worst['hidden'])}, SL = {_k(worst['seq_len'])}, B = {worst['batch']}, "
+            f"{worst['compute_scale']:g}x), while the four all-reduces grow with SL only. ")
+
+
+def markdown(tp_rows: list[Row], dp_rows: list[Row], case_rows: list[Row],
+             tps: Iterable[int]) -> list[str]:
     f = _fig()
     g = f["dp_grid"]
     net = ", ".join(f"`{x}`" for x in f["network"])
@@ -255,9 +330,9 @@ def markdown(tp_rows: list[Row], dp_rows: list[Row], tps: Iterable[int]) -> list
         "the TP group's ranks are symmetric, so one stands for all, bit-identical; "
         "`tests/test_fold.py`) (`tp.csv`); serialized TP "
         "share = TP all-reduce time not under compute over the layer's time. DP job: "
-        f"TP = {g['tp']} x DP = {g['dp']} (`dp.csv`); DP share = the layer's gradient "
-        "all-reduce (one bucket) over its backward GEMMs (weight and error gradients, "
-        "Eq. 5.7), measured apart as the thesis does (5.3.3.3).", "",
+        f"TP = {g['tp']} x DP = {g['dp']} (`dp.csv`); DP share = the thesis's region of "
+        "interest (5.3.2.2 step 2.a, Eq. 5.7, 5.8): the FC weight's gradient all-reduced "
+        "over DP, measured apart, over that FC's weight-gradient and error GEMMs.", "",
         "## Serialized TP communication (Figs. 5.9, 5.12)", "",
         *tp_tables(tp_rows), "",
         "![tp share](tp_share.png)", "",
@@ -266,19 +341,17 @@ def markdown(tp_rows: list[Row], dp_rows: list[Row], tps: Iterable[int]) -> list
         *(dp_tables(dp_rows) if dp_rows else ["(DP job skipped: --no-dp)"]), "",
         *(["![dp share](dp_share.png)", ""] if dp_rows else []),
         "## Trends", "", *trend_lines(tp_rows, dp_rows), "",
-        *case_lines(tp_rows, dp_rows), *missing_lines(tp_rows, tps),
+        *case_lines(tp_rows, case_rows), *missing_lines(tp_rows, tps),
         "## Where we differ and why", "",
-        "Our communication is the alpha-beta ring of the preset's links at the network "
-        "above: " + (_dp_bw(dp_rows) + ", " if dp_rows else "")
-        + "where measured RCCL all-reduces of a few MiB stay well below their peak (the "
-        "thesis's 5.3.3.5: small messages do not saturate the network). So our DP shares "
-        "at small H and small SL x B are lower than the thesis's. " + _dp_scaling(dp_rows)
-        + "Our TP all-reduces (H x SL x B elements, tens of MiB and more) reach the ring's "
-        "bandwidth, but each pays a hop latency per step: " + _ring_note(tp_rows)
-        + " Our compute is the kernel model of `hw/` at the preset's GEMM "
-        "efficiency, where the thesis projects measured BERT operators whose GEMMs run "
-        "below peak (5.3.3.8), which makes its compute longer and its TP share lower at a "
-        "given point.",
+        *(["* **DP shares.** " + _dp_ends(dp_rows) + _dp_scaling(dp_rows), ""] if dp_rows
+          else []),
+        "* **Highest TP shares.** Our TP all-reduces (H x SL x B elements, tens of MiB and "
+        "more) reach the ring's bandwidth, but each pays a hop latency per step: "
+        + _ring_note(tp_rows), "",
+        "* **Lowest TP shares.** " + _tp_low(tp_rows), "",
+        "* **Compute.** Our compute is the kernel model of `hw/` at the preset's GEMM efficiency, where "
+        "the thesis projects measured BERT operators whose GEMMs run below peak (5.3.3.8), "
+        "which makes its compute longer and its TP share lower at a given point.",
     ]
 
 
