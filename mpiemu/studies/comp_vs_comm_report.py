@@ -356,14 +356,14 @@ def markdown(tp_rows: list[Row], dp_rows: list[Row], case_rows: list[Row],
 
 
 def _panel(rows: list[Row], path: Path, x: Callable[[Row], float], y: str, band: Any,
-           xlabel: str, ylabel: str, title: str) -> None:
+           xlabel: str, ylabel: str, title: str, band_label: str = "thesis range") -> None:
     pyplot = plt()
     fig, axes = pyplot.subplots(1, 3, figsize=(13, 4), sharey=True)
     hs = sorted({r["hidden"] for r in rows})
     cmap = pyplot.get_cmap("viridis")
     for ax, s in zip(axes, _scales()):
         lo, hi = band(s)
-        ax.axhspan(lo, hi, color="tab:red", alpha=0.12, label="thesis range")
+        ax.axhspan(lo, hi, color="tab:red", alpha=0.12, label=band_label)
         for i, h in enumerate(hs):
             pts = sorted((r for r in _at(rows, s) if r["hidden"] == h), key=x)
             ax.plot([x(r) for r in pts], [r[y] for r in pts], "o", ms=3,
@@ -388,4 +388,5 @@ def plot_dp(rows: list[Row], path: Path) -> None:
     f = _fig()
     _panel(rows, path, lambda r: r["seq_len"] * r["batch"], "dp_over_bwd",
            lambda s: f["dp_share_slb4k"][s], "SL x B (tokens)",
-           "DP all-reduce / backward GEMMs", f"TP = {f['dp_grid']['tp']}")
+           "FC gradient all-reduce / FC backward GEMMs", f"TP = {f['dp_grid']['tp']}",
+           "thesis range at SL x B = 4K")
