@@ -55,7 +55,8 @@ def sources() -> dict[str, dict[str, Any]]:
 
 def emulate(setup: dict[str, Any], tmp: Path) -> list[Row]:
     """One setup's sweep, run as a user would; its rows (time in us, GB/s)."""
-    size_list = sizes(int(setup.get("every", 1)))
+    size_list = ([parse_size("sizes", x) for x in setup["sizes"]] if "sizes" in setup
+                 else sizes(int(setup.get("every", 1))))
     sets = [f"device.preset={setup['device']!r}", f"parallel.tp={setup['ranks']}",
             "run.numerics=off", "run.emulated_dtype=fp32",
             f"collectives.ops={list(setup['ops'])!r}", f"collectives.sizes={size_list!r}",

@@ -46,11 +46,13 @@ def _summary_table(summ: list[Row]) -> list[str]:
 
 
 def _per_size(cmp: list[Row], ds: str) -> list[str]:
-    rows = [[_size(r["bytes"]), f"{r['algorithm']}/{r['protocol']}",
-             f"{r['ours_busbw_GBps']:.2f}", f"{r['measured_busbw_GBps']:.2f}",
-             signed_pct(r["error"])] for r in cmp if r["dataset"] == ds]
-    return md_table(["size", "ours: algorithm/protocol", "ours busbw GB/s",
-                     "measured busbw GB/s", "error"], rows)
+    mine = [r for r in cmp if r["dataset"] == ds]
+    ops = len({r["op"] for r in mine}) > 1       # a data set of several collectives
+    rows = [[_size(r["bytes"]) + (f", {r['op']}" if ops else ""),
+             f"{r['algorithm']}/{r['protocol']}", f"{r['ours_busbw_GBps']:.2f}",
+             f"{r['measured_busbw_GBps']:.2f}", signed_pct(r["error"])] for r in mine]
+    return md_table(["size" + (", collective" if ops else ""), "ours: algorithm/protocol",
+                     "ours busbw GB/s", "measured busbw GB/s", "error"], rows)
 
 
 def _worst(cmp: list[Row], ds: str) -> str:
@@ -106,7 +108,10 @@ def markdown(ours: list[Row], cmp: list[Row], summ: list[Row]) -> list[str]:
                 *_emulated_only(ours)]
     g_big, g_all = targets_error(cmp)
     fitted = calibrated(cmp)
-    h_big, h_all = targets_error([r for r in cmp if r["dataset"] not in fitted])
+    held = [r for r in cmp if r["dataset"] not in fitted]
+    h_big, h_all = targets_error(held)
+    multi = [r for r in held if r["setup"] in {s["key"] for s in setups() if s["ranks"] > 8}]
+    m_big, m_all = targets_error(multi)
     k = load_network("dgx-a100").latency_scale
     out = ["# Collectives on DGX-class machines: emulated vs published nccl-tests", "",
            "Regenerate: `mpiemu report collectives` (or `make reports`); sources of every "
@@ -120,9 +125,10 @@ def markdown(ours: list[Row], cmp: list[Row], summ: list[Row]) -> list[str]:
            "NCCL-derived network presets times it), on the single-node data sets "
            f"({', '.join(sorted(fitted))}; `mpiemu report collectives --calibrate` reruns "
            "the fit, its grid and objective in `mpiemu/studies/collectives.toml`); on the "
-           "data sets held out from that fit (the multi-node ones), "
-           f"{pct(h_big)} from 1 MiB up and {pct(h_all)} over all sizes. Nothing is fitted "
-           "per size or per data set.", "", "## Setups", "", *_setup_table(), "",
+           f"data sets held out from that fit ({', '.join(sorted({r['dataset'] for r in held}))}"
+           f"), {pct(h_big)} from 1 MiB up and {pct(h_all)} over all sizes; on the multi-node "
+           f"ones alone, {pct(m_big)} and {pct(m_all)}. Nothing is fitted per size or per data "
+           "set.", "", "## Setups", "", *_setup_table(), "",
            "## Ours against each measured data set", "", *_summary_table(summ), "",
            "## Where we differ, and why", "", *WHY, ""]
     for s in summ:
@@ -139,12 +145,14 @@ def plot(ours: list[Row], cmp: list[Row], path: Path) -> None:
     sts = [s for s in setups() if s["datasets"] and s["key"] in keys]
     if not sts:
         return
-    fig, axes = pyplot.subplots(1, len(sts), figsize=(4 * len(sts), 3.6), sharey=False)
+    fig, grid = pyplot.subplots(1, len(sts), figsize=(4 * len(sts), 3.6), sharey=False,
+                                squeeze=False)
+    axes = grid[0]
     for ax, st in zip(axes, sts):
         for op in st["ops"]:
             rows = [r for r in ours if r["setup"] == st["key"] and r["op"] == op]
-            ax.plot([r["bytes"] for r in rows], [r["busbw_GBps"] for r in rows], "-",
-                    label=f"ours {op}")
+            ax.plot([r["bytes"] for r in rows], [r["busbw_GBps"] for r in rows],
+                    "-" if len(rows) > 1 else "x", label=f"ours {op}")
         for ds in st["datasets"]:
             pts = [r for r in cmp if r["dataset"] == ds]
             ax.plot([r["bytes"] for r in pts], [r["measured_busbw_GBps"] for r in pts], "o",
