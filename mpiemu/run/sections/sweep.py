@@ -10,7 +10,8 @@ from ..errors import ConfigError
 class LayerSweepSection:
     """Every (hidden, seq_len, batch, compute_scale) point runs one transformer layer,
     forward and backward, timing only: H from `hidden`, heads of `head_dim`, FC width
-    `ffn_factor` x H (thesis 2.2.2.3), its gradients all-reduced over DP in one bucket."""
+    `ffn_factor` x H (thesis 2.2.2.3); then over DP, each measured apart, its gradients in one
+    bucket and the FC weight's gradient alone (the thesis's region of interest, Eq. 5.8)."""
 
     hidden: tuple[int, ...] = (1024,)
     seq_len: tuple[int, ...] = (1024,)
