@@ -162,7 +162,7 @@ def case_lines(tp_rows: list[Row], case_rows: list[Row]) -> list[str]:
              pct(cs["dp_share"], 0), _span(dp)]]
     for row in rows[1:]:                   # one point each: one value, not a span
         lo, _, hi = row[2].partition("-")
-        row[2] = lo if lo == hi else row[2]
+        row[2] = lo if lo == hi and lo else row[2]
     return ["## Future-2 and the case study (5.3.3.4, 5.3.3.7)", "",
             *md_table(["figure", "thesis", "ours"], rows), ""]
 
@@ -294,9 +294,11 @@ def _tp_low(rows: list[Row]) -> str:
             f"H = {_k(r['hidden'])}, SL = {_k(r['seq_len'])}, B = {r['batch']} at "
             f"{r['compute_scale']:g}x ({pct(r['tp_share'], 2)} against "
             f"{pct(f['tp_share'][str(int(r['compute_scale']))][0], 0)})" for r in other)
+    against = (f", against at most {named_edge / 1024:.2f}K from H = {_k(named)} up"
+               if named_edge else "")
     return (text + ". There compute's edge of Eq. 5.6, (H + SL) / TP, is the largest of the "
-            f"highlighted points (up to {max(edge(r) for r in low) / 1024:.2f}K, against at "
-            f"most {named_edge / 1024:.2f}K from H = {_k(named)} up), and the attention "
+            f"highlighted points (up to {max(edge(r) for r in low) / 1024:.2f}K{against}), "
+            "and the attention "
             "core, the score and context BGEMMs with the scale / mask / softmax / dropout "
             "kernels on the SL x SL score matrix (work in SL^2, Eq. 5.2), takes up to "
             f"{pct(worst['attn_core_s'] / worst['compute_s'], 0)} of the layer's compute "
