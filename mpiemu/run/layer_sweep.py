@@ -5,14 +5,16 @@ Each point builds the layer's TP shard (Megatron slicing, `nn/layers.py`), start
 rank at the same emulated time, runs forward and backward (TP all-reduces `sequential`,
 rings bidirectional under `overlap.bidirectional`) on the device model scaled by the
 point's `compute_scale` (`device.scale.compute`: matrix, vector, SFU peaks, clock, L2
-feed; DRAM and links unchanged, thesis 5.3.3.6), then, measured apart as the thesis's
-region of interest (5.3.2.2 step 2.a), all-reduces the FC weight's gradient over DP
-(4H x H / TP elements, Eq. 5.8). Events carry the point's index as their iteration. At the
+feed; DRAM and links unchanged, thesis 5.3.3.6), then all-reduces over DP, each call
+measured apart: the layer's gradients in one bucket (the DP step of 5.3.3.7's case study)
+and the FC weight's gradient alone (the thesis's region of interest, 5.3.2.2 step 2.a;
+4H x H / TP elements, Eq. 5.8). Events carry the point's index as their iteration. At the
 end rank 0 reads its trace back and writes `layer_sweep.csv`: per point the serialized TP
 communication (`analysis.breakdown`: TP collectives not under compute) over the layer's
 time, the attention core's share of compute (the SL^2 terms: score and context BGEMMs,
 scale / mask / softmax / dropout, forward and backward), and the FC gradient all-reduce
-over the FC's weight-gradient and error GEMMs that hide it (Eq. 5.7).
+over the FC's weight-gradient and error GEMMs that hide it (Eq. 5.7), and the layer's
+DP all-reduce.
 """
 from __future__ import annotations
 
