@@ -57,6 +57,9 @@ def test_tp_share_grows_with_compute_speed_and_falls_with_width(mpi_tmp_path: Pa
     for r in rows:                  # compute 2x faster: the layer's compute time halves-ish
         assert float(r["compute_s"]) > 0 and float(r["tp_comm_s"]) > 0
         assert (float(r["dp_over_bwd"]) > 0) == (n == 4)
+        assert 0 < float(r["attn_core_s"]) < float(r["compute_s"])
+        # over DP: the FC weight alone (4H x H / TP) moves a third of the layer's bucket
+        assert float(r["dp_layer_s"]) > float(r["dp_comm_s"]) or n == 2
     again = _rows(mpi_tmp_path / "again", "parallel.tp=2", f"parallel.dp={n // 2}",
                   "layer_sweep.compute_scale=[1, 2]")
     assert again == rows                                       # deterministic
