@@ -133,6 +133,38 @@ def _tree_floor(ours: list[Row], cmp: list[Row]) -> list[str]:
             + "; ".join(out) + "."]
 
 
+def _rs_vs_ag(ours: list[Row], cmp: list[Row]) -> list[str]:
+    """Where a data set measures reduce-scatter and all-gather at one size: our ring's gap
+    between the two is its exposed last reduction (`comm.cost.ring_steps_s`)."""
+    from ..hw.cost import model_for  # noqa: PLC0415
+    from ..hw.presets import load_device  # noqa: PLC0415
+    out = []
+    for ds in sorted({r["dataset"] for r in cmp}):
+        at = {r["op"]: r for r in cmp if r["dataset"] == ds}
+        if not {"reduce_scatter", "all_gather"} <= set(at):
+            continue
+        rs, ag = at["reduce_scatter"], at["all_gather"]
+        if rs["bytes"] != ag["bytes"]:
+            continue
+        t = {x["op"]: x["time_us"] for x in ours if x["setup"] == rs["setup"]
+             and x["bytes"] == rs["bytes"]}
+        gap_ms = (t["reduce_scatter"] - t["all_gather"]) / 1e3
+        st = next(x for x in setups() if x["key"] == rs["setup"])
+        chunk = rs["bytes"] // st["ranks"]
+        red_ms = model_for(load_device(st["device"])).reduction_s(chunk // 4, 4) * 1e3
+        out.append(f"{ds} at {_size(rs['bytes'])}: our reduce-scatter takes "
+                   f"{t['reduce_scatter'] / 1e3:.2f} ms and our all-gather "
+                   f"{t['all_gather'] / 1e3:.2f} ms; the {gap_ms:.2f} ms between them is the "
+                   f"ring's last step reducing a whole {_size(chunk)} chunk (S / N, fp32: "
+                   f"{red_ms:.2f} ms at the device's streaming bandwidth) after it arrives, "
+                   "where NCCL reduces slice by slice as data "
+                   f"streams in: measured, its two run alike ({rs['measured_busbw_GBps']:.1f} "
+                   f"and {ag['measured_busbw_GBps']:.1f} GB/s)")
+    if not out:
+        return []
+    return ["* **Reduce-scatter at large sizes.** " + "; ".join(out) + "."]
+
+
 def markdown(ours: list[Row], cmp: list[Row], summ: list[Row]) -> list[str]:
     fig = load_figures("collectives")
     lo, hi = (float(x) for x in fig["targets"].value)
@@ -164,7 +196,7 @@ def markdown(ours: list[Row], cmp: list[Row], summ: list[Row]) -> list[str]:
            f"ones alone, {pct(m_big)} and {pct(m_all)}. Nothing is fitted per size or per data "
            "set.", "", "## Setups", "", *_setup_table(), "",
            "## Ours against each measured data set", "", *_summary_table(summ), "",
-           "## Where we differ, and why", "", *WHY, *_tree_floor(ours, cmp), ""]
+           "## Where we differ, and why", "", *WHY, *_tree_floor(ours, cmp), *_rs_vs_ag(ours, cmp), ""]
     for s in summ:
         out += [f"### {s['dataset']}", "", _worst(cmp, s["dataset"]) + ".", "",
                 *_per_size(cmp, s["dataset"]), ""]
