@@ -9,7 +9,7 @@ against the backward GEMMs that hide it (Figs. 5.10, 5.11; the thesis's region o
 each over H x SL x B x compute scale, and Fig. 5.13's case point at its TP with its DP step. Each
 job folds onto one process (`run.fold`: its TP x DP ranks are symmetric; bit-identical times,
 tests/test_fold.py). Writes tp.csv, dp.csv, case.csv, tp_share.png, dp_share.png and README.md
-(`comp_vs_comm_report.py`). Golden test: the TP = 4, scale 1, H <= 8K rows.
+(`comp_vs_comm_report.py`). Golden test: the scale 1, H <= 8K rows of tp.csv (TP = 4) and dp.csv.
 """
 from __future__ import annotations
 
@@ -68,12 +68,19 @@ def sweep(tp: int, dp: int, runs: Path, hidden: list[int] | None = None,
 
 
 def golden() -> list[Golden]:
-    """The TP = 4, compute-scale 1 rows with H <= 8K: one 4-rank job of a few seconds."""
+    """The compute-scale 1 rows with H <= 8K of the TP = 4 job and of the TP x DP job: two
+    folded jobs of a few seconds each."""
     hs = [h for h in _fig()["hidden"] if h <= GOLDEN_H]
+    g = _fig()["dp_grid"]
     with tempfile.TemporaryDirectory(prefix="mpiemu-cvc-") as tmp:
-        rows = sweep(4, 1, Path(tmp), hs, [1.0])
-    return [Golden("tp.csv", rows, lambda r: r["tp"] == "4" and float(r["compute_scale"]) == 1
-                   and int(r["hidden"]) <= GOLDEN_H)]
+        tp_rows = sweep(4, 1, Path(tmp), hs, [1.0])
+        dp_rows = sweep(g["tp"], g["dp"], Path(tmp), hs, [1.0])
+
+    def small(r: dict[str, str]) -> bool:
+        return float(r["compute_scale"]) == 1 and int(r["hidden"]) <= GOLDEN_H
+
+    return [Golden("tp.csv", tp_rows, lambda r: r["tp"] == "4" and small(r)),
+            Golden("dp.csv", dp_rows, small)]
 
 
 def main(out_dir: Path, argv: list[str]) -> int:
