@@ -24,6 +24,7 @@ from .common import Golden, Row, geomean, load_figures, read_csv, write_csv
 from .runs import run
 
 MiB = 1 << 20
+DTYPE, ITEMSIZE = "fp32", 4     # the emulated element every sweep moves (nccl-tests -d float)
 
 
 def setups() -> list[dict[str, Any]]:
@@ -58,7 +59,7 @@ def emulate(setup: dict[str, Any], tmp: Path) -> list[Row]:
     size_list = ([parse_size("sizes", x) for x in setup["sizes"]] if "sizes" in setup
                  else sizes(int(setup.get("every", 1))))
     sets = [f"device.preset={setup['device']!r}", f"parallel.tp={setup['ranks']}",
-            "run.numerics=off", "run.emulated_dtype=fp32",
+            "run.numerics=off", f"run.emulated_dtype={DTYPE}",
             f"collectives.ops={list(setup['ops'])!r}", f"collectives.sizes={size_list!r}",
             *setup["sets"]]
     out = tmp / setup["key"]

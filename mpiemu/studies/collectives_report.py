@@ -1,10 +1,14 @@
 """Markdown and plot of `mpiemu report collectives` (every number generated from the rows)."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+from ..hw.cost import model_for
+from ..hw.presets import load_device
 from ..net import load_network
-from .collectives import MiB, calibrated, setups, sources, targets_error
+from ..run.collectives import bus_factor
+from .collectives import ITEMSIZE, MiB, calibrated, setups, sources, targets_error
 from .common import Row, load_figures, md_table, pct, plt, signed_pct
 
 
@@ -18,7 +22,6 @@ def _size(b: int) -> str:
 def _setup_table() -> list[str]:
     rows = []
     for st in setups():
-        from ..hw.presets import load_device  # noqa: PLC0415
         net = load_network(load_device(st["device"]).network)
         g = net.devices_per_node or st["ranks"]
         rows.append([st["name"], f"`{st['key']}`", st["device"], net.name,
@@ -101,28 +104,27 @@ WHY = [
 
 def _tree_floor(ours: list[Row], cmp: list[Row]) -> list[str]:
     """Where a multi-node data set's smallest size runs our tree: its latency parts, from
-    the setup's network, beside the measured time (nccl-tests: t = S 2(n-1)/n / busbw)."""
-    import math  # noqa: PLC0415
-    from ..hw.presets import load_device  # noqa: PLC0415
+    the setup's network, beside the measured time (nccl-tests: t = S x bus factor / busbw)."""
     out = []
     for st in setups():
         rows = [r for r in cmp if r["setup"] == st["key"] and r["algorithm"] == "tree"]
+        if st["ranks"] <= 8 or not rows:
+            continue
         net = load_network(load_device(st["device"]).network)
-        if st["ranks"] <= 8 or not rows or net.inter is None:
+        if net.inter is None:
             continue
         r = min(rows, key=lambda r: r["bytes"])
         mine = next(x for x in ours if (x["setup"], x["op"], x["bytes"]) ==
                     (r["setup"], r["op"], r["bytes"]))
         g, n, k, p = net.devices_per_node, st["ranks"], net.latency_scale, r["protocol"]
         a_nv, a_net = net.intra.latency(p, "tree"), net.inter.latency(p, "tree")
-        unscaled = net.base("tree", p) / k + 2 * ((g - 1) * a_nv
-                                                  + math.ceil(math.log2(n // g)) * a_net)
-        measured = r["bytes"] * 2 * (n - 1) / n / (r["measured_busbw_GBps"] * 1e9)
-        hop_s = math.ceil(math.log2(n // g))
+        base, net_hops = net.base("tree", p) / k, math.ceil(math.log2(n // g))
+        unscaled = base + 2 * ((g - 1) * a_nv + net_hops * a_net)
+        measured = r["bytes"] * bus_factor(r["op"], n) / (r["measured_busbw_GBps"] * 1e9)
         out.append(f"{r['dataset']} at {_size(r['bytes'])}: ours {mine['time_us']:.1f} us "
                    f"(tree/{p}), of which {unscaled * k * 1e6:.1f} us are latencies (base "
-                   f"{net.base('tree', p) / k * 1e6:.1f} us and, up and down, {g - 1} NVLink "
-                   f"hops of {a_nv * 1e6:.2f} us and {hop_s} network hop of "
+                   f"{base * 1e6:.1f} us and, up and down, {g - 1} NVLink "
+                   f"hops of {a_nv * 1e6:.2f} us and {net_hops} network hop of "
                    f"{a_net * 1e6:.2f} us, each x {k:g}); measured {measured * 1e6:.1f} us; "
                    f"NCCL's latencies unscaled sum to {unscaled * 1e6:.1f} us")
     if not out:
@@ -136,8 +138,6 @@ def _tree_floor(ours: list[Row], cmp: list[Row]) -> list[str]:
 def _rs_vs_ag(ours: list[Row], cmp: list[Row]) -> list[str]:
     """Where a data set measures reduce-scatter and all-gather at one size: our ring's gap
     between the two is its exposed last reduction (`comm.cost.ring_steps_s`)."""
-    from ..hw.cost import model_for  # noqa: PLC0415
-    from ..hw.presets import load_device  # noqa: PLC0415
     out = []
     for ds in sorted({r["dataset"] for r in cmp}):
         at = {r["op"]: r for r in cmp if r["dataset"] == ds}
@@ -151,7 +151,8 @@ def _rs_vs_ag(ours: list[Row], cmp: list[Row]) -> list[str]:
         gap_ms = (t["reduce_scatter"] - t["all_gather"]) / 1e3
         st = next(x for x in setups() if x["key"] == rs["setup"])
         chunk = rs["bytes"] // st["ranks"]
-        red_ms = model_for(load_device(st["device"])).reduction_s(chunk // 4, 4) * 1e3
+        red_ms = model_for(load_device(st["device"])).reduction_s(
+            chunk // ITEMSIZE, ITEMSIZE) * 1e3
         out.append(f"{ds} at {_size(rs['bytes'])}: our reduce-scatter takes "
                    f"{t['reduce_scatter'] / 1e3:.2f} ms and our all-gather "
                    f"{t['all_gather'] / 1e3:.2f} ms; the {gap_ms:.2f} ms between them is the "
@@ -196,7 +197,8 @@ def markdown(ours: list[Row], cmp: list[Row], summ: list[Row]) -> list[str]:
            f"ones alone, {pct(m_big)} and {pct(m_all)}. Nothing is fitted per size or per data "
            "set.", "", "## Setups", "", *_setup_table(), "",
            "## Ours against each measured data set", "", *_summary_table(summ), "",
-           "## Where we differ, and why", "", *WHY, *_tree_floor(ours, cmp), *_rs_vs_ag(ours, cmp), ""]
+           "## Where we differ, and why", "", *WHY, *_tree_floor(ours, cmp),
+           *_rs_vs_ag(ours, cmp), ""]
     for s in summ:
         out += [f"### {s['dataset']}", "", _worst(cmp, s["dataset"]) + ".", "",
                 *_per_size(cmp, s["dataset"]), ""]

@@ -70,8 +70,8 @@ def sweep(tp: int, dp: int, runs: Path, hidden: list[int] | None = None,
 def golden() -> list[Golden]:
     """The compute-scale 1 rows with H <= 8K of the TP = 4 job and of the TP x DP job: two
     folded jobs of a few seconds each."""
-    hs = [h for h in _fig()["hidden"] if h <= GOLDEN_H]
-    g = _fig()["dp_grid"]
+    f = _fig()
+    hs, g = [h for h in f["hidden"] if h <= GOLDEN_H], f["dp_grid"]
     with tempfile.TemporaryDirectory(prefix="mpiemu-cvc-") as tmp:
         tp_rows = sweep(4, 1, Path(tmp), hs, [1.0])
         dp_rows = sweep(g["tp"], g["dp"], Path(tmp), hs, [1.0])

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ..net.spec import NetworkSpec
+from ..run.collectives import bus_factor
 from .common import Row, load_figures, md_table, pct, plt
 
 
@@ -183,8 +184,8 @@ def _fc_bytes(r: Row) -> float:
 
 
 def _bus(r: Row) -> float:
-    """The DP all-reduce's bus bandwidth (nccl-tests: 2(n-1)/n x bytes / time)."""
-    return 2 * (r["dp"] - 1) / r["dp"] * _fc_bytes(r) / r["dp_comm_s"]
+    """The DP all-reduce's bus bandwidth (nccl-tests' busbw of its emulated time)."""
+    return bus_factor("all_reduce", r["dp"]) * _fc_bytes(r) / r["dp_comm_s"]
 
 
 def _dp_ends(rows: list[Row]) -> str:
@@ -196,7 +197,7 @@ def _dp_ends(rows: list[Row]) -> str:
     net, _ = _network()
     f = _fig()
     small, big = min(at, key=lambda r: r["hidden"]), max(at, key=lambda r: r["hidden"])
-    flops = 4 * 4 * big["hidden"] ** 2 / big["tp"] * 4096      # Eq. 5.7
+    flops = 4 * 4 * big["hidden"] ** 2 / big["tp"] * big["seq_len"] * big["batch"]  # Eq. 5.7
     return (f"At SL x B = 4K our 1x DP shares run from {pct(big['dp_over_bwd'])} "
             f"(H = {_k(big['hidden'])}) to {pct(small['dp_over_bwd'])} "
             f"(H = {_k(small['hidden'])}). At large H both sides run at their peaks: the FC's "
@@ -250,7 +251,8 @@ def _ring_note(rows: list[Row]) -> str:
     net, bidirectional = _network()
     bus = net.intra.bw_bytes_per_s * (2 if bidirectional else 1)
     n = r["tp"]
-    size_only = 4 * 2 * (n - 1) / n * r["seq_len"] * r["batch"] * r["hidden"] * 2 / bus
+    nbytes = r["seq_len"] * r["batch"] * r["hidden"] * 2        # one all-reduce, fp16 (Eq. 5.5)
+    size_only = 4 * bus_factor("all_reduce", n) * nbytes / bus
     share = size_only / (r["compute_s"] + size_only)
     return (f"at H = {_k(r['hidden'])}, TP = {n}, SL = {_k(r['seq_len'])}, B = 1 our four "
             f"all-reduces per layer take {r['tp_comm_s'] / 4 * 1e3:.2f} ms each, where the "
@@ -351,9 +353,10 @@ def markdown(tp_rows: list[Row], dp_rows: list[Row], case_rows: list[Row],
         "more) reach the ring's bandwidth, but each pays a hop latency per step: "
         + _ring_note(tp_rows), "",
         "* **Lowest TP shares.** " + _tp_low(tp_rows), "",
-        "* **Compute.** Our compute is the kernel model of `hw/` at the preset's GEMM efficiency, where "
-        "the thesis projects measured BERT operators whose GEMMs run below peak (5.3.3.8), "
-        "which makes its compute longer and its TP share lower at a given point.",
+        "* **Compute.** Our compute is the kernel model of `hw/` at the preset's GEMM "
+        "efficiency, where the thesis projects measured BERT operators whose GEMMs run "
+        "below peak (5.3.3.8), which makes its compute longer and its TP share lower at a "
+        "given point.",
     ]
 
 
