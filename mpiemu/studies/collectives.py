@@ -132,25 +132,27 @@ def sweep(keys: list[str] | None, sets: list[str] | None = None) -> list[Row]:
 
 
 def calibration() -> dict[str, Any]:
-    """The setups whose data sets fit `network.latency_scale`, and its grid."""
+    """The data sets that fit `network.latency_scale`, and its grid."""
     return dict(load_figures("collectives")["calibration"].value)
 
 
 def calibrated(cmp: list[Row]) -> set[str]:
     """The data sets the latency scale was fitted on (the others are held out)."""
-    keys = set(calibration()["setups"])
-    return {r["dataset"] for r in cmp if r["setup"] in keys}
+    fit = set(calibration()["datasets"])
+    return {r["dataset"] for r in cmp if r["dataset"] in fit}
 
 
 def calibrate() -> list[tuple[float, float, float]]:
-    """(k, error from 1 MiB up, error over all sizes) on the calibration setups for each k
-    of the grid; the fit is the k of the least mean of the two."""
+    """(k, error from 1 MiB up, error over all sizes) on the calibration data sets for each
+    k of the grid; the fit is the k of the least mean of the two."""
     cal = calibration()
-    chosen = [s for s in setups() if s["key"] in cal["setups"]]
+    fit = set(cal["datasets"])
+    chosen = [s for s in setups() if fit & set(s["datasets"])]
     out = []
     for k in cal["grid"]:
-        ours = sweep(cal["setups"], [f"network.latency_scale={k}"])
-        out.append((float(k), *targets_error(compare(ours, chosen))))
+        ours = sweep([s["key"] for s in chosen], [f"network.latency_scale={k}"])
+        rows = [r for r in compare(ours, chosen) if r["dataset"] in fit]
+        out.append((float(k), *targets_error(rows)))
     return out
 
 
