@@ -35,3 +35,17 @@ def test_a_changed_row_is_shown_as_a_readable_diff(tmp_path: Path) -> None:
     committed.write_text("a,b\n1,2.5\n3,4\n")
     lines = golden_diff(committed, Golden("x.csv", [{"a": 1, "b": 2.5}, {"a": 3, "b": 4.25}]))
     assert "-3,4" in lines and "+3,4.25" in lines
+
+
+def test_collectives_data_sets_are_named_consistently() -> None:
+    """Every data set a setup or the latency-scale fit names has its source and its measured
+    rows, and the fit's data sets are exactly the ones `calibrated` treats as fitted (a
+    mistyped name would silently move a data set between fitted and held out)."""
+    from mpiemu.studies import collectives as c
+    named = {d for s in c.setups() for d in s["datasets"]}
+    fit = set(c.calibration()["datasets"])
+    rows = c.measured()
+    assert fit <= named and named <= set(c.sources())
+    assert named <= {r["dataset"] for r in rows}
+    fake = [{"dataset": d} for d in named]
+    assert c.calibrated(fake) == fit

@@ -119,7 +119,7 @@ def _args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--only", nargs="*", help="setup keys to run (default: all)")
     ap.add_argument("--out", help="output directory (default results/collectives)")
     ap.add_argument("--calibrate", action="store_true",
-                    help="fit network.latency_scale on the calibration setups (a grid) "
+                    help="fit network.latency_scale on the calibration data sets (a grid) "
                          "and print the table; writes nothing")
     return ap.parse_args(argv)
 
