@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import sys
 from importlib import resources
 from pathlib import Path
@@ -30,6 +29,8 @@ COOKBOOK_OPS = {(8192, 12288, 4096): "qkv fwd", (8192, 4096, 4096): "proj fwd",
                 (8192, 16384, 4096): "fc1 fwd", (8192, 4096, 16384): "fc2 fwd",
                 (8192, 51200, 4096): "logits fwd", (2048, 2048, 256): "attn score BMM",
                 (2048, 256, 2048): "attn context BMM"}
+OTHER_USES = {"mamf_h100": "max achievable (MAMF)", "mamf_a100": "max achievable (MAMF)",
+              "azure_ndv4": "cuBLASLt benchmark shape"}
 
 
 def layer_gemms(hidden: int, tokens: int, tp: int) -> list[tuple[str, str, int, int, int]]:
@@ -73,12 +74,22 @@ def _cases() -> list[Row]:
                 c = cases.setdefault(key, {"uses": [], "cal": False, "layout": LAYOUT[p]})
                 c["uses"].append(f"{layer['name']} {op} {p}")
                 c["cal"] |= layer["name"] in (cal_bf16 if dtype == "bf16" else cal_tf32)
+    cal_a100 = {tuple(x) for x in fig["calibrate_a100"].value}
     for key, r in meas.items():
         if r["source"] != "xla_sm90":
-            c = cases.setdefault(key, {"uses": [], "cal": r["source"].startswith("mamf"),
+            c = cases.setdefault(key, {"uses": [], "cal": _calibrates(key, r["source"], cal_a100),
                                        "layout": "NN"})
-            c["uses"].append(COOKBOOK_OPS.get(key[2:5], "max achievable (MAMF)"))
+            c["uses"].append(COOKBOOK_OPS.get(key[2:5], OTHER_USES.get(r["source"], "")))
     return [{"key": key, **c, "meas": meas[key]} for key, c in cases.items()]
+
+
+def _calibrates(key: tuple[str, str, int, int, int, int], source: str,
+                cal_a100: set[tuple[int, ...]]) -> bool:
+    """Whether a non-XLA row fits a constant: the H100 MAMF point (its efficiency) and the
+    A100 rows `calibrate_a100` names (its efficiency); every other row judges."""
+    if key[0] == "h100-sxm5":
+        return source.startswith("mamf")
+    return source == "azure_ndv4" and key[2:5] in cal_a100
 
 
 def rows_for(specs: dict[str, DeviceSpec]) -> list[Row]:
@@ -116,19 +127,26 @@ def summary(rows: list[Row]) -> list[Row]:
     return out
 
 
-def fit(grid: dict[str, list[float]]) -> tuple[float, float]:
-    """(wave_fixed_s, geomean |error|) of H100 minimizing the calibration rows' error."""
-    base = load_device("h100-sxm5")
-    best = (math.nan, math.inf)
-    for wf in grid["wave_fixed_us"]:
-        g = dataclasses.replace(base.gemm, wave_fixed_s=wf * 1e-6)
-        rows = rows_for({"h100-sxm5": dataclasses.replace(base, gemm=g),
-                         "a100-sxm4-80gb": load_device("a100-sxm4-80gb")})
-        err = geomean(max(abs(r["error"]), 1e-6) for r in rows
-                      if r["gpu"] == "h100-sxm5" and r["set"] == "calibrate")
-        if err < best[1]:
-            best = (wf * 1e-6, err)
-    return best
+def fit(grid: dict[str, list[float]]) -> tuple[float, float, float, float]:
+    """The two fitted constants, each on its own GPU's calibration rows (geomean |error|):
+    (H100 wave_fixed_s, its error, A100 matrix-unit efficiency, its error)."""
+    h100, a100 = load_device("h100-sxm5"), load_device("a100-sxm4-80gb")
+
+    def err(gpu: str, spec: DeviceSpec) -> float:
+        rows = rows_for({"h100-sxm5": spec if gpu == "h100-sxm5" else h100,
+                         "a100-sxm4-80gb": spec if gpu == "a100-sxm4-80gb" else a100})
+        return geomean(max(abs(r["error"]), 1e-6) for r in rows
+                       if r["gpu"] == gpu and r["set"] == "calibrate")
+
+    wf = min(((err("h100-sxm5", _with_gemm(h100, wave_fixed_s=w * 1e-6)), w * 1e-6)
+              for w in grid["wave_fixed_us"]))
+    eff = min(((err("a100-sxm4-80gb", _with_gemm(a100, efficiency=e)), e)
+               for e in grid["a100_efficiency"]))
+    return wf[1], wf[0], eff[1], eff[0]
+
+
+def _with_gemm(spec: DeviceSpec, **changes: float) -> DeviceSpec:
+    return dataclasses.replace(spec, gemm=dataclasses.replace(spec.gemm, **changes))
 
 
 def golden() -> list[Golden]:
@@ -165,7 +183,8 @@ def _fmt_rows(rows: Iterable[Row]) -> list[list[Any]]:
              f"{r['tile']} s{r['split_k']}", r["source"]] for r in rows]
 
 
-def markdown(rows: list[Row], summ: list[Row], fitted: tuple[float, float]) -> list[str]:
+def markdown(rows: list[Row], summ: list[Row], fitted: tuple[float, float, float, float]
+             ) -> list[str]:
     from .kernels_report import markdown as md  # noqa: PLC0415
     return md(rows, summ, fitted, _fmt_rows)
 
