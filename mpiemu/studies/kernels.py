@@ -145,7 +145,7 @@ def fit(grid: dict[str, list[float]]) -> tuple[float, float, float, float]:
     return wf[1], wf[0], eff[1], eff[0]
 
 
-def _with_gemm(spec: DeviceSpec, **changes: float) -> DeviceSpec:
+def _with_gemm(spec: DeviceSpec, **changes: Any) -> DeviceSpec:
     return dataclasses.replace(spec, gemm=dataclasses.replace(spec.gemm, **changes))
 
 
