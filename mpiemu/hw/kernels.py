@@ -21,7 +21,7 @@ MODES = ("unfused", "fused")
 STAT_BYTES = 4          # LayerNorm mean / rstd and softmax statistics are kept in fp32
 MASK_BYTES = 1          # a dropout keep-mask element
 GELU_FLOPS = 20         # ASSUMPTION: erf GeLU (thesis Eq. 4.1) as ~20 vector instructions
-LN_FLOPS_FWD, LN_FLOPS_BWD = 8, 12
+LN_FLOPS_FWD, LN_FLOPS_BWD, LN_FLOPS_GB = 8, 12, 4   # ASSUMPTION: instruction counts
 SOFTMAX_FLOPS = 5       # seed 004 2.2: max, subtract, exp, sum, normalize per element
 
 
@@ -55,13 +55,19 @@ def check_mode(mode: str) -> str:
 
 
 def layernorm(rows: int, width: int, e: int, backward: bool = False) -> list[Kernel]:
-    """LayerNorm: one kernel in both modes (PyTorch's native LN and apex's fused LN alike).
+    """LayerNorm: one kernel forward in both modes (PyTorch's native LN and apex's fused LN
+    alike); backward, two passes over dy and x in both.
 
-    backward: read dy, x, statistics, gamma; write dx and the parameter gradients.
+    backward: the parameter gradients in their own kernel (read dy, x, statistics; write the
+    gamma and beta gradients: Megatron-LM megatron/fused_kernels/layer_norm_cuda_kernel.cu
+    at c685fb5e, cuComputePartGradGammaBeta + cuComputeGradGammaBeta, lines 782-801;
+    PyTorch's GammaBetaBackwardCUDAKernel), then the input gradient (read dy, x,
+    statistics, gamma; write dx: cuComputeGradInput, line 816).
     """
     act, stats, params = rows * width * e, 2 * rows * STAT_BYTES, 2 * width * e
     if backward:
-        return [Kernel(LN_FLOPS_BWD * rows * width, 2 * act + stats + params, act + params)]
+        return [Kernel(LN_FLOPS_GB * rows * width, 2 * act + stats, params, "gamma_beta"),
+                Kernel(LN_FLOPS_BWD * rows * width, 2 * act + stats + params // 2, act)]
     return [Kernel(LN_FLOPS_FWD * rows * width, act + params, act + stats)]
 
 
