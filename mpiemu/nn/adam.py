@@ -3,9 +3,15 @@ distributed one (`zero`): the same operations in the same order as the one-proce
 reference, on whole tensors or on a DP rank's share of a bucket."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from .config import CLIP_EPS, OptimizerConfig
+from .ops import Cost
+
+if TYPE_CHECKING:
+    from .engine import Engine
 
 MASTER_BYTES = 4           # fp32 master weights and optimizer states (thesis 4.2.1)
 ADAM_FLOPS, LAMB1_FLOPS = 12, 12
@@ -25,3 +31,33 @@ def adam_direction(o: OptimizerConfig, t: int, m: np.ndarray, v: np.ndarray, g: 
 def clip_coeff(o: OptimizerConfig, norm: float) -> float:
     """Megatron's clipping factor clip / (||g|| + 1e-6); gradients scale when it is < 1."""
     return o.clip_grad_norm / (norm + CLIP_EPS)
+
+
+def mixed_precision_passes(n: int, e: int, dtype: str) -> tuple[list[tuple[str, float, float]],
+                                                                list[tuple[str, float, float]]]:
+    """The memory passes Megatron-LM's mixed-precision optimizer runs around the fused Adam
+    kernel, as (phase, bytes read, bytes written) over n parameters of e bytes: before it,
+    the fp32 copy of the gradients (`main_param.grad = model_param.main_grad.float()`) and,
+    with fp16 loss scaling, their unscale and inf check
+    (`torch._amp_foreach_non_finite_check_and_unscale_`); after it, the fp32 master weights
+    copied to the model's (`_copy_main_params_to_model_params`, multi_tensor_scale), and the
+    gradient buffer zeroed for the next iteration (`zero_grad_buffer`). Megatron-LM
+    megatron/optimizer/optimizer.py at de593298 (2022-05-24): step(), lines 416-463, and
+    lines 608-650. Nothing when the model itself is fp32."""
+    if e >= MASTER_BYTES:
+        return [], []
+    before: list[tuple[str, float, float]] = [("main_grad", n * e, n * MASTER_BYTES)]
+    if dtype == "fp16":
+        before.append(("unscale", n * MASTER_BYTES, n * MASTER_BYTES))
+    return before, [("copy_to_model", n * MASTER_BYTES, n * e), ("zero_grad", 0, n * e)]
+
+
+def adam_cost(n: int) -> Cost:
+    """apex FusedAdam on n fp32 values: read the weight, gradient, m and v, write three."""
+    return Cost(ADAM_FLOPS * n, n * 4 * MASTER_BYTES, n * 3 * MASTER_BYTES)
+
+
+def charge_passes(E: Engine, passes: list[tuple[str, float, float]]) -> None:
+    """The optimizer's memory passes (`mixed_precision_passes`), one kernel each."""
+    for phase, read, write in passes:
+        E.kernel(f"optim.{phase}", Cost(0.0, read, write))

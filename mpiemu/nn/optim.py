@@ -21,7 +21,8 @@ import numpy as np
 from ..comm.collectives import all_reduce_scalars
 from ..comm.p2p import TimedComm
 from ..hw import nmc
-from .adam import ADAM_FLOPS, LAMB1_FLOPS, MASTER_BYTES, adam_direction, clip_coeff
+from .adam import (LAMB1_FLOPS, MASTER_BYTES, adam_cost, adam_direction, charge_passes,
+                   clip_coeff, mixed_precision_passes)
 from .buckets import GradBuckets
 from .config import OptimizerConfig
 from .engine import Engine
@@ -95,12 +96,17 @@ class ShardedOptimizer:
         if self.zero is not None:          # ZeRO-1: this DP rank's shares of the buckets
             self.zero.step(P)
             return
+        before, after = mixed_precision_passes(sum(lp.size for lp in self.specs), self.E.e,
+                                               self.E.dtype) \
+            if self.opt.name == "adam" and not self.on_nmc else ([], [])
+        charge_passes(self.E, before)
         if self.opt.needs_global_norm or self.opt.name == "lamb":
             self._clip(G, self._global_norm(G))
         if self.opt.name == "adam":
             self._adam(_arrays(P), _arrays(G))
         else:
             self._lamb(_arrays(P), _arrays(G))
+        charge_passes(self.E, after)
 
     def _global_norm(self, G: Params) -> float:
         n = sum(lp.size for lp in self.specs)
@@ -112,9 +118,11 @@ class ShardedOptimizer:
 
     def norm_of(self, sq: np.ndarray | None, n: int) -> float:
         """The global norm from this rank's sum of squares over its n gradient elements: the
-        squaring kernel, then sqrt of the sums over the norm group (one fp32 all-reduce)."""
+        squaring kernel (over Adam's fp32 gradients, `mixed_precision_passes`; LAMB's as the
+        model holds them), then sqrt of the sums over the norm group (one fp32 all-reduce)."""
         E = self.E
-        E.kernel("optim.grad_norm", Cost(2 * n, n * E.e, MASTER_BYTES), None)
+        grad_bytes = MASTER_BYTES if self.opt.name == "adam" and not self.on_nmc else E.e
+        E.kernel("optim.grad_norm", Cost(2 * n, n * grad_bytes, MASTER_BYTES), None)
         if self.norm_comm.size == 1:
             return float(np.sqrt(sq[0])) if sq is not None else 0.0
         total, span = all_reduce_scalars(self.norm_comm, sq, after=E.t, count=1,
@@ -143,15 +151,13 @@ class ShardedOptimizer:
         return step
 
     def _adam(self, P: dict[str, np.ndarray], G: dict[str, np.ndarray]) -> None:
-        E, e = self.E, self.E.e
-        copy = e if e < MASTER_BYTES else 0
+        E = self.E
         for _, lps, n in self._layers():
             if E.on:
                 for lp in lps:
                     w = P[lp.name]
                     w -= self.opt.lr * self._moments(lp.name, w, G[lp.name], lp.decay)
-            self._charge("adam", lps, Cost(ADAM_FLOPS * n, n * (e + 3 * MASTER_BYTES),
-                                           n * (3 * MASTER_BYTES + copy)))
+            self._charge("adam", lps, adam_cost(n))
 
     def _parts(self, lp: LocalParam, a: np.ndarray) -> list[np.ndarray]:
         """The pieces of a local tensor that belong to distinct full tensors (Wq|Wk|Wv)."""

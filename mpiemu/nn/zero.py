@@ -21,8 +21,8 @@ from .buckets import BucketShard, GradBuckets
 from .config import OptimizerConfig
 from .engine import Engine
 from .layers import Params
-from .ops import Cost
-from .adam import ADAM_FLOPS, MASTER_BYTES, adam_direction, clip_coeff
+from .adam import (adam_cost, adam_direction, charge_passes, clip_coeff,
+                   mixed_precision_passes)
 from .shard import LocalParam
 
 
@@ -65,6 +65,8 @@ class DistributedAdam:
         on = E.on and all(sh.grad is not None for sh in shards)
         dtype: Any = next(v for v in P.values() if v is not None).dtype if on else np.float64
         coeff = 1.0
+        before, after = mixed_precision_passes(n, E.e, E.dtype)
+        charge_passes(E, before)
         if self.opt.needs_global_norm:
             sq = None
             if on:
@@ -75,10 +77,8 @@ class DistributedAdam:
                 coeff = min(1.0, clip_coeff(self.opt, norm))
         new = [self._update(b, sh, P, coeff, dtype) if on else None
                for b, sh in enumerate(shards)]
-        e = E.e
-        copy = e if e < MASTER_BYTES else 0
-        E.kernel("optim.adam", Cost(ADAM_FLOPS * n, n * (e + 3 * MASTER_BYTES),
-                                    n * (3 * MASTER_BYTES + copy)))
+        E.kernel("optim.adam", adam_cost(n))
+        charge_passes(E, after)
         self._gather(P, shards, new)
 
     def _update(self, b: int, sh: BucketShard, P: Params, coeff: float, dtype: Any
