@@ -90,12 +90,13 @@ def _relative(layers: list[Row]) -> list[str]:
 
 def _kernel_bias() -> tuple[float, float, int] | None:
     """How far the A100 GEMM model runs ahead of published A100 transformer GEMMs
-    (results/kernels/gemms.csv, `judge` rows): (mean error of the GEMMs, of the attention
-    BMMs, rows)."""
+    (results/kernels/gemms.csv, the cookbook's judged layer GEMMs and attention BMMs):
+    (mean error of the GEMMs, of the attention BMMs, rows)."""
     path = Path(__file__).resolve().parents[2] / "results" / "kernels" / "gemms.csv"
     if not path.exists():
         return None
-    rows = [r for r in read_csv(path) if r["gpu"].startswith("a100") and r["set"] == "judge"]
+    rows = [r for r in read_csv(path) if r["gpu"].startswith("a100") and r["set"] == "judge"
+            and r["source"] == "cookbook_sample"]
     gemm = [float(r["error"]) for r in rows if "BMM" not in r["used_by"]]
     bmm = [float(r["error"]) for r in rows if "BMM" in r["used_by"]]
     if not gemm or not bmm:
@@ -144,17 +145,16 @@ def _why(rows: list[Row]) -> list[str]:
     faster = sum(r["difference"] < 0 for r in rows)
     out = ["## Why the differences", "",
            f"{faster} of {len(rows)} emulated rows run faster than measured. The device model "
-           "runs the transformer's GEMMs at the A100's measured maximum matmul rate "
-           "(`gemm.efficiency`, from a sustained single-GEMM benchmark) and its non-GEMM "
-           "kernels at a fixed fraction of HBM bandwidth."]
+           "runs the transformer's GEMMs at the A100's sustained matmul rate (`gemm.efficiency`, "
+           "fitted on two large cuBLASLt GEMMs measured on Azure's A100-SXM4-80GB, "
+           "results/kernels/) and its non-GEMM kernels at that GPU's measured HBM copy rate."]
     bias = _kernel_bias()
     if bias is not None:
         out[-1] += (f" Against published A100 transformer GEMMs (results/kernels/, {bias[2]} "
-                    f"rows kept apart from any fit) the same model's throughput is "
-                    f"{signed_pct(bias[0])} on the layer GEMMs and {signed_pct(bias[1])} on "
-                    "the attention BMMs, on average: much of the gap is the A100 GEMM "
-                    "model's, which has one published A100 calibration point (the kernel "
-                    "issue).")
+                    f"rows of EleutherAI's cookbook, kept apart from any fit) the same model's "
+                    f"throughput is {signed_pct(bias[0])} on the layer GEMMs and "
+                    f"{signed_pct(bias[1])} on the attention BMMs, on average: part of the gap "
+                    "is the A100 GEMM model's, above all on the attention BMMs.")
     comm = _collective_bias()
     if comm is not None:
         how = "faster" if comm[1] > 0 else "slower"
