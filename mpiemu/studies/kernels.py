@@ -1,13 +1,15 @@
 """`mpiemu report kernels`: emulated GEMM throughput of transformer-layer shapes beside
-published measurements (A100, H100), and the fit of the GEMM model's two global constants.
+published measurements (A100, H100), and the fit of the GEMM model's two global constants
+(the H100's per-wave latency, the A100's matrix-unit efficiency).
 
 Each Megatron layer of `kernels.toml` has nine GEMMs (projection, FC-1, FC-2; forward,
 activation gradient, weight gradient); each shape with a published measurement
 (`kernels_measured.csv`, a source per row) becomes a row: ours from `hw.gemm` with the
-shipped presets, theirs, the error. Rows of the calibration layers (and the MAMF points the
-preset's efficiency comes from) fit the constants; every other row judges the model.
-Golden test: the whole `gemms.csv` (under a second); the grid search that chose the H100
-constants the preset carries (about a minute) runs only in `mpiemu report kernels`.
+shipped presets, theirs, the error. The H100 rows of the calibration layers (and the H100
+MAMF point its efficiency comes from) and the A100 rows `calibrate_a100` names fit the
+constants; every other row judges the model. Golden test: the whole `gemms.csv` (under a
+second); the grid searches that chose the constants the presets carry run only in
+`mpiemu report kernels`.
 """
 from __future__ import annotations
 
