@@ -64,10 +64,11 @@ def layernorm(rows: int, width: int, e: int, backward: bool = False) -> list[Ker
     PyTorch's GammaBetaBackwardCUDAKernel), then the input gradient (read dy, x,
     statistics, gamma; write dx: cuComputeGradInput, line 816).
     """
-    act, stats, params = rows * width * e, 2 * rows * STAT_BYTES, 2 * width * e
+    act, stats, gamma = rows * width * e, 2 * rows * STAT_BYTES, width * e
+    params = 2 * gamma                                       # gamma and beta
     if backward:
         return [Kernel(LN_FLOPS_GB * rows * width, 2 * act + stats, params, "gamma_beta"),
-                Kernel(LN_FLOPS_BWD * rows * width, 2 * act + stats + params // 2, act)]
+                Kernel(LN_FLOPS_BWD * rows * width, 2 * act + stats + gamma, act)]
     return [Kernel(LN_FLOPS_FWD * rows * width, act + params, act + stats)]
 
 

@@ -65,6 +65,9 @@ class ShardedOptimizer:
         for lp in specs:
             self.by_layer[lp.layer].append(lp)
         self.on_nmc = opt.on == "nmc"
+        # Adam on the GPU runs as Megatron-LM's mixed-precision optimizer: fp32 gradients,
+        # with the memory passes around the update (`adam.mixed_precision_passes`)
+        self.fp32_grads = opt.name == "adam" and not self.on_nmc
         e = eng.e
         self.accesses = nmc.update_accesses(opt.name, e, e if e < MASTER_BYTES else 0)
 
@@ -97,8 +100,7 @@ class ShardedOptimizer:
             self.zero.step(P)
             return
         before, after = mixed_precision_passes(sum(lp.size for lp in self.specs), self.E.e,
-                                               self.E.dtype) \
-            if self.opt.name == "adam" and not self.on_nmc else ([], [])
+                                               self.E.dtype) if self.fp32_grads else ([], [])
         charge_passes(self.E, before)
         if self.opt.needs_global_norm or self.opt.name == "lamb":
             self._clip(G, self._global_norm(G))
@@ -121,7 +123,7 @@ class ShardedOptimizer:
         squaring kernel (over Adam's fp32 gradients, `mixed_precision_passes`; LAMB's as the
         model holds them), then sqrt of the sums over the norm group (one fp32 all-reduce)."""
         E = self.E
-        grad_bytes = MASTER_BYTES if self.opt.name == "adam" and not self.on_nmc else E.e
+        grad_bytes = MASTER_BYTES if self.fp32_grads else E.e
         E.kernel("optim.grad_norm", Cost(2 * n, n * grad_bytes, MASTER_BYTES), None)
         if self.norm_comm.size == 1:
             return float(np.sqrt(sq[0])) if sq is not None else 0.0

@@ -46,14 +46,11 @@ def _odd_shapes(rows: list[Row]) -> list[str]:
                        "which models aligned tiles only.")
             continue
         gb = 2 * (m * k + k * n + m * n) / 1e9
-        flops = 2 * m * n * k
-
-        def tbs(tflops: float) -> float:
-            return gb / (flops / (tflops * 1e12)) / 1e3
+        tb_per_tflop = gb / (2 * m * n * k) * 1e9      # TB/s of traffic per TFLOPS of math
         out.append(f"- **A streaming cuBLASLt shape** ({shape}): its operands and output "
                    f"are {gb:.2f} GB, read and written about once; measured, that is "
-                   f"{tbs(r['measured_tflops']):.2f} TB/s of traffic, ours "
-                   f"{tbs(r['ours_tflops']):.2f} TB/s: the measured kernel streams well "
+                   f"{r['measured_tflops'] * tb_per_tflop:.2f} TB/s of traffic, ours "
+                   f"{r['ours_tflops'] * tb_per_tflop:.2f} TB/s: the measured kernel streams well "
                    "below the HBM rate our waves reach; which kernel cuBLASLt runs for "
                    f"N = {n} is not published, so the model has no basis to follow it.")
     return out

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
+from typing import NamedTuple
 
-from .common import Row, geomean, load_figures, md_table, pct, read_csv, signed_pct
+from .common import ROOT, Row, geomean, load_figures, md_table, pct, read_csv, signed_pct
 
 SOURCES = Path(__file__).with_name("megatron_sources.toml")
 
@@ -92,7 +93,7 @@ def _kernel_bias() -> tuple[float, float, int] | None:
     """How far the A100 GEMM model runs ahead of published A100 transformer GEMMs
     (results/kernels/gemms.csv, the cookbook's judged layer GEMMs and attention BMMs):
     (mean error of the GEMMs, of the attention BMMs, rows)."""
-    path = Path(__file__).resolve().parents[2] / "results" / "kernels" / "gemms.csv"
+    path = ROOT / "results" / "kernels" / "gemms.csv"
     if not path.exists():
         return None
     rows = [r for r in read_csv(path) if r["gpu"].startswith("a100") and r["set"] == "judge"
@@ -104,25 +105,35 @@ def _kernel_bias() -> tuple[float, float, int] | None:
     return sum(gemm) / len(gemm), sum(bmm) / len(bmm), len(rows)
 
 
-def _collective_bias() -> tuple[int, float, int, str] | None:
+class CommBias(NamedTuple):
+    """Our all-reduce against nccl-tests at the 22B layer's TP message size."""
+
+    msg_bytes: int
+    dtype: str
+    error: float          # mean busbw error of the neighbouring measured sizes
+    points: int
+    sizes: str
+
+
+def _collective_bias() -> CommBias | None:
     """How far our 8-GPU A100 all-reduce runs ahead of nccl-tests at the sizes around the
-    22B layer's TP all-reduce (results/collectives/comparison.csv, sizes within 2x):
-    (message bytes, mean busbw error, points, the sizes)."""
+    22B layer's TP all-reduce (results/collectives/comparison.csv, sizes within 2x)."""
+    from ..hw.specs import dtype_bytes  # noqa: PLC0415
     from ..nn.presets import load_model_preset  # noqa: PLC0415
     from ..run.config import load_workload  # noqa: PLC0415
-    path = Path(__file__).resolve().parents[2] / "results" / "collectives" / "comparison.csv"
+    path = ROOT / "results" / "collectives" / "comparison.csv"
     if not path.exists():
         return None
-    w = load_workload(Path(__file__).resolve().parents[2] / "workloads" / "megatron-22b-tp8.toml")
+    w = load_workload(ROOT / "workloads" / "megatron-22b-tp8.toml")
     m = load_model_preset(w.model.preset).config
-    msg = w.train.micro_batch * m.seq_len * m.hidden * 2
+    msg = w.train.micro_batch * m.seq_len * m.hidden * dtype_bytes(w.run.emulated_dtype)
     rows = [r for r in read_csv(path) if r["setup"] == "a100x8" and r["op"] == "all_reduce"
             and msg / 2 <= int(r["bytes"]) <= 2 * msg]
     if not rows:
         return None
     sizes = sorted({int(r["bytes"]) for r in rows})
-    return (msg, sum(float(r["error"]) for r in rows) / len(rows), len(rows),
-            " and ".join(f"{b / 2**20:.0f} MiB" for b in sizes))
+    return CommBias(msg, w.run.emulated_dtype, sum(float(r["error"]) for r in rows) / len(rows),
+                    len(rows), " and ".join(f"{b / 2**20:.0f} MiB" for b in sizes))
 
 
 def _pass(r: Row, which: str) -> list[str]:
@@ -157,12 +168,12 @@ def _why(rows: list[Row]) -> list[str]:
                     "is the A100 GEMM model's, above all on the attention BMMs.")
     comm = _collective_bias()
     if comm is not None:
-        how = "faster" if comm[1] > 0 else "slower"
-        out[-1] += (f" The layer's TP all-reduce of its activations ({comm[0] / 2**20:.0f} MiB, "
-                    f"micro-batch x sequence x hidden in fp16) runs {how} than measured: against "
-                    "nccl-tests on 8-GPU A100 nodes at the neighbouring sizes (results/"
-                    f"collectives/, {comm[2]} points from {comm[3]}), our all-reduce's bus "
-                    f"bandwidth is {signed_pct(comm[1])} on average.")
+        how = "faster" if comm.error > 0 else "slower"
+        out[-1] += (f" The layer's TP all-reduce of its activations ({comm.msg_bytes / 2**20:.0f} "
+                    f"MiB, micro-batch x sequence x hidden in {comm.dtype}) runs {how} than "
+                    "measured: against nccl-tests on 8-GPU A100 nodes at the neighbouring sizes "
+                    f"(results/collectives/, {comm.points} points from {comm.sizes}), our "
+                    f"all-reduce's bus bandwidth is {signed_pct(comm.error)} on average.")
     out[-1] += " " + _overlap_note()
     return out + ["", "Nothing here is fitted to close the gap: it is left visible.", ""]
 
