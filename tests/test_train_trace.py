@@ -12,6 +12,8 @@ from mpi4py import MPI
 from mpiemu.analysis import load
 from mpiemu.analysis.breakdown import format_breakdown, run_breakdown
 from mpiemu.analysis.load import RankTrace
+from mpiemu.nn.presets import load_model_preset
+from mpiemu.nn.shard import local_params
 from mpiemu.run.runner import run_workload
 
 H, S, BATCH = 64, 16, 8      # the tiny preset
@@ -127,3 +129,45 @@ def test_breakdown_parts_add_up_to_the_iteration(mpi_tmp_path: Path) -> None:
             total = b.compute_s + b.tp_exposed_s + b.dp_exposed_s + b.idle_s
             assert total == pytest.approx(b.iteration_s)
     assert len(format_breakdown(run)) == 3
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("fused", [False, True])
+def test_every_micro_batch_adds_each_gradient_into_megatrons_buffer(
+        mpi_tmp_path: Path, fused: bool) -> None:
+    """Megatron's DDP hook: one `main_grad.add_` kernel (read gradient and buffer, write the
+    buffer) per parameter and micro-batch; with accumulation fusion the layers' matrices are
+    added by their weight-gradient GEMMs instead (C read: rows x cols x 2 more bytes)."""
+    even_world()
+    tp, dp = grid()
+    micro = BATCH // dp // 2                                  # micro-batches of 2 sequences
+    train(mpi_tmp_path, "train.micro_batch=2", f"train.grad_accumulation_fusion={str(fused).lower()}")
+    sizes = {lp.name: lp for lp in local_params(load_model_preset("tiny").config, tp)}
+    for rt in load(mpi_tmp_path).ranks:
+        ev, it = rt.events, rt.events["iteration"] == 1
+        hooks = it & np.char.endswith(rt.names.astype(str), ".grad_acc")
+        added = defaultdict(list)
+        for name, nbytes in zip(rt.names[hooks], ev["dram_bytes"][hooks]):
+            added[str(name).removesuffix(".grad_acc")].append(float(nbytes))
+        by_gemm = {n for n, lp in sizes.items() if lp.layer >= 0 and lp.decay}
+        expect = set(sizes) - by_gemm if fused else set(sizes)
+        assert set(added) == expect
+        for name, got in added.items():
+            # the tied table: the embedding's scatter and the LM head's GEMM (unfused) each
+            hooks_per_micro = 2 if name == "wte" and not fused else 1
+            assert got == [3.0 * 2 * sizes[name].size] * (micro * hooks_per_micro)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_fused_accumulation_reads_the_buffer_in_the_weight_gradient_gemm(
+        mpi_tmp_path: Path) -> None:
+    even_world()
+    tp, _ = grid()
+    for fused in (False, True):
+        train(mpi_tmp_path / str(fused), f"train.grad_accumulation_fusion={str(fused).lower()}")
+    cfg = load_model_preset("tiny").config
+    fc1 = H * cfg.ffn_hidden // tp                       # this rank's FC-1 weight elements
+    runs = [load(mpi_tmp_path / str(f)).ranks[0] for f in (False, True)]
+    wgrad = [float(rt.events["dram_bytes"][(rt.names == "l0.fc1.wgrad")
+                                           & (rt.events["iteration"] == 1)][0]) for rt in runs]
+    assert wgrad[1] - wgrad[0] == 2 * fc1

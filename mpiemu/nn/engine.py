@@ -22,6 +22,7 @@ from ..overlap.api import GemmShape, gather_then_gemm, gemm_then_reduce
 from ..overlap.strategy import Overlap
 from ..sim import ops as sim_ops
 from ..sim.timeline import Span, Timeline
+from .grad_buffer import GradBuffer
 from .ops import Cost
 
 Array = np.ndarray | None
@@ -87,6 +88,7 @@ class Engine:
         self.on, self.overlap, self.sp = numerics, overlap, sp
         self.t = 0.0
         self.charging = True          # False: math and payload only (time charged elsewhere)
+        self.grad_buffer: GradBuffer | None = None     # Megatron's main_grad (train.build)
         self._payload_tp: TimedComm | None = None
 
     @contextmanager
@@ -134,6 +136,12 @@ class Engine:
             self.t = sim_ops.gemm(self.tl, self.model, name, m, n, k, dtype=self.dtype,
                                   after=self.t, epilogue=epilogue).t_end
         return out
+
+    def wgrad(self, name: str, x_t: Array, dy: Array, m: int, n: int, k: int) -> Array:
+        """A weight gradient W'[M, N] = x^T[M, K] dy[K, N]: into Megatron's gradient buffer
+        by its own epilogue when accumulation is fused (`grad_buffer`), else written."""
+        epi = NO_EPILOGUE if self.grad_buffer is None else self.grad_buffer.wgrad_epilogue(m, n)
+        return self.gemm(name, x_t, dy, m, n, k, epi)
 
     def row_parallel(self, name: str, x: Array, w: Array, m: int, n: int, k: int) -> Array:
         """x[M, K/tp] w[K/tp, N] summed over TP: all-reduce, or reduce-scatter of rows (SP).
@@ -188,13 +196,13 @@ class Engine:
         x_t = None if x_full is None else x_full.T
         if self.tp.size == 1 or not self.tp_async or self.overlap.strategy != "sequential":
             self.t = max(self.t, t_gather)      # in order: wgrad, then dgrad and its reduction
-            dw = self.gemm(f"{name}.wgrad", x_t, dy, n, k, m)
+            dw = self.wgrad(f"{name}.wgrad", x_t, dy, n, k, m)
             return self.row_parallel(bwd, dy, w_t, m, n, k), dw
         dx = self.gemm(f"{bwd}.gemm", dy, w_t, m, n, k)
         dx, span = self._start_reduce(bwd, dx, m, n)
         # the reduction was issued asynchronously: the wgrad GEMM runs while it moves
         self.t = max(self.t, t_gather)
-        dw = self.gemm(f"{name}.wgrad", x_t, dy, n, k, m)
+        dw = self.wgrad(f"{name}.wgrad", x_t, dy, n, k, m)
         self.t = max(self.t, span.t_end)
         return dx, dw
 

@@ -218,7 +218,7 @@ class Layer:
         w = d.attn_width
         dctx, da_full = E.column_parallel(f"{self.tag}.proj.bwd", da, _t(P[p + "proj.w"]),
                                           d.rows, w, d.hidden)
-        acc(G, p + "proj.w", E.gemm(f"{self.tag}.proj.wgrad", _t(c.get("ctx")), da_full, w,
+        acc(G, p + "proj.w", E.wgrad(f"{self.tag}.proj.wgrad", _t(c.get("ctx")), da_full, w,
                                     d.hidden, d.rows))
         ready([p + "proj.w"] + with_bias)
         dqkv = None
@@ -258,7 +258,7 @@ class Layer:
         epi = self._gelu_epilogue(backward=True)
         dg, dm_full = E.column_parallel(f"{self.tag}.fc2.bwd", dm, _t(P[p + "fc2.w"]), d.rows,
                                         d.ffn, d.hidden, epi)
-        acc(G, p + "fc2.w", E.gemm(f"{self.tag}.fc2.wgrad", _t(c["gelu"]), dm_full, d.ffn,
+        acc(G, p + "fc2.w", E.wgrad(f"{self.tag}.fc2.wgrad", _t(c["gelu"]), dm_full, d.ffn,
                                    d.hidden, d.rows))
         ready([p + "fc2.w"] + with_bias)
         cost = [] if epi != NO_EPILOGUE else bias_gelu_cost(d.rows, d.ffn, E.e, True)

@@ -12,6 +12,7 @@ pipeline schedule's business (`pipeline.step`).
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,7 @@ from ..pipeline.schedules import Pass
 from . import seeded
 from .buckets import GradBuckets
 from .config import ModelConfig
-from .engine import Array, Dims, Engine, Ready, no_ready
+from .engine import Array, Dims, Engine, Ready
 from .layers import Cache, Layer, Params, _t, acc
 from .masks import Masks
 from .ops import (MASK_BYTES, Cost, bias_grad_cost, ce_back, ce_combine, ce_cost,
@@ -80,6 +81,7 @@ class ShardedModel:
             recompute
         self.embed = embed
         self.specs: list[LocalParam] = stage_params(cfg, dims.tp, pp, chunks, pp_rank)
+        self.by_name = {lp.name: lp for lp in self.specs}
         self.P: Params = {lp.name: self._init(lp, np_dtype) for lp in self.specs}
         self.G: Params = {lp.name: None for lp in self.specs}
         self.chunk_layers = [[Layer(eng, cfg, dims, i, recompute)
@@ -184,7 +186,7 @@ class ShardedModel:
         tl, c = self.E.tl, ps.chunk
         c_emb, caches, c_head, ids, targets = self.saved.pop((ps.micro, c))
         masks = self._masks(ps.micro)
-        ready: Ready = self._ready if ps.micro == self.micro_batches - 1 else no_ready
+        ready: Ready = partial(self._grads_done, last=ps.micro == self.micro_batches - 1)
         with tl.labelled(phase="bwd"):
             if self.last_virtual(c):
                 with tl.labelled(layer=-1):
@@ -212,8 +214,20 @@ class ShardedModel:
             self.E.t = self.buckets.finish(self.G, self.E.t)   # the optimizer needs them all
         return self.loss
 
-    def _ready(self, names: list[str]) -> None:
-        self.buckets.ready([n for n in names if n not in self.deferred], self.G, self.E.t)
+    def _grads_done(self, names: list[str], last: bool) -> None:
+        """One micro-batch's gradients `names` are computed: each into Megatron's buffer
+        (its hook), and into the DP buckets after the last micro-batch."""
+        for n in names:
+            self._hook(n, from_gemm=self.by_name[n].layer >= 0 and self.by_name[n].decay)
+        if last:
+            self.buckets.ready([n for n in names if n not in self.deferred], self.G, self.E.t)
+
+    def _hook(self, name: str, from_gemm: bool) -> None:
+        """`main_grad.add_(grad)` for one parameter (`nn.grad_buffer`); nothing when a
+        weight-gradient GEMM accumulated it or the rank keeps no such buffer."""
+        gb = self.E.grad_buffer
+        if gb is not None and gb.hooked(from_gemm):
+            self.E.kernel(f"{name}.grad_acc", gb.hook_cost(self.by_name[name].size))
 
     def _embedding_grad_sync(self) -> None:
         """All-reduce the tied table's gradient between the first and last stage (Megatron
@@ -319,6 +333,7 @@ class ShardedModel:
         dx, dw = E.column_parallel_back("head", dlogits, self.P["wte"], c["x"], d.rows,
                                         d.hidden, d.vocab)
         acc(self.G, "wte", None if dw is None else np.ascontiguousarray(dw.T))   # [V/tp, H]
+        self._hook("wte", from_gemm=True)
         if self.cfg.norm == "pre":
             res = E.kernel("lnf.bwd", layernorm_cost(d.shard_rows, d.hidden, E.e, backward=True),
                            layernorm_back, dx, c["lnf"], self.P["lnf.g"])

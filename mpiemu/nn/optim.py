@@ -26,6 +26,7 @@ from .adam import (LAMB1_FLOPS, MASTER_BYTES, adam_cost, adam_direction, charge_
 from .buckets import GradBuckets
 from .config import OptimizerConfig
 from .engine import Engine
+from .grad_buffer import megatron_optimizer
 from .layers import Params
 from .ops import Cost
 from .shard import LocalParam
@@ -67,7 +68,7 @@ class ShardedOptimizer:
         self.on_nmc = opt.on == "nmc"
         # Adam on the GPU runs as Megatron-LM's mixed-precision optimizer: fp32 gradients,
         # with the memory passes around the update (`adam.mixed_precision_passes`)
-        self.fp32_grads = opt.name == "adam" and not self.on_nmc
+        self.fp32_grads = megatron_optimizer(opt)
         e = eng.e
         self.accesses = nmc.update_accesses(opt.name, e, e if e < MASTER_BYTES else 0)
 

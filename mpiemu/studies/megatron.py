@@ -19,7 +19,7 @@ import argparse
 import json
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -40,16 +40,26 @@ def _sets(sp: bool, recompute: str) -> list[str]:
     return [f"parallel.sequence_parallel={str(sp).lower()}", f"train.recompute='{recompute}'"]
 
 
-def layer_spans_s(run_dir: Path, layer: int) -> tuple[float, float]:
-    """Forward span and backward span (recomputation included) of one layer, rank 0."""
+class LayerSpans(NamedTuple):
+    """One layer's passes on rank 0 (seconds)."""
+
+    forward: float
+    backward: float                 # recomputation included
+    grad_acc: float                 # its gradients added into Megatron's buffer (hooks)
+
+
+def layer_spans_s(run_dir: Path, layer: int) -> LayerSpans:
+    """Forward span, backward span and gradient-buffer hook time of one layer, rank 0."""
     from ..analysis import load  # noqa: PLC0415
     rt = load(run_dir).ranks[0]
     ev = rt.events
     mine = ev["layer"] == layer
     fwd, bwd = (mine & np.isin(rt.phases, phases)
                 for phases in (("fwd",), ("bwd", "recompute")))
-    return (float(ev["t_end"][fwd].max() - ev["t_start"][fwd].min()),
-            float(ev["t_end"][bwd].max() - ev["t_start"][bwd].min()))
+    hooks = mine & np.char.endswith(rt.names.astype(str), ".grad_acc")
+    return LayerSpans(float(ev["t_end"][fwd].max() - ev["t_start"][fwd].min()),
+                      float(ev["t_end"][bwd].max() - ev["t_start"][bwd].min()),
+                      float((ev["t_end"][hooks] - ev["t_start"][hooks]).sum()))
 
 
 def layer_rows(runs: Path, labels: tuple[str, ...] = (), reuse: bool = False) -> list[Row]:
@@ -63,13 +73,14 @@ def layer_rows(runs: Path, labels: tuple[str, ...] = (), reuse: bool = False) ->
         out = runs / cfg["label"].replace(" ", "_").replace(":", "").replace("+", "and")
         _launch(8, "megatron-22b-tp8.toml", _sets(cfg["sp"], cfg["recompute"]) +
                 ["model.layers=2"], out, reuse)
-        fwd, bwd = layer_spans_s(out, 1)
+        fwd, bwd, hooks = layer_spans_s(out, 1)
         ours, ref = fwd + bwd, float(theirs["iteration_s"])
         rows.append({"run": cfg["label"], "sp": cfg["sp"], "recompute": cfg["recompute"],
                      "measured_ms": ref * 1e3, "ours_ms": ours * 1e3,
                      "difference": ours / ref - 1.0,
                      "measured_forward_ms": cfg["forward_ms"], "ours_forward_ms": fwd * 1e3,
-                     "measured_backward_ms": cfg["backward_ms"], "ours_backward_ms": bwd * 1e3})
+                     "measured_backward_ms": cfg["backward_ms"], "ours_backward_ms": bwd * 1e3,
+                     "ours_grad_acc_ms": hooks * 1e3})
     return rows
 
 

@@ -61,7 +61,7 @@ def markdown(layers: list[Row], its: list[Row]) -> list[str]:
                      for r in its], "lrrrrrrrrrr")
     out += ["", _ratio_line(its, "iteration times"), ""]
     out += _relative(layers)
-    out += _why(layers + its)
+    out += _why(layers + its, layers)
     out += ["## Not emulated", ""]
     out += md_table(["dataset", "model", "why"],
                     [[d["dataset"], d["model"], d["reason"]]
@@ -152,7 +152,7 @@ def _pass_line(layers: list[Row]) -> list[str]:
             f"{pct(geo['backward'])} backward (recomputation included)."]
 
 
-def _why(rows: list[Row]) -> list[str]:
+def _why(rows: list[Row], layers: list[Row]) -> list[str]:
     faster = sum(r["difference"] < 0 for r in rows)
     out = ["## Why the differences", "",
            f"{faster} of {len(rows)} emulated rows run faster than measured. The device model "
@@ -175,7 +175,20 @@ def _why(rows: list[Row]) -> list[str]:
                     f"(results/collectives/, {comm.points} points from {comm.sizes}), our "
                     f"all-reduce's bus bandwidth is {signed_pct(comm.error)} on average.")
     out[-1] += " " + _overlap_note()
-    return out + ["", "Nothing here is fitted to close the gap: it is left visible.", ""]
+    return out + ["", _hooks_note(layers), "",
+                  "Nothing here is fitted to close the gap: it is left visible.", ""]
+
+
+def _hooks_note(layers: list[Row]) -> str:
+    """What Megatron-LM's gradient-buffer hooks cost the 22B layer's backward."""
+    base = next((r for r in layers if r.get("ours_grad_acc_ms")), None)
+    if base is None:
+        return ""
+    return ("Every backward also adds each parameter's gradient into Megatron-LM's fp16 "
+            "`main_grad` buffer with a kernel of its own (the DDP hook; gradient accumulation "
+            "fusion needed fp32 accumulation then, `nn/grad_buffer.py`): "
+            f"{base['ours_grad_acc_ms']:.2f} ms of the 22B layer's {base['ours_backward_ms']:.1f} "
+            "ms backward, once per micro-batch, in every row above.")
 
 
 def _overlap_note() -> str:

@@ -92,6 +92,7 @@ class TrainSection:
     recompute: str = "none"          # "selective" (attention core) or "full" (whole layers)
     tp_comm_async: bool = True       # input-gradient reduction under the wgrad GEMM (Megatron)
     overlap_grad_reduce: bool = True     # DP buckets reduced during backward (else after it)
+    grad_accumulation_fusion: bool = True    # wgrad GEMMs add into Megatron's main_grad
 
     def __post_init__(self) -> None:
         if self.global_batch < 0:
