@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..hw.specs import dtype_bytes
 from .config import CLIP_EPS, OptimizerConfig
 from .ops import Cost
 
@@ -33,6 +34,13 @@ def clip_coeff(o: OptimizerConfig, norm: float) -> float:
     return o.clip_grad_norm / (norm + CLIP_EPS)
 
 
+def main_grad_bytes(dtype: str) -> int:
+    """Bytes of a `main_grad` element in Megatron-LM: bf16 forces gradient accumulation and
+    all-reduce in fp32 (megatron/arguments.py at de593298, lines 161-170); fp16 and fp32
+    keep the model's dtype (`--accumulate-allreduce-grads-in-fp32` off by default)."""
+    return MASTER_BYTES if dtype == "bf16" else dtype_bytes(dtype)
+
+
 def mixed_precision_passes(n: int, e: int, dtype: str) -> tuple[list[tuple[str, float, float]],
                                                                 list[tuple[str, float, float]]]:
     """The memory passes Megatron-LM's mixed-precision optimizer runs around the fused Adam
@@ -43,13 +51,16 @@ def mixed_precision_passes(n: int, e: int, dtype: str) -> tuple[list[tuple[str, 
     copied to the model's (`_copy_main_params_to_model_params`, multi_tensor_scale), and the
     gradient buffer zeroed for the next iteration (`zero_grad_buffer`). Megatron-LM
     megatron/optimizer/optimizer.py at de593298 (2022-05-24): step(), lines 416-463, and
-    lines 608-650. Nothing when the model itself is fp32."""
+    lines 608-650. Nothing when the model itself is fp32; no copy when `main_grad` is
+    already fp32 (bf16: `.float()` returns the buffer itself), which is what gets zeroed."""
     if e >= MASTER_BYTES:
         return [], []
-    before: list[tuple[str, float, float]] = [("main_grad", n * e, n * MASTER_BYTES)]
+    main = main_grad_bytes(dtype)
+    before: list[tuple[str, float, float]] = [] if main == MASTER_BYTES else [
+        ("main_grad", n * main, n * MASTER_BYTES)]
     if dtype == "fp16":
         before.append(("unscale", n * MASTER_BYTES, n * MASTER_BYTES))
-    return before, [("copy_to_model", n * MASTER_BYTES, n * e), ("zero_grad", 0, n * e)]
+    return before, [("copy_to_model", n * MASTER_BYTES, n * e), ("zero_grad", 0, n * main)]
 
 
 def adam_cost(n: int) -> Cost:

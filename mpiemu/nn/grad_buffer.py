@@ -16,14 +16,17 @@ needed fp32 accumulation (megatron/arguments.py lines 178-188), which only bf16 
 fp16 runs of 2022 used the hooks for every parameter; fp16 fusion came on 2022-09-27
 (07916bf2) and is Megatron's default since.
 
-The buffer is kept in the model's dtype here, as the DP reduction and the memory report
-keep gradients (Megatron accumulates bf16 gradients in fp32: not modelled).
+The buffer keeps the model's dtype for fp16 and fp32 weights and fp32 for bf16 ones
+(`adam.main_grad_bytes`); the DP reduction, the SP and tied-embedding gradient all-reduces
+and the memory report carry gradients in the buffer's dtype, as Megatron reduces `main_grad`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..hw.gemm import NO_EPILOGUE, Epilogue
+from ..hw.specs import dtype_bytes
+from .adam import MASTER_BYTES, main_grad_bytes
 from .config import OptimizerConfig
 from .ops import Cost
 
@@ -36,20 +39,30 @@ def megatron_optimizer(opt: OptimizerConfig) -> bool:
 
 @dataclass(frozen=True)
 class GradBuffer:
-    """The `main_grad` buffer of a rank whose elements are `e` bytes."""
+    """The `main_grad` buffer of a rank: gradients of `e` bytes into elements of `main`."""
 
-    e: int
+    e: int                            # a gradient as autograd computes it (model dtype)
+    main: int                         # a buffer element
     fused_wgrad: bool = True          # weight-gradient GEMMs accumulate in their epilogue
+
+    @classmethod
+    def megatron(cls, dtype: str, fused_wgrad: bool) -> GradBuffer | None:
+        """The buffer of Megatron-LM's mixed-precision stack; None for fp32 weights."""
+        e = dtype_bytes(dtype)
+        return cls(e, main_grad_bytes(dtype), fused_wgrad) if e < MASTER_BYTES else None
 
     def wgrad_epilogue(self, rows: int, cols: int) -> Epilogue:
         """A weight-gradient GEMM's [rows, cols] output added into the buffer (beta = 1):
-        C is read before it is written. Unfused, the GEMM writes the gradient alone."""
-        return Epilogue(extra_read_bytes=rows * cols * self.e) if self.fused_wgrad \
+        C is read before it is written, in the buffer's dtype (the GEMM's own output counts
+        the model's). Unfused, the GEMM writes the gradient alone."""
+        c = rows * cols
+        return Epilogue(extra_read_bytes=c * self.main,
+                        extra_write_bytes=c * (self.main - self.e)) if self.fused_wgrad \
             else NO_EPILOGUE
 
     def hook_cost(self, n: int) -> Cost:
         """`main_grad.add_(grad)` over n elements: read both, write the buffer."""
-        return Cost(n, 2 * n * self.e, n * self.e)
+        return Cost(n, n * (self.e + self.main), n * self.main)
 
     def hooked(self, from_gemm: bool) -> bool:
         """Whether a gradient reaches the buffer through the hook's kernel (always, but for

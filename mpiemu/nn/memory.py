@@ -119,6 +119,7 @@ class Layout(NamedTuple):
     recompute: str = "none"
     dp: int = 1
     distributed: bool = False       # ZeRO-1: fp32 master weights and states sharded over DP
+    grad_bytes: int = 0             # a gradient element (Megatron's buffer); 0: the dtype's
 
 
 def local_param_count(cfg: ModelConfig, tp: int, lay: Layout = Layout()) -> int:
@@ -166,7 +167,7 @@ def memory_report(cfg: ModelConfig, d: Dims, e: int, capacity_bytes: float,
     n = local_param_count(cfg, d.tp, lay)
     states = n * state_bytes_per_param(e) / (lay.dp if lay.distributed else 1)
     acts = stage_activations(cfg, d, e, lay).bytes(e)
-    return MemoryReport(n * e, n * e, states, acts, capacity_bytes)
+    return MemoryReport(n * e, n * (lay.grad_bytes or e), states, acts, capacity_bytes)
 
 
 # Host memory of a numerics run beyond what it stores: the process itself (Python, numpy,

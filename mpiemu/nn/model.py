@@ -87,7 +87,9 @@ class ShardedModel:
         self.chunk_layers = [[Layer(eng, cfg, dims, i, recompute)
                               for i in chunk_layers(cfg.layers, pp, chunks, pp_rank, c)]
                              for c in range(chunks)]
-        self.buckets = GradBuckets(dp, eng.e, bucket_bytes, {lp.name: lp.size
+        # gradients travel in the dtype they are kept in: Megatron's buffer's, else the model's
+        self.grad_bytes = eng.e if eng.grad_buffer is None else eng.grad_buffer.main
+        self.buckets = GradBuckets(dp, self.grad_bytes, bucket_bytes, {lp.name: lp.size
                                                              for lp in self.specs},
                                    eng.overlap.bidirectional, shard=shard_grads,
                                    overlap=overlap_grad_reduce)
@@ -238,7 +240,7 @@ class ShardedModel:
         lp = next(lp for lp in self.specs if lp.name == "wte")
         flat = None if g is None else np.ravel(g)
         out, span = all_reduce(self.embed, flat, after=self.E.t, count=lp.size,
-                               wire_itemsize=self.E.e, label="pp.embedding_grads.ar")
+                               wire_itemsize=self.grad_bytes, label="pp.embedding_grads.ar")
         self.E.t = span.t_end
         if out is not None and g is not None:
             self.G["wte"] = out.reshape(g.shape)
@@ -353,7 +355,7 @@ class ShardedModel:
         flat = None
         if self.E.on:
             flat = np.concatenate([np.ravel(self.G[n]) for n in names])   # type: ignore[arg-type]
-        out = self.E.tp_sum("tp.sp_grads", flat, count, self.E.e)
+        out = self.E.tp_sum("tp.sp_grads", flat, count, self.grad_bytes)
         if out is not None:
             offset = 0
             for n in names:

@@ -22,9 +22,7 @@ from ..analysis.breakdown import (BREAKDOWN_FIELDS, IterationBreakdown, counted,
 from ..analysis.load import make_trace
 from ..nn.check import check_against_reference
 from ..nn.config import ModelConfig
-from ..nn.adam import MASTER_BYTES
 from ..nn.engine import Dims, Engine
-from ..nn.grad_buffer import GradBuffer, megatron_optimizer
 from ..nn.memory import host_bytes
 from ..comm.p2p import TimedComm
 from ..nn.flops import hardware_flops, model_flops, utilization
@@ -35,8 +33,8 @@ from ..sim.timeline import Timeline
 from .config import Workload
 from .context import RankContext
 from .mpi import arrive
-from .train_setup import (layout, micro_batches, reference_tolerance, resolve, train_memory,
-                          validate)
+from .train_setup import (grad_buffer, layout, micro_batches, reference_tolerance, resolve,
+                          train_memory, validate)
 
 __all__ = ["build", "reference_tolerance", "resolve", "run", "validate"]   # the kind's API
 
@@ -96,8 +94,7 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
         eng.plan = plan                                       # type: ignore[attr-defined]
     m = micro_batches(w)
     opt_cfg = w.optimizer.to_config()
-    if not sunway and megatron_optimizer(opt_cfg) and eng.e < MASTER_BYTES:
-        eng.grad_buffer = GradBuffer(eng.e, w.train.grad_accumulation_fusion)
+    eng.grad_buffer = grad_buffer(w, ctx.spec.kind)
     model = ShardedModel(cfg, eng, dims, tp_rank=grid.tp_rank, dp_rank=grid.dp_rank,
                          seed=w.run.seed, global_batch=gb, dp=dp,
                          bucket_bytes=w.train.dp_bucket_MiB * 2**20, np_dtype=ctx.np_dtype,

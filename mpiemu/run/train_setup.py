@@ -11,6 +11,7 @@ from ..hw.presets import list_presets, load_device
 from ..hw.specs import dtype_bytes
 from ..nn.config import ModelConfig, divisors
 from ..nn.engine import Dims
+from ..nn.grad_buffer import GradBuffer, megatron_optimizer
 from ..nn.memory import GIB, Layout, MemoryReport, host_bytes, memory_report
 from ..nn.model import make_dims
 from ..overlap.api import STRATEGY_IMPLS
@@ -150,13 +151,23 @@ def _validate_update_unit(w: Workload) -> None:
                               f"{', '.join(have)})")
 
 
+def grad_buffer(w: Workload, kind: str) -> GradBuffer | None:
+    """Megatron-LM's `main_grad` buffer, where a GPU rank (`kind`) trains as Megatron's
+    mixed-precision stack (`nn.grad_buffer`); Sunway ranks and the thesis's LAMB keep none."""
+    if kind == "sunway" or not megatron_optimizer(w.optimizer):
+        return None
+    return GradBuffer.megatron(w.run.emulated_dtype, w.train.grad_accumulation_fusion)
+
+
 def layout(w: Workload, stage: int, micro: int | None = None) -> Layout:
     """The memory-relevant placement and step of a rank of pipeline stage `stage`
     (`micro`: the micro-batch count, when the caller has it)."""
     par = w.parallel
+    buf = grad_buffer(w, resolve_device(w).kind)
     return Layout(pp=par.pp, stage=stage, chunks=par.virtual_stages, schedule=par.schedule,
                   micro_batches=micro or micro_batches(w), recompute=w.train.recompute,
-                  dp=par.dp, distributed=w.optimizer.distributed)
+                  dp=par.dp, distributed=w.optimizer.distributed,
+                  grad_bytes=buf.main if buf is not None else 0)
 
 
 def stage_memories(w: Workload, capacity_bytes: float, stages: Sequence[int]
