@@ -20,7 +20,7 @@ from . import attention as attn
 from .config import ModelConfig
 from .engine import Array, Dims, Engine, Ready
 from .masks import Masks
-from .ops import (GELU_FLOPS, Cost, bias_dropout_add, bias_gelu, bias_gelu_back,
+from .ops import (GELU_FLOPS, Cost, bias_add_cost, bias_dropout_add, bias_gelu, bias_gelu_back,
                   bias_gelu_cost, bias_grad_cost, dropout, dropout_add_cost, layernorm,
                   layernorm_back, layernorm_cost)
 
@@ -107,12 +107,16 @@ class Layer:
     def _attention(self, y: Array, P: Params, masks: Masks) -> tuple[Array, Cache]:
         d, E, cfg, p = self.d, self.E, self.cfg, self.p
         w = d.attn_width
+        epi = self._bias_epilogue(3 * w)
         qkv, _ = E.column_parallel(f"{self.tag}.qkv.fwd", y, P[p + "qkv.w"], d.rows, 3 * w,
-                                   d.hidden)
+                                   d.hidden, epi)
+        # Megatron-LM adds the QKV bias after the GEMM (megatron/mpu/layers.py at de593298,
+        # LinearWithGradAccumulationAndAsyncCommunication.forward, lines 235-237)
+        qkv = E.kernel(f"{self.tag}.qkv.bias", [] if epi != NO_EPILOGUE else
+                       bias_add_cost(d.rows, 3 * w, E.e), np.add, qkv, P[p + "qkv.b"])
         c: Cache = {"h": y}       # the input (its sequence shard under SP: gathered again)
         if E.on:
             assert qkv is not None
-            qkv += P[p + "qkv.b"]        # bias in the GEMM epilogue (cuBLASLt): not charged
             q, k, v = self._heads(qkv)
             o, c["attn"] = attn.forward(cfg.attention, q, k, v, cfg.causal,
                                         lambda: masks.probs(self.i), cfg.attention_dropout,
@@ -138,6 +142,13 @@ class Layer:
         name = f"{self.tag}.attn" + (".bwd" if backward else suffix)
         return attn.charge(E.tl, E.model, name, self._attn_shape(), self.cfg.attention,
                            E.kernels.mode, E.dtype, E.t, backward)
+
+    def _bias_epilogue(self, width: int) -> Epilogue:
+        """A bias added in the GEMM's cuBLASLt epilogue (BIAS) under train.fuse_epilogues:
+        one add per output element and the bias read; none otherwise."""
+        if not self.E.kernels.fuse_epilogues:
+            return NO_EPILOGUE
+        return Epilogue(out_flops=1, extra_read_bytes=width * self.E.e)
 
     def _gelu_epilogue(self, backward: bool) -> Epilogue:
         """FC-1's bias + GeLU in its GEMM's cuBLASLt epilogue (GELU_AUX_BIAS: the

@@ -147,6 +147,12 @@ def ce_cost(rows: int, vocab_local: int, e: int, backward: bool = False) -> Cost
     return Cost(3 * rows * vocab_local, logits + rows * 8, 2 * rows * STAT_BYTES)
 
 
+def bias_add_cost(rows: int, width: int, e: int) -> Cost:
+    """A bias broadcast over rows, added in a kernel of its own (read the GEMM's output and
+    the bias, write the sum)."""
+    return Cost(rows * width, rows * width * e + width * e, rows * width * e)
+
+
 def bias_grad_cost(rows: int, width: int, e: int) -> Cost:
     """Column sums of a gradient (a bias gradient not fused into another kernel)."""
     return Cost(rows * width, rows * width * e, width * e)
