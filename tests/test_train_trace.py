@@ -171,3 +171,30 @@ def test_fused_accumulation_reads_the_buffer_in_the_weight_gradient_gemm(
     wgrad = [float(rt.events["dram_bytes"][(rt.names == "l0.fc1.wgrad")
                                            & (rt.events["iteration"] == 1)][0]) for rt in runs]
     assert wgrad[1] - wgrad[0] == 2 * fc1
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("attention, mode", [("baseline", "fused"), ("baseline", "unfused"),
+                                             ("flash", "fused")])
+def test_megatron_attention_layout_copies_and_qkv_bias(mpi_tmp_path: Path, attention: str,
+                                                       mode: str) -> None:
+    """Around the batched attention GEMMs, Megatron's layout copies (context permute; the
+    baddbmm alpha on dq / dk with fused kernels; the QKV split's concatenation); the QKV bias
+    by its own kernel. Flash attention has no batched GEMMs, so no copies."""
+    even_world()
+    tp, dp = grid()
+    train(mpi_tmp_path, f"model.attention='{attention}'", f"train.kernels='{mode}'")
+    n = S * (BATCH // dp) * H // tp               # elements of this rank's q (or k, or v)
+    expect = {} if attention == "flash" else {
+        "attn.context.permute": 2 * n * 2, "attn.bwd.qkv.split": 2 * 3 * n * 2,
+        **({"attn.bwd.dq.alpha": 2 * n * 2, "attn.bwd.dk.alpha": 2 * n * 2}
+           if mode == "fused" else {})}
+    expect["qkv.bias"] = 3 * n * 2 * 2 + 3 * H // tp * 2     # read output + bias, write
+    for rt in load(mpi_tmp_path).ranks:
+        it = (rt.events["iteration"] == 1) & (rt.events["layer"] == 0)
+        named = {str(name).removeprefix("l0."): float(b)
+                 for name, b in zip(rt.names[it], rt.events["dram_bytes"][it])}
+        got = {k: v for k, v in named.items() if k in ("attn.context.permute", "qkv.bias",
+                                                       "attn.bwd.qkv.split", "attn.bwd.dq.alpha",
+                                                       "attn.bwd.dk.alpha")}
+        assert got == expect

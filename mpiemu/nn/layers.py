@@ -140,8 +140,27 @@ class Layer:
         if not E.charging:
             return E.t
         name = f"{self.tag}.attn" + (".bwd" if backward else suffix)
-        return attn.charge(E.tl, E.model, name, self._attn_shape(), self.cfg.attention,
-                           E.kernels.mode, E.dtype, E.t, backward)
+        E.t = attn.charge(E.tl, E.model, name, self._attn_shape(), self.cfg.attention,
+                          E.kernels.mode, E.dtype, E.t, backward)
+        if self.cfg.attention != "flash":
+            for tag, cost in self._layout_costs(backward):
+                E.kernel(f"{name}.{tag}", cost)
+        return E.t
+
+    def _layout_costs(self, backward: bool) -> list[tuple[str, Cost]]:
+        """The copies Megatron-LM's attention around its batched GEMMs makes (megatron/model/
+        transformer.py at de593298, CoreAttention.forward and ParallelAttention.forward):
+        forward, the context [b, np, sq, hn] made contiguous as [sq, b, np, hn]
+        (`permute(2, 0, 1, 3).contiguous()`); backward, the baddbmm's alpha = 1 / norm_factor
+        applied to the query and key gradients by two kernels of PyTorch's autograd (fused
+        kernels: the unfused chain scales the scores instead), and the split of the fused
+        QKV output undone by one concatenation of the three gradients."""
+        n, e = self.d.rows * self.d.attn_width, self.E.e      # elements of one of q, k, v
+        if not backward:
+            return [("context.permute", Cost(0, n * e, n * e))]
+        scale = [(f"{x}.alpha", Cost(n, n * e, n * e)) for x in ("dq", "dk")]
+        return (scale if self.E.kernels.mode == "fused" else []) + \
+            [("qkv.split", Cost(0, 3 * n * e, 3 * n * e))]
 
     def _bias_epilogue(self, width: int) -> Epilogue:
         """A bias added in the GEMM's cuBLASLt epilogue (BIAS) under train.fuse_epilogues:
