@@ -220,7 +220,8 @@ class ShardedModel:
         """One micro-batch's gradients `names` are computed: each into Megatron's buffer
         (its hook), and into the DP buckets after the last micro-batch."""
         for n in names:
-            self._hook(n, from_gemm=self.by_name[n].layer >= 0 and self.by_name[n].decay)
+            lp = self.by_name[n]
+            self._hook(n, from_gemm=lp.layer >= 0 and lp.decay)    # a layer's matrix: wgrad
         if last:
             self.buckets.ready([n for n in names if n not in self.deferred], self.G, self.E.t)
 

@@ -163,11 +163,9 @@ def layout(w: Workload, stage: int, micro: int | None = None) -> Layout:
     """The memory-relevant placement and step of a rank of pipeline stage `stage`
     (`micro`: the micro-batch count, when the caller has it)."""
     par = w.parallel
-    buf = grad_buffer(w, resolve_device(w).kind)
     return Layout(pp=par.pp, stage=stage, chunks=par.virtual_stages, schedule=par.schedule,
                   micro_batches=micro or micro_batches(w), recompute=w.train.recompute,
-                  dp=par.dp, distributed=w.optimizer.distributed,
-                  grad_bytes=buf.main if buf is not None else 0)
+                  dp=par.dp, distributed=w.optimizer.distributed)
 
 
 def stage_memories(w: Workload, capacity_bytes: float, stages: Sequence[int]
@@ -176,7 +174,10 @@ def stage_memories(w: Workload, capacity_bytes: float, stages: Sequence[int]
     cfg, gb, dims = resolve(w)
     micro = _micro_count(w, gb, dims)
     e = dtype_bytes(w.run.emulated_dtype)
-    return [memory_report(cfg, dims, e, capacity_bytes, layout(w, s, micro)) for s in stages]
+    buf = grad_buffer(w, resolve_device(w).kind)      # gradients kept in its dtype, if any
+    grad_bytes = buf.main if buf is not None else 0
+    return [memory_report(cfg, dims, e, capacity_bytes,
+                          layout(w, s, micro)._replace(grad_bytes=grad_bytes)) for s in stages]
 
 
 def train_memory(w: Workload, capacity_bytes: float, stage: int) -> MemoryReport:

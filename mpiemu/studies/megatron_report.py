@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from .common import ROOT, Row, geomean, load_figures, md_table, pct, read_csv, signed_pct
+
+if TYPE_CHECKING:
+    from ..run.config import Workload
 
 SOURCES = Path(__file__).with_name("megatron_sources.toml")
 
@@ -61,7 +64,7 @@ def markdown(layers: list[Row], its: list[Row]) -> list[str]:
                      for r in its], "lrrrrrrrrrr")
     out += ["", _ratio_line(its, "iteration times"), ""]
     out += _relative(layers)
-    out += _why(layers + its, layers)
+    out += _why(layers, its)
     out += ["## Not emulated", ""]
     out += md_table(["dataset", "model", "why"],
                     [[d["dataset"], d["model"], d["reason"]]
@@ -120,11 +123,10 @@ def _collective_bias() -> CommBias | None:
     22B layer's TP all-reduce (results/collectives/comparison.csv, sizes within 2x)."""
     from ..hw.specs import dtype_bytes  # noqa: PLC0415
     from ..nn.presets import load_model_preset  # noqa: PLC0415
-    from ..run.config import load_workload  # noqa: PLC0415
     path = ROOT / "results" / "collectives" / "comparison.csv"
     if not path.exists():
         return None
-    w = load_workload(ROOT / "workloads" / "megatron-22b-tp8.toml")
+    w = _layer_workload()
     m = load_model_preset(w.model.preset).config
     msg = w.train.micro_batch * m.seq_len * m.hidden * dtype_bytes(w.run.emulated_dtype)
     rows = [r for r in read_csv(path) if r["setup"] == "a100x8" and r["op"] == "all_reduce"
@@ -152,7 +154,8 @@ def _pass_line(layers: list[Row]) -> list[str]:
             f"{pct(geo['backward'])} backward (recomputation included)."]
 
 
-def _why(rows: list[Row], layers: list[Row]) -> list[str]:
+def _why(layers: list[Row], its: list[Row]) -> list[str]:
+    rows = layers + its
     faster = sum(r["difference"] < 0 for r in rows)
     out = ["## Why the differences", "",
            f"{faster} of {len(rows)} emulated rows run faster than measured. The device model "
@@ -175,20 +178,28 @@ def _why(rows: list[Row], layers: list[Row]) -> list[str]:
                     f"(results/collectives/, {comm.points} points from {comm.sizes}), our "
                     f"all-reduce's bus bandwidth is {signed_pct(comm.error)} on average.")
     out[-1] += " " + _overlap_note()
-    return out + ["", _hooks_note(layers), "",
+    return out + ["", *_hooks_note(layers),
                   "Nothing here is fitted to close the gap: it is left visible.", ""]
 
 
-def _hooks_note(layers: list[Row]) -> str:
-    """What Megatron-LM's gradient-buffer hooks cost the 22B layer's backward."""
+def _hooks_note(layers: list[Row]) -> list[str]:
+    """What Megatron-LM's gradient-buffer hooks cost the 22B layer's backward (a paragraph,
+    or nothing when the rows charge none)."""
     base = next((r for r in layers if r.get("ours_grad_acc_ms")), None)
     if base is None:
-        return ""
-    return ("Every backward also adds each parameter's gradient into Megatron-LM's fp16 "
-            "`main_grad` buffer with a kernel of its own (the DDP hook; gradient accumulation "
-            "fusion needed fp32 accumulation then, `nn/grad_buffer.py`): "
-            f"{base['ours_grad_acc_ms']:.2f} ms of the 22B layer's {base['ours_backward_ms']:.1f} "
-            "ms backward, once per micro-batch, in every row above.")
+        return []
+    return [f"Every backward also adds each parameter's gradient into Megatron-LM's "
+            f"{_layer_workload().run.emulated_dtype} `main_grad` buffer with a kernel of its "
+            "own (the DDP hook; gradient accumulation fusion needed fp32 accumulation then, "
+            f"`nn/grad_buffer.py`): {base['ours_grad_acc_ms']:.2f} ms of the 22B layer's "
+            f"{base['ours_backward_ms']:.1f} ms backward, once per micro-batch, in every row "
+            "above.", ""]
+
+
+def _layer_workload() -> Workload:
+    """The 22B layer rows' workload (its dtype and micro-batch)."""
+    from ..run.config import load_workload  # noqa: PLC0415
+    return load_workload(ROOT / "workloads" / "megatron-22b-tp8.toml")
 
 
 def _overlap_note() -> str:
