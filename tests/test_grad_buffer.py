@@ -25,9 +25,10 @@ def test_the_buffer_keeps_fp16_as_is_and_bf16_in_fp32(dtype: str, e: int, main: 
 
 def test_the_optimizer_copies_only_a_half_precision_buffer_to_fp32() -> None:
     n = 1000
-    before16, after16 = mixed_precision_passes(n, 2, "fp16")
-    before_bf, after_bf = mixed_precision_passes(n, 2, "bf16")
-    assert [p[0] for p in before16] == ["main_grad", "unscale"]
+    before16, after16 = mixed_precision_passes([400, 600], 2, "fp16")
+    before_bf, after_bf = mixed_precision_passes([400, 600], 2, "bf16")
+    assert before16 == [("main_grad", 800, 1600), ("main_grad", 1200, 2400),   # per tensor
+                        ("unscale", 4 * n, 4 * n)]
     assert before_bf == []                       # `.float()` of an fp32 buffer is itself
     assert after16[-1] == ("zero_grad", 0, 2 * n) and after_bf[-1] == ("zero_grad", 0, 4 * n)
 

@@ -67,6 +67,8 @@ def test_numerics_on_for_a_model_beyond_host_memory_is_refused() -> None:
     (["optimizer.beta2=1.5"], "optimizer.beta2=1.5: must be in [0, 1)"),
     (["train.check_reference=true", "run.numerics='off'"], "train.check_reference=True"),
     (["model.hidden_dropout=1.5"], "model.hidden_dropout=1.5: a rate in [0, 1)"),
+    (["train.ddp='torch'"], "train.ddp='torch': choose one of 'core', 'local'"),
+    (["train.ddp='local'"], "train.overlap_grad_reduce=True: false with train.ddp = 'local'"),
 ])
 def test_model_and_optimizer_settings_are_checked(sets: list[str], needle: str) -> None:
     assert needle in refusal(1, *sets)

@@ -148,3 +148,38 @@ def softmax(scores: int, e: int, mode: str, dropout: bool, masked: bool,
 def bias_grad(rows: int, width: int, e: int) -> list[Kernel]:
     """Column sums of a gradient (a bias gradient not fused into another kernel)."""
     return [Kernel(rows * width, rows * width * e, width * e)]
+
+
+def cross_entropy(rows: int, vocab: int, e: int, mode: str, backward: bool = False
+                  ) -> list[Kernel]:
+    """The cross-entropy over a rank's [rows, vocab] logits, in fp32: half-precision logits
+    are cast first and their gradient cast back.
+
+    fused (Megatron-LM's vocab-parallel cross-entropy, written as PyTorch ops: Megatron has
+    no fused kernel for it; megatron/model/gpt_model.py at de593298,
+    `vocab_parallel_cross_entropy(output.float(), labels)`, `--fp16-lm-cross-entropy` off by
+    default; megatron/mpu/cross_entropy.py): the row max, its in-place subtraction, the
+    in-place exp, the row sum and the in-place division that leaves the softmax for
+    backward, each a pass over the logits; backward the target's one subtracted and the
+    in-place product with the loss gradient. unfused (plain PyTorch `F.cross_entropy`, run
+    in fp32 under autocast): `log_softmax` (one pass) and `nll_loss`; backward
+    `nll_loss_backward` (a zero-filled gradient, then the targets' entries) and
+    `log_softmax_backward` (reads the gradient and the output). ASSUMPTION: the target
+    masking, gather and loss (a few values per row, a dozen small kernels in Megatron) are
+    charged as one kernel, `target`.
+    """
+    n, f, r = rows * vocab, STAT_BYTES, rows * STAT_BYTES
+    up = [Kernel(0, n * e, n * f, "cast")] if e < f else []        # logits to fp32
+    down = [Kernel(0, n * f, n * e, "cast")] if e < f else []      # their gradient back
+    target = Kernel(rows, 3 * r + rows * 8, r, "target")
+    fused = check_mode(mode) == "fused"
+    if backward and fused:
+        return [target, Kernel(n, n * f + r, n * f, "scale")] + down
+    if backward:
+        return [Kernel(0, 0, n * f, "zero"), target,
+                Kernel(2 * n, 2 * n * f, n * f, "log_softmax.bwd", n)] + down
+    if not fused:
+        return up + [Kernel(SOFTMAX_FLOPS * n, n * f, n * f, "log_softmax", n), target]
+    return up + [Kernel(n, n * f, r, "max"), Kernel(n, n * f + r, n * f, "sub"), target,
+                 Kernel(0, n * f, n * f, "exp", n), Kernel(n, n * f, r, "sum"),
+                 Kernel(n, n * f + r, n * f, "div")]

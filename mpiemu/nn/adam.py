@@ -3,7 +3,7 @@ distributed one (`zero`): the same operations in the same order as the one-proce
 reference, on whole tensors or on a DP rank's share of a bucket."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -41,23 +41,24 @@ def main_grad_bytes(dtype: str) -> int:
     return MASTER_BYTES if dtype == "bf16" else dtype_bytes(dtype)
 
 
-def mixed_precision_passes(n: int, e: int, dtype: str) -> tuple[list[tuple[str, float, float]],
-                                                                list[tuple[str, float, float]]]:
+def mixed_precision_passes(sizes: Sequence[int], e: int, dtype: str
+                           ) -> tuple[list[tuple[str, float, float]], list[tuple[str, float, float]]]:
     """The memory passes Megatron-LM's mixed-precision optimizer runs around the fused Adam
-    kernel, as (phase, bytes read, bytes written) over n parameters of e bytes: before it,
-    the fp32 copy of the gradients (`main_param.grad = model_param.main_grad.float()`) and,
-    with fp16 loss scaling, their unscale and inf check
-    (`torch._amp_foreach_non_finite_check_and_unscale_`); after it, the fp32 master weights
-    copied to the model's (`_copy_main_params_to_model_params`, multi_tensor_scale), and the
-    gradient buffer zeroed for the next iteration (`zero_grad_buffer`). Megatron-LM
+    kernel, as (phase, bytes read, bytes written), over parameters (or ZeRO shares of them)
+    of these sizes, e bytes each: before it, the fp32 copy of the gradients, one kernel per
+    parameter (`main_param.grad = model_param.main_grad.float()` in a loop) and, with fp16
+    loss scaling, their unscale and inf check (`torch._amp_foreach_non_finite_check_and_
+    unscale_`, multi-tensor); after it, the fp32 master weights copied to the model's
+    (`_copy_main_params_to_model_params`, multi_tensor_scale), and the gradient buffer
+    zeroed for the next iteration (`zero_grad_buffer`). Megatron-LM
     megatron/optimizer/optimizer.py at de593298 (2022-05-24): step(), lines 416-463, and
     lines 608-650. Nothing when the model itself is fp32; no copy when `main_grad` is
     already fp32 (bf16: `.float()` returns the buffer itself), which is what gets zeroed."""
     if e >= MASTER_BYTES:
         return [], []
-    main = main_grad_bytes(dtype)
+    n, main = sum(sizes), main_grad_bytes(dtype)
     before: list[tuple[str, float, float]] = [] if main == MASTER_BYTES else [
-        ("main_grad", n * main, n * MASTER_BYTES)]
+        ("main_grad", k * main, k * MASTER_BYTES) for k in sizes]
     if dtype == "fp16":
         before.append(("unscale", n * MASTER_BYTES, n * MASTER_BYTES))
     return before, [("copy_to_model", n * MASTER_BYTES, n * e), ("zero_grad", 0, n * main)]

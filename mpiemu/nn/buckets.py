@@ -11,11 +11,21 @@ gradients (`BucketShard`), updates those parameters only and all-gathers them af
 each such bucket is padded with zeros to a multiple of lcm(DP size, 128) elements, as
 Megatron-LM pads them for uniform sharding (megatron/core/distributed/
 param_and_grad_buffer.py, `_pad_end_of_bucket_if_needed`).
+
+Averaging over DP (`train.ddp`, with Megatron-LM's gradient buffer only, `nn.grad_buffer`):
+`core`, Megatron core's DDP, scales each bucket by 1/DP on the compute stream just before its
+reduction when DP > 1 (param_and_grad_buffer.py, `start_grad_sync`: `bucket.grad_data *=
+bucket.gradient_scaling_factor` unless it is 1; `average_in_collective` is off by default);
+`local`, Megatron-LM's local DDP of 2022 (megatron/model/distributed.py at de593298,
+`allreduce_gradients`), divides the whole buffer by the DP size after backward, even at
+DP 1, then reduces it in one call: `ShardedModel` charges that kernel and sizes one bucket.
+The payload is not scaled: the loss is already the global batch's mean.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -23,6 +33,8 @@ from ..comm.p2p import TimedComm
 from ..comm.collectives import all_reduce, own_range, reduce_scatter
 from ..sim.timeline import Span
 from .engine import Array
+
+DDP_IMPLS = ("core", "local")      # Megatron core's bucketed DDP; Megatron-LM 2022's local DDP
 
 
 @dataclass
@@ -65,6 +77,9 @@ class GradBuckets:
     bidirectional: bool = False
     shard: bool = False                  # reduce-scatter (ZeRO-1) instead of all-reduce
     overlap: bool = True                 # reduce during backward (else all after it)
+    # charges a bucket's 1/DP scaling kernel (label, elements) on the compute stream and
+    # returns when it ends; None: nothing scales (no gradient buffer, or `local` DDP)
+    prescale: Callable[[str, int], float] | None = None
     spans: list[Span] = field(default_factory=list)
     shards: list[BucketShard] = field(default_factory=list)
     _names: list[str] = field(default_factory=list)
@@ -91,6 +106,8 @@ class GradBuckets:
         if all(grads.get(n) is not None for n in names):
             flat = np.concatenate([np.ravel(grads[n]) for n in names])   # type: ignore[arg-type]
         label = f"dp.bucket{len(self.spans)}"
+        if self.prescale is not None:   # scaled on the compute stream, then reduced
+            self._t_ready = max(self._t_ready, self.prescale(f"{label}.scale", count))
         if self.shard:
             padded = padded_count(count, self.dp.size)
             if flat is not None:

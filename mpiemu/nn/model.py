@@ -12,6 +12,7 @@ pipeline schedule's business (`pipeline.step`).
 """
 from __future__ import annotations
 
+import math
 from functools import partial
 from typing import Any
 
@@ -73,7 +74,7 @@ class ShardedModel:
                  bucket_bytes: float, np_dtype: type, pp: int = 1, pp_rank: int = 0,
                  chunks: int = 1, micro_batches: int = 1, recompute: str = "none",
                  embed: TimedComm | None = None, shard_grads: bool = False,
-                 overlap_grad_reduce: bool = True) -> None:
+                 overlap_grad_reduce: bool = True, ddp: str = "core") -> None:
         self.cfg, self.E, self.d = cfg, eng, dims
         self.tp_rank, self.dp_rank, self.seed = tp_rank, dp_rank, seed
         self.pp, self.pp_rank, self.chunks = pp, pp_rank, chunks
@@ -89,10 +90,16 @@ class ShardedModel:
                              for c in range(chunks)]
         # gradients travel in the dtype they are kept in: Megatron's buffer's, else the model's
         self.grad_bytes = eng.e if eng.grad_buffer is None else eng.grad_buffer.main
-        self.buckets = GradBuckets(dp, self.grad_bytes, bucket_bytes, {lp.name: lp.size
-                                                             for lp in self.specs},
+        # Megatron's averaging over DP (`buckets`): per bucket (core), or the whole buffer
+        # once after backward, then reduced in one call (local)
+        self.ddp = ddp
+        scaled = eng.grad_buffer is not None
+        self.buckets = GradBuckets(dp, self.grad_bytes,
+                                   math.inf if ddp == "local" else bucket_bytes,
+                                   {lp.name: lp.size for lp in self.specs},
                                    eng.overlap.bidirectional, shard=shard_grads,
-                                   overlap=overlap_grad_reduce)
+                                   overlap=overlap_grad_reduce,
+                                   prescale=self._scale if scaled and ddp == "core" else None)
         # gradients reduced elsewhere first (TP under SP; the tied table across stages):
         # they join the DP buckets at the end of the step
         sp_partial = [lp.name for lp in self.specs if lp.sp_partial] if dims.sp else []
@@ -210,6 +217,8 @@ class ShardedModel:
         buckets; returns this rank's loss share (the mean over the global batch's tokens)."""
         with self.E.tl.labelled(phase="bwd", layer=-1):
             self._sp_grad_sync()
+            if self.ddp == "local" and self.E.grad_buffer is not None:
+                self._scale("dp.grad_scale", sum(lp.size for lp in self.specs))
             self._embedding_grad_sync()
             if self.deferred:
                 self.buckets.ready(self.deferred, self.G, self.E.t)
@@ -231,6 +240,13 @@ class ShardedModel:
         gb = self.E.grad_buffer
         if gb is not None and gb.hooked(from_gemm):
             self.E.kernel(f"{name}.grad_acc", gb.hook_cost(self.by_name[name].size))
+
+    def _scale(self, label: str, count: int) -> float:
+        """Gradients in Megatron's buffer divided by the DP size in place (read and write
+        `count` elements, `buckets`); cost only: the loss is already the global mean."""
+        main = self.grad_bytes
+        self.E.kernel(label, Cost(count, count * main, count * main))
+        return self.E.t
 
     def _embedding_grad_sync(self) -> None:
         """All-reduce the tied table's gradient between the first and last stage (Megatron
@@ -317,8 +333,8 @@ class ShardedModel:
                                       d.hidden)
         c["x"] = x                # the input (its sequence shard under SP: gathered again)
         c["logits"] = logits
-        stats = E.kernel("head.ce.fwd", ce_cost(d.rows, d.vocab, E.e), ce_local_stats,
-                         logits, targets, self.vocab_lo)
+        stats = E.kernel("head.ce.fwd", ce_cost(d.rows, d.vocab, E.e, E.kernels.mode),
+                         ce_local_stats, logits, targets, self.vocab_lo)
         flat = None if stats is None else stats.reshape(1, -1)       # (1, 2 S*B) per rank
         every = E.tp_gather_rows("head.ce", flat, d.tp, 2 * d.rows, itemsize=4)
         if every is None:
@@ -331,7 +347,8 @@ class ShardedModel:
     def _head_back(self, c: Cache, targets: Array, ready: Ready) -> Array:
         d, E = self.d, self.E
         scale = 1.0 / (self.global_batch * d.seq)
-        dlogits = E.kernel("head.ce.bwd", ce_cost(d.rows, d.vocab, E.e, backward=True), ce_back,
+        dlogits = E.kernel("head.ce.bwd", ce_cost(d.rows, d.vocab, E.e, E.kernels.mode,
+                                                     backward=True), ce_back,
                            c["logits"], c.get("lse"), targets, self.vocab_lo, scale)
         dx, dw = E.column_parallel_back("head", dlogits, self.P["wte"], c["x"], d.rows,
                                         d.hidden, d.vocab)

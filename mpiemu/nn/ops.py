@@ -140,11 +140,9 @@ def ce_back(logits: np.ndarray, lse: np.ndarray, targets: np.ndarray, lo: int,
     return d
 
 
-def ce_cost(rows: int, vocab_local: int, e: int, backward: bool = False) -> Cost:
-    logits = rows * vocab_local * e
-    if backward:   # read logits and statistics; write the logit gradient
-        return Cost(3 * rows * vocab_local, logits + rows * STAT_BYTES, logits)
-    return Cost(3 * rows * vocab_local, logits + rows * 8, 2 * rows * STAT_BYTES)
+def ce_cost(rows: int, vocab_local: int, e: int, mode: str, backward: bool = False
+            ) -> list[Cost]:
+    return hk.cross_entropy(rows, vocab_local, e, mode, backward)
 
 
 def bias_add_cost(rows: int, width: int, e: int) -> Cost:

@@ -100,7 +100,7 @@ class ShardedOptimizer:
         if self.zero is not None:          # ZeRO-1: this DP rank's shares of the buckets
             self.zero.step(P)
             return
-        before, after = mixed_precision_passes(sum(lp.size for lp in self.specs), self.E.e,
+        before, after = mixed_precision_passes([lp.size for lp in self.specs], self.E.e,
                                                self.E.dtype) if self.fp32_grads else ([], [])
         charge_passes(self.E, before)
         if self.opt.needs_global_norm or self.opt.name == "lamb":

@@ -65,7 +65,10 @@ class DistributedAdam:
         on = E.on and all(sh.grad is not None for sh in shards)
         dtype: Any = next(v for v in P.values() if v is not None).dtype if on else np.float64
         coeff = 1.0
-        before, after = mixed_precision_passes(n, E.e, E.dtype)
+        # Megatron copies each parameter's slice of the share to fp32 in its own kernel; the
+        # slices differ between DP ranks, which folding's symmetry (`comm.fold`) cannot
+        # follow, so one copy per bucket share stands for them
+        before, after = mixed_precision_passes([sh.hi - sh.lo for sh in shards], E.e, E.dtype)
         charge_passes(E, before)
         if self.opt.needs_global_norm:
             sq = None

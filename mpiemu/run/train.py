@@ -101,7 +101,7 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
                          pp=grid.pp, pp_rank=grid.pp_rank, chunks=w.parallel.virtual_stages,
                          micro_batches=m, recompute=w.train.recompute, embed=embed,
                          shard_grads=opt_cfg.distributed,
-                         overlap_grad_reduce=w.train.overlap_grad_reduce)
+                         overlap_grad_reduce=w.train.overlap_grad_reduce, ddp=w.train.ddp)
     step = PipelineStep(model, pp, w.parallel.schedule, m, ctx.np_dtype)
     opt = ShardedOptimizer(opt_cfg, model.specs, eng, grid.tp_rank, model.P, norm=mp,
                            counted=lambda lp: (lp.tp_split or grid.tp_rank == 0)

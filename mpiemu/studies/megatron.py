@@ -104,14 +104,22 @@ def iteration_rows(runs: Path, labels: tuple[str, ...] = (), reuse: bool = False
         summary: dict[str, Any] = json.loads((out / "manifest.json").read_text())["summary"]
         ours, ref = stage0.iteration_s, float(theirs["iteration_s"])
         mfu, hfu = _utilization(cfg, ours)
+        ce, scale = (_charged_s(rt, prefix) for prefix in ("head.ce.", "dp.grad_scale"))
         rows.append({"run": cfg["label"], "gpus": cfg["ranks"], "sp": cfg["sp"],
                      "recompute": cfg["recompute"], "measured_s": ref, "ours_s": ours,
                      "difference": ours / ref - 1.0,
                      "measured_mfu": _num(theirs["mfu"]), "ours_mfu": mfu,
                      "measured_hfu": _num(theirs["hfu"]), "ours_hfu": hfu,
                      "bubble_fraction_stage0": stage0.idle_s / stage0.iteration_s,
-                     "memory_GiB_stage0": summary["memory"]["total_bytes"] / 2**30})
+                     "memory_GiB_stage0": summary["memory"]["total_bytes"] / 2**30,
+                     "ours_ce_ms_rank0": ce * 1e3, "ours_grad_scale_ms_rank0": scale * 1e3})
     return rows
+
+
+def _charged_s(rt: Any, prefix: str) -> float:
+    """Time of rank 0's ops whose names start with `prefix`."""
+    ev, m = rt.events, np.char.startswith(rt.names.astype(str), prefix)
+    return float((ev["t_end"][m] - ev["t_start"][m]).sum())
 
 
 def _utilization(cfg: dict[str, Any], iteration_s: float) -> tuple[float, float]:

@@ -178,7 +178,7 @@ def _why(layers: list[Row], its: list[Row]) -> list[str]:
                     f"(results/collectives/, {comm.points} points from {comm.sizes}), our "
                     f"all-reduce's bus bandwidth is {signed_pct(comm.error)} on average.")
     out[-1] += " " + _overlap_note()
-    return out + ["", *_hooks_note(layers),
+    return out + ["", *_hooks_note(layers), *_step_note(its),
                   "Nothing here is fitted to close the gap: it is left visible.", ""]
 
 
@@ -194,6 +194,22 @@ def _hooks_note(layers: list[Row]) -> list[str]:
             f"`nn/grad_buffer.py`): {base['ours_grad_acc_ms']:.2f} ms of the 22B layer's "
             f"{base['ours_backward_ms']:.1f} ms backward, once per micro-batch, in every row "
             "above.", ""]
+
+
+def _step_note(iterations: list[Row]) -> list[str]:
+    """What Megatron-LM's step charges outside the layers, in the run furthest from its
+    measurement among those whose rank 0 charges both (a single-stage run)."""
+    both = [r for r in iterations
+            if r.get("ours_grad_scale_ms_rank0") and r.get("ours_ce_ms_rank0")]
+    if not both:
+        return []
+    row = max(both, key=lambda r: abs(r["difference"]))
+    return [f"Outside the layers, the {row['run']} iteration ({row['ours_s']:.3f} s) also "
+            "runs Megatron-LM's vocab-parallel cross-entropy as PyTorch ops over the logits "
+            f"cast to fp32 ({row['ours_ce_ms_rank0']:.1f} ms, `hw.kernels.cross_entropy`) "
+            "and, with the local DDP of the time, divides the whole gradient buffer by the DP "
+            f"size, even at DP 1 ({row['ours_grad_scale_ms_rank0']:.1f} ms, `train.ddp`).",
+            ""]
 
 
 def _layer_workload() -> Workload:

@@ -5,6 +5,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from ...hw.kernels import MODES as KERNEL_MODES
+from ...nn.buckets import DDP_IMPLS
 from ...nn.config import (ATTENTION_ALIASES, ATTENTIONS, MASKS, NORMS, OPTIMIZERS, ModelConfig,
                           ModelConfigError, OptimizerConfig)
 from ...nn.engine import KernelOptions
@@ -93,6 +94,7 @@ class TrainSection:
     tp_comm_async: bool = True       # input-gradient reduction under the wgrad GEMM (Megatron)
     overlap_grad_reduce: bool = True     # DP buckets reduced during backward (else after it)
     grad_accumulation_fusion: bool = True    # wgrad GEMMs add into Megatron's main_grad
+    ddp: str = "core"                # DP reduction: Megatron core's buckets, or 2022's "local"
 
     def __post_init__(self) -> None:
         if self.global_batch < 0:
@@ -111,6 +113,12 @@ class TrainSection:
             raise ConfigError("train.recompute", self.recompute, RECOMPUTE)
         if self.kernels not in KERNEL_MODES:
             raise ConfigError("train.kernels", self.kernels, KERNEL_MODES)
+        if self.ddp not in DDP_IMPLS:
+            raise ConfigError("train.ddp", self.ddp, DDP_IMPLS)
+        if self.ddp == "local" and self.overlap_grad_reduce:
+            raise ConfigError("train.overlap_grad_reduce", True,
+                              "false with train.ddp = 'local' (its one reduction runs after "
+                              "backward)")
 
     def kernel_options(self) -> KernelOptions:
         return KernelOptions(self.kernels, self.fuse_epilogues)
