@@ -198,3 +198,21 @@ def test_megatron_attention_layout_copies_and_qkv_bias(mpi_tmp_path: Path, atten
                                                        "attn.bwd.qkv.split", "attn.bwd.dq.alpha",
                                                        "attn.bwd.dk.alpha")}
         assert got == expect
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("recompute", ["none", "selective"])
+def test_selective_recompute_clones_the_checkpointed_attention_input_gradients(
+        mpi_tmp_path: Path, recompute: str) -> None:
+    """Megatron's checkpointed attention core hands its q, k, v gradients over through
+    AccumulateGrad, which copies each to the strided inputs' layout: three clones."""
+    even_world()
+    tp, dp = grid()
+    train(mpi_tmp_path, f"train.recompute='{recompute}'")
+    n = S * (BATCH // dp) * H // tp
+    for rt in load(mpi_tmp_path).ranks:
+        it = (rt.events["iteration"] == 1) & (rt.events["layer"] == 0)
+        clones = {str(name): float(b) for name, b in zip(rt.names[it], rt.events["dram_bytes"][it])
+                  if str(name).endswith(".checkpoint")}
+        expect = {f"l0.attn.bwd.{x}.checkpoint": 2 * n * 2 for x in ("dq", "dk", "dv")}
+        assert clones == (expect if recompute == "selective" else {})

@@ -45,10 +45,18 @@ class AttnShape(NamedTuple):
     causal: bool = False
     local_block: int = 0     # > 0: block-sparse local attention in blocks of this size
     training: bool = False   # forward keeps what backward needs (flash: the row LSE)
+    triangle: bool = False   # causal rows through Megatron's fused kernel: it loads only
+                             # the unmasked lower triangle (`kernels.softmax`, `loaded`)
 
     @property
     def scores(self) -> int:
         return self.heads * self.seq * self.keys
+
+    @property
+    def loaded(self) -> float:
+        """Share of the scores a fused softmax loads: row r of a causal triangle holds r + 1
+        of the `keys` columns, (keys + 1) / (2 keys) of them on average."""
+        return (self.keys + 1) / (2 * self.keys) if self.triangle and self.causal else 1.0
 
     @property
     def groups(self) -> tuple[int, int]:
@@ -109,7 +117,8 @@ def steps(model: ComputeModel, a: AttnShape, variant: str, mode: str, dtype: str
         return [GemmStep("dprobs", rows, a.keys, a.head_dim, batch),
                 GemmStep("dv", a.keys, a.head_dim, rows, batch),
                 *[KernelStep(k.tag, k) for k in K.softmax(a.scores, a.e, mode, a.dropout,
-                                                          a.causal, backward=True)],
+                                                          a.causal, backward=True,
+                                                          loaded=a.loaded)],
                 GemmStep("dq", rows, a.head_dim, a.keys, batch),
                 GemmStep("dk", a.keys, a.head_dim, rows, batch)]
     score = GemmStep("score", rows, a.keys, a.head_dim, batch)
@@ -119,7 +128,8 @@ def steps(model: ComputeModel, a: AttnShape, variant: str, mode: str, dtype: str
     if variant == "baseline":
         fill = a.keys / a.seq if a.local_block else 1.0
         return [score, *[KernelStep(k.tag, k) for k in K.softmax(
-            a.scores, a.e, mode, a.dropout, a.causal, row_fill=fill)], context]
+            a.scores, a.e, mode, a.dropout, a.causal, row_fill=fill, loaded=a.loaded)],
+                context]
     t = sub_vector(model, a, dtype)
     st = _stats(a, t) * K.STAT_BYTES
     ir = KernelStep("ir", K.Kernel(IR_FLOPS * _stats(a, t), 2 * st, st, "ir", _stats(a, t)))

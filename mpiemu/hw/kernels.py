@@ -112,7 +112,8 @@ def bias_dropout_add(rows: int, width: int, e: int, dropout: bool, mode: str,
 
 
 def softmax(scores: int, e: int, mode: str, dropout: bool, masked: bool,
-            backward: bool = False, row_fill: float = 1.0) -> list[Kernel]:
+            backward: bool = False, row_fill: float = 1.0, loaded: float = 1.0
+            ) -> list[Kernel]:
     """Attention softmax over the materialized scores (seed 004 baseline; thesis 2.2.2).
 
     fused (Megatron FusedScaleMaskSoftmax): scale, mask and softmax in one kernel, then
@@ -123,17 +124,22 @@ def softmax(scores: int, e: int, mode: str, dropout: bool, masked: bool,
     softmax kernel still gives each thread block a full row's threads, and only the share
     on nonzero blocks issues loads (seed 004 2.4), so it reaches that share of the
     bandwidth: its time is a dense row's, its traffic the nonzeros'.
+    `loaded` < 1 (fused only): the share of the scores the fused kernels load, forward and
+    backward; they still store every element (Megatron-LM's causal kernel loads a row's
+    unmasked lower triangle and writes zeros above it: megatron/fused_kernels/
+    scaled_upper_triang_masked_softmax.h at de593298, `element_index < local_seq`).
     """
     s, m = scores * e, scores * MASK_BYTES
+    part = s * (loaded if check_mode(mode) == "fused" else 1.0)     # what softmax loads
     out: list[Kernel]
     if backward:
         out = [Kernel(scores, s + m, s, "dropout.bwd")] if dropout else []
-        out.append(Kernel(3 * scores, 2 * s, s, "softmax.bwd"))
+        out.append(Kernel(3 * scores, 2 * part, s, "softmax.bwd"))
         if check_mode(mode) == "unfused":
             out += [Kernel(scores, s, s, "mask.bwd")] if masked else []
             out.append(Kernel(scores, s, s, "scale.bwd"))
         return out
-    sm = Kernel(SOFTMAX_FLOPS * scores, s, s, "softmax", scores, min(1.0, row_fill))
+    sm = Kernel(SOFTMAX_FLOPS * scores, part, s, "softmax", scores, min(1.0, row_fill))
     if check_mode(mode) == "fused":
         out = [sm]
     else:

@@ -133,7 +133,8 @@ class Layer:
     def _attn_shape(self) -> AttnShape:
         d, cfg = self.d, self.cfg
         return AttnShape(d.batch * d.heads, d.seq, d.seq, d.head_dim, self.E.e,
-                         dropout=cfg.attention_dropout > 0, causal=cfg.causal, training=True)
+                         dropout=cfg.attention_dropout > 0, causal=cfg.causal, training=True,
+                         triangle=True)
 
     def _charge_attention(self, backward: bool, suffix: str = "") -> float:
         E = self.E
@@ -154,13 +155,19 @@ class Layer:
         (`permute(2, 0, 1, 3).contiguous()`); backward, the baddbmm's alpha = 1 / norm_factor
         applied to the query and key gradients by two kernels of PyTorch's autograd (fused
         kernels: the unfused chain scales the scores instead), and the split of the fused
-        QKV output undone by one concatenation of the three gradients."""
+        QKV output undone by one concatenation of the three gradients. Under selective
+        recomputation the attention core's three input gradients are also cloned: the
+        checkpoint's backward collects them in its detached inputs' `.grad` (megatron/mpu/
+        random.py at de593298, CheckpointFunction.backward), and PyTorch's AccumulateGrad
+        copies a gradient to the layout a leaf asks for (contiguous for the strided q, k, v
+        views of the fused QKV output, while the batched GEMMs' gradients come transposed)."""
         n, e = self.d.rows * self.d.attn_width, self.E.e      # elements of one of q, k, v
         if not backward:
             return [("context.permute", Cost(0, n * e, n * e))]
         scale = [(f"{x}.alpha", Cost(n, n * e, n * e)) for x in ("dq", "dk")]
+        clone = [(f"{x}.checkpoint", Cost(0, n * e, n * e)) for x in ("dq", "dk", "dv")]
         return (scale if self.E.kernels.mode == "fused" else []) + \
-            [("qkv.split", Cost(0, 3 * n * e, 3 * n * e))]
+            (clone if self.selective else []) + [("qkv.split", Cost(0, 3 * n * e, 3 * n * e))]
 
     def _bias_epilogue(self, width: int) -> Epilogue:
         """A bias added in the GEMM's cuBLASLt epilogue (BIAS) under train.fuse_epilogues:
