@@ -27,6 +27,10 @@ from .ops import (GELU_FLOPS, Cost, bias_add_cost, bias_dropout_add, bias_gelu, 
 Params = dict[str, Array]
 Cache = dict[str, Any]
 
+# Megatron-LM's fused softmax runs for half-precision scores of at most this many keys, else
+# torch's softmax (megatron/model/fused_softmax.py at de593298, is_kernel_available)
+FUSED_SOFTMAX_MAX_KEYS = 4096
+
 
 def _t(a: Array) -> Array:
     return None if a is None else a.T
@@ -134,7 +138,7 @@ class Layer:
         d, cfg = self.d, self.cfg
         return AttnShape(d.batch * d.heads, d.seq, d.seq, d.head_dim, self.E.e,
                          dropout=cfg.attention_dropout > 0, causal=cfg.causal, training=True,
-                         triangle=True)
+                         triangle=self.E.e < 4 and d.seq <= FUSED_SOFTMAX_MAX_KEYS)
 
     def _charge_attention(self, backward: bool, suffix: str = "") -> float:
         E = self.E
