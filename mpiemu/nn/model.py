@@ -92,8 +92,8 @@ class ShardedModel:
         self.grad_bytes = eng.e if eng.grad_buffer is None else eng.grad_buffer.main
         # Megatron's averaging over DP (`buckets`): per bucket (core), or the whole buffer
         # once after backward, then reduced in one call (local)
-        self.ddp = ddp
         scaled = eng.grad_buffer is not None
+        self.scale_whole_buffer = scaled and ddp == "local"
         self.buckets = GradBuckets(dp, self.grad_bytes,
                                    math.inf if ddp == "local" else bucket_bytes,
                                    {lp.name: lp.size for lp in self.specs},
@@ -217,7 +217,7 @@ class ShardedModel:
         buckets; returns this rank's loss share (the mean over the global batch's tokens)."""
         with self.E.tl.labelled(phase="bwd", layer=-1):
             self._sp_grad_sync()
-            if self.ddp == "local" and self.E.grad_buffer is not None:
+            if self.scale_whole_buffer:
                 self._scale("dp.grad_scale", sum(lp.size for lp in self.specs))
             self._embedding_grad_sync()
             if self.deferred:
@@ -254,7 +254,7 @@ class ShardedModel:
         if self.embed is None or self.pp == 1 or "wte" not in self.G:
             return
         g = self.G["wte"]
-        lp = next(lp for lp in self.specs if lp.name == "wte")
+        lp = self.by_name["wte"]
         flat = None if g is None else np.ravel(g)
         out, span = all_reduce(self.embed, flat, after=self.E.t, count=lp.size,
                                wire_itemsize=self.grad_bytes, label="pp.embedding_grads.ar")

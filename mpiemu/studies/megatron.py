@@ -59,7 +59,7 @@ def layer_spans_s(run_dir: Path, layer: int) -> LayerSpans:
     hooks = mine & np.char.endswith(rt.names.astype(str), ".grad_acc")
     return LayerSpans(float(ev["t_end"][fwd].max() - ev["t_start"][fwd].min()),
                       float(ev["t_end"][bwd].max() - ev["t_start"][bwd].min()),
-                      float((ev["t_end"][hooks] - ev["t_start"][hooks]).sum()))
+                      _summed_s(rt, hooks))
 
 
 def layer_rows(runs: Path, labels: tuple[str, ...] = (), reuse: bool = False) -> list[Row]:
@@ -104,7 +104,8 @@ def iteration_rows(runs: Path, labels: tuple[str, ...] = (), reuse: bool = False
         summary: dict[str, Any] = json.loads((out / "manifest.json").read_text())["summary"]
         ours, ref = stage0.iteration_s, float(theirs["iteration_s"])
         mfu, hfu = _utilization(cfg, ours)
-        ce, scale = (_charged_s(rt, prefix) for prefix in ("head.ce.", "dp.grad_scale"))
+        ce, scale = (_summed_s(rt, np.char.startswith(rt.names.astype(str), prefix))
+                     for prefix in ("head.ce.", "dp.grad_scale"))
         rows.append({"run": cfg["label"], "gpus": cfg["ranks"], "sp": cfg["sp"],
                      "recompute": cfg["recompute"], "measured_s": ref, "ours_s": ours,
                      "difference": ours / ref - 1.0,
@@ -116,10 +117,10 @@ def iteration_rows(runs: Path, labels: tuple[str, ...] = (), reuse: bool = False
     return rows
 
 
-def _charged_s(rt: Any, prefix: str) -> float:
-    """Time of rank 0's ops whose names start with `prefix`."""
-    ev, m = rt.events, np.char.startswith(rt.names.astype(str), prefix)
-    return float((ev["t_end"][m] - ev["t_start"][m]).sum())
+def _summed_s(rt: Any, mask: np.ndarray) -> float:
+    """Summed duration of a rank's events selected by `mask`."""
+    ev = rt.events
+    return float((ev["t_end"][mask] - ev["t_start"][mask]).sum())
 
 
 def _utilization(cfg: dict[str, Any], iteration_s: float) -> tuple[float, float]:
