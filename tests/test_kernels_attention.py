@@ -110,7 +110,8 @@ def test_unfused_softmax_launches_scale_mask_softmax_dropout() -> None:
 
 def test_megatrons_causal_softmax_loads_the_lower_triangle_and_stores_every_score() -> None:
     """scaled_upper_triang_masked_softmax: row r loads r + 1 scores (forward: the scores;
-    backward: the gradient and the output), writes all L; unfused kernels load all."""
+    backward: the gradient and the output), writes all L, in a dense row's time; unfused
+    kernels load all."""
     L, s = 8, 2 * 8 * 8 * 2                           # 2 heads of 8 x 8 fp16 scores
     a = ag.AttnShape(2, L, L, 4, 2, causal=True, training=True, triangle=True)
     assert a.loaded == (L + 1) / (2 * L)
@@ -118,6 +119,9 @@ def test_megatrons_causal_softmax_loads_the_lower_triangle_and_stores_every_scor
     bwd = hk.softmax(a.scores, 2, "fused", False, True, backward=True, loaded=a.loaded)[0]
     assert (fwd.read_bytes, fwd.write_bytes) == (s * 9 / 16, s)
     assert (bwd.read_bytes, bwd.write_bytes) == (2 * s * 9 / 16, s)
+    # a warp walks the whole row: a dense row's time (bytes / bandwidth share), fewer bytes
+    assert fwd.dram_bytes / fwd.bw_util == pytest.approx(2 * s)
+    assert bwd.dram_bytes / bwd.bw_util == pytest.approx(3 * s)
     plain = hk.softmax(a.scores, 2, "unfused", False, True, loaded=a.loaded)
     assert next(k for k in plain if k.tag == "softmax").read_bytes == s
     assert a._replace(triangle=False).loaded == a._replace(causal=False).loaded == 1.0

@@ -127,19 +127,25 @@ def softmax(scores: int, e: int, mode: str, dropout: bool, masked: bool,
     `loaded` < 1 (fused only): the share of the scores the fused kernels load, forward and
     backward; they still store every element (Megatron-LM's causal kernel loads a row's
     unmasked lower triangle and writes zeros above it: megatron/fused_kernels/
-    scaled_upper_triang_masked_softmax.h at de593298, `element_index < local_seq`).
+    scaled_upper_triang_masked_softmax.h at de593298, `element_index < local_seq`). As
+    for `row_fill`, a warp still walks the whole row, so the kernel takes a dense row's
+    time and moves the triangle's bytes. Megatron's kernel, built and timed on an H100,
+    bears this out (results/kernels/README.md, "Measured here": its time beside both
+    readings).
     """
     s, m = scores * e, scores * MASK_BYTES
     part = s * (loaded if check_mode(mode) == "fused" else 1.0)     # what softmax loads
     out: list[Kernel]
     if backward:
         out = [Kernel(scores, s + m, s, "dropout.bwd")] if dropout else []
-        out.append(Kernel(3 * scores, 2 * part, s, "softmax.bwd"))
+        out.append(Kernel(3 * scores, 2 * part, s, "softmax.bwd",
+                          bw_util=(2 * part + s) / (3 * s)))
         if check_mode(mode) == "unfused":
             out += [Kernel(scores, s, s, "mask.bwd")] if masked else []
             out.append(Kernel(scores, s, s, "scale.bwd"))
         return out
-    sm = Kernel(SOFTMAX_FLOPS * scores, part, s, "softmax", scores, min(1.0, row_fill))
+    sm = Kernel(SOFTMAX_FLOPS * scores, part, s, "softmax", scores,
+                min(1.0, row_fill) * (part + s) / (2 * s))
     if check_mode(mode) == "fused":
         out = [sm]
     else:

@@ -23,6 +23,7 @@ from typing import Any, Iterable
 from ..hw.cost import GpuModel
 from ..hw.presets import load_device
 from ..hw.specs import DeviceSpec
+from . import kernels_here
 from .common import Golden, Row, geomean, load_figures, md_table, plt, write_csv
 
 PASSES = ("fwd", "dgrad", "wgrad")
@@ -152,7 +153,9 @@ def _with_gemm(spec: DeviceSpec, **changes: Any) -> DeviceSpec:
 
 
 def golden() -> list[Golden]:
-    return [Golden("gemms.csv", rows_for(shipped()))]
+    here = kernels_here.all_rows()
+    return [Golden("gemms.csv", rows_for(shipped()))] + [
+        Golden(name, here[kind]) for kind, name in kernels_here.FILES.items()]
 
 
 def plot(rows: list[Row], path: Path) -> None:
@@ -203,9 +206,16 @@ def main(out_dir: Path, argv: list[str]) -> int:
     write_csv(out_dir / "gemms.csv", rows)
     write_csv(out_dir / "summary.csv", summ)
     plot(rows, out_dir / "throughput.png")
-    (out_dir / "README.md").write_text("\n".join(markdown(rows, summ, fitted)) + "\n")
+    here = kernels_here.all_rows()
+    here_summ = kernels_here.summary(here)
+    for kind, name in kernels_here.FILES.items():
+        write_csv(out_dir / name, here[kind])
+    from .kernels_report import here_md  # noqa: PLC0415
+    (out_dir / "README.md").write_text("\n".join(
+        markdown(rows, summ, fitted) + here_md(here, here_summ, kernels_here.raw()[0])) + "\n")
     sys.stdout.write("\n".join(md_table(list(summ[0]), [list(r.values()) for r in summ]))
-                     + f"\nwrote {out_dir}/README.md, gemms.csv, summary.csv, throughput.png\n")
+                     + f"\nwrote {out_dir}/README.md, gemms.csv, summary.csv, throughput.png, "
+                     f"{', '.join(kernels_here.FILES.values())}\n")
     return 0
 
 
