@@ -108,6 +108,21 @@ def _kernel_bias() -> tuple[float, float, int] | None:
     return sum(gemm) / len(gemm), sum(bmm) / len(bmm), len(rows)
 
 
+def _here_bias() -> tuple[float, float, int] | None:
+    """The same GEMM model on this project's own H100 (results/kernels/measured_here_gemms.csv,
+    the four Megatron models' layer shapes at TP 8): (mean time error of the dense GEMMs, of
+    the attention BMMs, rows)."""
+    path = ROOT / "results" / "kernels" / "measured_here_gemms.csv"
+    if not path.exists():
+        return None
+    rows = [r for r in read_csv(path) if r["group"] in ("22B", "175B", "530B", "1T")]
+    dense = [float(r["error"]) for r in rows if r["bmm"] == "False"]
+    bmm = [float(r["error"]) for r in rows if r["bmm"] == "True"]
+    if not dense or not bmm:
+        return None
+    return sum(dense) / len(dense), sum(bmm) / len(bmm), len(rows)
+
+
 class CommBias(NamedTuple):
     """Our all-reduce against nccl-tests at the 22B layer's TP message size."""
 
@@ -169,6 +184,14 @@ def _why(layers: list[Row], its: list[Row]) -> list[str]:
                     f"throughput is {signed_pct(bias[0])} on the layer GEMMs and "
                     f"{signed_pct(bias[1])} on the attention BMMs, on average: part of the gap "
                     "is the A100 GEMM model's, above all on the attention BMMs.")
+    here = _here_bias()
+    if here is not None:
+        out[-1] += (f" The same model, timed against these models' own layer shapes on this "
+                    f"project's H100 (results/kernels/, 'Measured here', {here[2]} GEMMs), "
+                    f"errs by {signed_pct(here[0])} in time on the dense GEMMs and "
+                    f"{signed_pct(here[1])} on the attention BMMs (negative: ours faster): "
+                    "the BMMs, whose short K or N leaves them streaming their scores through "
+                    "DRAM, are where it runs ahead there too.")
     comm = _collective_bias()
     if comm is not None:
         how = "faster" if comm.error > 0 else "slower"
