@@ -154,3 +154,28 @@ def test_compare_shows_the_per_op_differences_of_two_attention_variants(tmp_path
         runs[variant] = load(out)
     text = "\n".join(compare_lines(runs["baseline"], runs["sdf"], top=40))
     assert "attn.score+ls" in text and "attn.softmax" in text and "attn.scale" in text
+
+
+def test_flash_ctas_carry_their_block_pairs_in_launch_order() -> None:
+    """FA2's grid: forward, query block m sees key blocks up to the diagonal; backward, key
+    block n sees the query blocks from the diagonal down; full attention sees all."""
+    a = ag.AttnShape(1, 512, 512, 64, 2, causal=True)
+    assert ag._block_pairs(a, 128, 64, backward=False) == (2, 4, 6, 8)
+    assert ag._block_pairs(a, 128, 64, backward=True) == (4, 4, 3, 3, 2, 2, 1, 1)
+    assert ag._block_pairs(a._replace(causal=False), 128, 64, False) == (8, 8, 8, 8)
+
+
+def test_flash_list_scheduling_lets_the_heaviest_cta_decide_a_short_run() -> None:
+    assert ag._makespan((2, 4, 6, 8), 1, 4) == 8            # one CTA per SM
+    assert ag._makespan((2, 4, 6, 8), 1, 2) == 12           # 2 | 4, then 6 -> SM0, 8 -> SM1
+    assert ag._makespan((5,), 6, 3) == 10                   # two rounds of three
+
+
+def test_flash_runs_at_the_mma_sync_rate_where_the_preset_measures_it() -> None:
+    import dataclasses
+    h100 = load_device("h100-sxm5")
+    a = ag.AttnShape(96, 2048, 2048, 128, 2, training=True)
+    wgmma = dataclasses.replace(h100, kernels=dataclasses.replace(
+        h100.kernels, mma_sync_efficiency=0.0))             # 0: the GEMMs' efficiency
+    assert h100.kernels.mma_sync_efficiency < h100.gemm.efficiency
+    assert ag.flash_cost(h100, a, "fp16").time_s > ag.flash_cost(wgmma, a, "fp16").time_s

@@ -19,6 +19,8 @@ Backward: sd and sdf keep the baseline's backward (the softmax gradient needs on
 """
 from __future__ import annotations
 
+import functools
+import heapq
 import math
 from typing import NamedTuple, Union
 
@@ -157,24 +159,30 @@ def flash_cost(spec: DeviceSpec, a: AttnShape, dtype: str, backward: bool = Fals
     CTAs own a query block (forward) or a key block (backward) and stream the other side
     through shared memory; K and V (Q and dO) re-reads are served by L2, so DRAM sees each
     input once and each output once, plus the fp32 LSE (forward, training) and, backward,
-    the row sums D = rowsum(dO * O) and the fp32 dQ accumulator (atomics through L2, read
-    and written once in DRAM). Per CTA, the tensor-core GEMMs (4 L K d forward, 10 L K d
-    backward) run at the preset's matrix efficiency and the softmax work (exp on the SFUs,
-    the rest on the CUDA cores) runs between them, not overlapped (FA2 on one warp group).
-    Causal attention skips the masked half of the key blocks.
+    the row sums D = rowsum(dO * O) and the fp32 dQ accumulator (read and written once in
+    DRAM). Per block pair (query block x key block) the tensor-core GEMMs (4 d flops per
+    score forward, 10 d backward) run at the rate of the instruction FA2 issues, mma.sync
+    (`kernels.mma_sync_efficiency` of the dense peak where a preset measures it: Hopper's wgmma,
+    which cuBLAS uses, is faster; elsewhere mma.sync is what cuBLAS runs too, at
+    `gemm.efficiency`), and the softmax work (exp on the SFUs, the rest on the CUDA cores)
+    runs between them, not overlapped (FA2 on one warp group).
+
+    Causal attention skips the key blocks above the diagonal, so a head's CTAs differ in
+    work; they are dispatched in launch order (the block index fastest, FA2's grid) onto
+    the SMs as these free up (`_makespan`). When CTAs barely outnumber SMs the heavy
+    blocks decide the time. NOT modelled: the dQ accumulation's L2 atomics in backward.
     """
     kb = spec.kernels
     frac = 0.5 if a.causal and not a.local_block else 1.0
     pairs = a.heads * a.seq * a.keys * frac                     # scores computed
     mma = (10.0 if backward else 4.0) * pairs * a.head_dim
-    ops = (FLASH_SOFTMAX_FLOPS + (FLASH_BWD_FLOPS if backward else 0)) * pairs
     cus = spec.compute_units
-    sm_math = spec.peak(dtype) * spec.gemm.efficiency / cus
+    sm_math = spec.peak(dtype) * (kb.mma_sync_efficiency or spec.gemm.efficiency) / cus
     sm_vec, sm_sfu = spec.vector_flops_per_s / cus, spec.sfu_ops_per_s / cus
-    block = kb.flash_block_k if backward else kb.flash_block_q
-    ctas = a.heads * math.ceil((a.keys if backward else a.seq) / block)
-    per_cta = (mma / sm_math + pairs / sm_sfu + ops / sm_vec) / ctas
-    compute = math.ceil(ctas / cus) * per_cta
+    ops = FLASH_SOFTMAX_FLOPS + (FLASH_BWD_FLOPS if backward else 0)
+    per_score = (10.0 if backward else 4.0) * a.head_dim / sm_math + 1 / sm_sfu + ops / sm_vec
+    compute = _makespan(_block_pairs(a, kb.flash_block_q, kb.flash_block_k, backward),
+                        a.heads, cus) * kb.flash_block_q * kb.flash_block_k * per_score
     io = a.heads * a.seq * a.head_dim * a.e                      # one of Q, K, V, O, dO
     lse = a.heads * a.seq * K.STAT_BYTES
     if backward:
@@ -184,6 +192,29 @@ def flash_cost(spec: DeviceSpec, a: AttnShape, dtype: str, backward: bool = Fals
         dram = 4 * io + (lse if a.training else 0)
     memory = dram / spec.dram_stream_bw
     return FlashCost(spec.kernel_launch_s + max(compute, memory), mma, dram)
+
+
+def _block_pairs(a: AttnShape, bq: int, bk: int, backward: bool) -> tuple[int, ...]:
+    """Block pairs each CTA of one head computes, in launch order. Forward: query block m
+    sees key blocks up to the diagonal (causal) or all; backward: key block n sees the
+    query blocks from the diagonal down (causal) or all."""
+    nq, nk = math.ceil(a.seq / bq), math.ceil(a.keys / bk)
+    causal = a.causal and not a.local_block
+    if backward:
+        return tuple(nq - (n * bk) // bq if causal else nq for n in range(nk))
+    return tuple(min(nk, math.ceil((m + 1) * bq / bk)) if causal else nk for m in range(nq))
+
+
+@functools.lru_cache(maxsize=256)
+def _makespan(per_head: tuple[int, ...], heads: int, cus: int) -> int:
+    """Block pairs on the busiest SM when `heads` copies of `per_head` are dispatched in
+    order, each CTA to the SM that frees first (list scheduling; ties to the lowest SM)."""
+    free = [(0, sm) for sm in range(cus)]
+    for _ in range(heads):
+        for work in per_head:
+            t, sm = heapq.heappop(free)
+            heapq.heappush(free, (t + work, sm))
+    return max(t for t, _ in free)
 
 
 def step_cost(model: ComputeModel, step: Step, dtype: str) -> tuple[float, float, float]:

@@ -212,7 +212,7 @@ def main(out_dir: Path, argv: list[str]) -> int:
         write_csv(out_dir / name, here[kind])
     from .kernels_report import here_md  # noqa: PLC0415
     (out_dir / "README.md").write_text("\n".join(
-        markdown(rows, summ, fitted) + here_md(here, here_summ, kernels_here.raw()[0])) + "\n")
+        markdown(rows, summ, fitted) + here_md(here, here_summ, *kernels_here.raw())) + "\n")
     sys.stdout.write("\n".join(md_table(list(summ[0]), [list(r.values()) for r in summ]))
                      + f"\nwrote {out_dir}/README.md, gemms.csv, summary.csv, throughput.png, "
                      f"{', '.join(kernels_here.FILES.values())}\n")

@@ -135,7 +135,28 @@ def _span(xs: list[float]) -> str:
     return f"{_pct(min(xs))} to {_pct(max(xs))}"
 
 
-def here_md(t: dict[str, list[Row]], summ: list[Row], provenance: str) -> list[str]:
+def _flash_note(flash: list[Row], raw_rows: list[dict[str, str]]) -> list[str]:
+    """What the flash rows say, from the rows and the probes (mma.sync, atomics)."""
+    mma = max(float(r["tflops"]) for r in raw_rows if r["kind"] == "mma")
+    red = {r["shape"]: float(r["gbps"]) for r in raw_rows if r["kind"] == "atomic"}
+
+    def mean(p: str) -> float:
+        sel = [r["error"] for r in flash if r["pass"] == p]
+        return sum(sel) / len(sel)
+    return [f"FlashAttention-2 issues mma.sync, which this H100 runs at {mma:.1f} TFLOPS "
+            "(`benchmarks/device/mma_sync.py`, the preset's `kernels.mma_sync_efficiency`), "
+            "not at the wgmma rate cuBLAS reaches; its CTAs are list-scheduled onto the SMs, "
+            "so a causal head's heavy last blocks decide short runs. Mean time error: "
+            f"forward {_pct(mean('fwd'))}, backward {_pct(mean('bwd'))}. The backward's "
+            "dQ accumulation runs as fp32 atomics through L2 (measured here: "
+            f"{min(red.values()) / 1e3:.2f}-{max(red.values()) / 1e3:.2f} TB/s of "
+            "accumulated data, from a buffer larger than L2 to one inside it), and FA2's "
+            "backward round-trips dS and P through shared memory; neither is modelled, and "
+            "the backward stays far too fast."]
+
+
+def here_md(t: dict[str, list[Row]], summ: list[Row], provenance: str,
+            raw_rows: list[dict[str, str]]) -> list[str]:
     """The measured-here section: every number from `kernels_here`."""
     g = t["gemm"]
     causal = [r for r in t["kernel"] if r["op"].startswith("causal")]
@@ -191,6 +212,7 @@ def here_md(t: dict[str, list[Row]], summ: list[Row], provenance: str) -> list[s
         *md_table(["case", "pass", "b x heads x L x d", "ours us", "measured us", "error"],
                   [[r["case"], r["pass"], r["shape"], r["ours_us"], r["measured_us"],
                     _pct(r["error"])] for r in t["flash"]]), "",
+        *_flash_note(t["flash"], raw_rows), "",
         "### The published H100 grid, measured here", "",
         *md_table(["dtype", "M x N x K", "source", "published TFLOPS", "here TFLOPS",
                    "here / published - 1"],
