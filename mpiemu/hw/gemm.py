@@ -12,7 +12,10 @@ drain. Math runs at `efficiency` of the matrix peak (fp16 / bf16 / tf32 tensor c
 wave advance through K together, so at any moment the wave holds a few K-blocks of its panels
 and every A row-panel and B column-panel it touches is read from DRAM once per wave; a panel
 of the previous wave is reused only when the whole (K-long) panels of both waves fit in the
-LLC. The layout (NN, TN, NT) does not change the cost of aligned tensor-core GEMMs (cuBLAS
+LLC. DRAM bytes move at the device's achievable streaming rate (`DeviceSpec.dram_stream_bw`),
+as every memory-bound kernel's do: the store-bound attention BMMs timed on an H100 run at
+about that rate, not at the peak (results/kernels/, "Measured here"). The layout (NN, TN,
+NT) does not change the cost of aligned tensor-core GEMMs (cuBLAS
 has kernels for every layout); what a transposed call changes is M and N, which the caller
 states. The cheapest (tile, split-K) is chosen, as cuBLAS's heuristic intends.
 """
@@ -279,7 +282,7 @@ def _floor_s(spec: DeviceSpec, sh: _Shape, dtype: str, cus: int) -> float:
 
     def one(count: int) -> float:
         per_sm, compute = t.compute_s(spec.gemm, count, cus)
-        return max(compute, count * per_tile_bytes / spec.dram_bw_bytes_per_s) \
+        return max(compute, count * per_tile_bytes / spec.dram_stream_bw) \
             + per_sm * t.epilogue_s
 
     full, last = divmod(t.total, t.wave)
@@ -305,7 +308,7 @@ def _waves(spec: DeviceSpec, sh: _Shape, dtype: str, cus: int, bypass: bool
         prev_rows, prev_cols = rows, cols
         per_sm, compute = t.compute_s(spec.gemm, count, cus)
         yield GemmStage(count, compute, reads + count * extra_r, out_stage + count * extra_w,
-                        spec.dram_bw_bytes_per_s, per_sm * t.epilogue_s)
+                        spec.dram_stream_bw, per_sm * t.epilogue_s)
 
 
 def _tile_epilogue_s(spec: DeviceSpec, sh: _Shape) -> float:
@@ -331,9 +334,9 @@ def _split_reduce(spec: DeviceSpec, sh: _Shape) -> GemmStage:
     partial = elems * sh.split * PARTIAL_BYTES
     if _partials_in_llc(spec, sh):
         return GemmStage(0, partial / spec.gemm.l2_bw_bytes_per_s + spec.gemm.wave_fixed_s, 0.0,
-                         elems * sh.out_bytes, spec.dram_bw_bytes_per_s)
+                         elems * sh.out_bytes, spec.dram_stream_bw)
     return GemmStage(0, spec.gemm.wave_fixed_s, partial, elems * sh.out_bytes,
-                     spec.dram_bw_bytes_per_s)
+                     spec.dram_stream_bw)
 
 
 def _candidates(spec: DeviceSpec, m: int, n: int, k: int, batch: int, in_bytes: int,

@@ -228,9 +228,10 @@ def here_md(t: dict[str, list[Row]], summ: list[Row], provenance: str,
                     r["measured_us"], r["measured_dram_tbps"], _pct(r["error"])]
                    for r in g if r["group"] not in ("22B", "175B", "530B", "1T")]), "",
         "Where K (score BMM) or N (context BMM) is short, the GEMM streams its output or "
-        "operands: measured, those BMMs move their bytes at the rate the `TB/s` column "
-        "shows, below the streaming rate the model charges, and the model is too fast by "
-        "the error shown; once the math dominates (K >= 192) the model follows.", "",
+        "operands through DRAM at the rate the `TB/s` column shows; the model moves GEMM "
+        "bytes at the device's streaming rate, as any memory-bound kernel's (it used to "
+        "charge the peak, and these rows are why it no longer does). Once the math "
+        "dominates, the math rate decides.", "",
         "### FlashAttention-2 (PyTorch SDPA's flash backend)", "",
         *md_table(["case", "pass", "b x heads x L x d", "ours us", "measured us", "error"],
                   [[r["case"], r["pass"], r["shape"], r["ours_us"], r["measured_us"],

@@ -189,9 +189,9 @@ def _why(layers: list[Row], its: list[Row]) -> list[str]:
         out[-1] += (f" The same model, timed against these models' own layer shapes on this "
                     f"project's H100 (results/kernels/, 'Measured here', {here[2]} GEMMs), "
                     f"errs by {signed_pct(here[0])} in time on the dense GEMMs and "
-                    f"{signed_pct(here[1])} on the attention BMMs (negative: ours faster): "
-                    "the BMMs, whose short K or N leaves them streaming their scores through "
-                    "DRAM, are where it runs ahead there too.")
+                    f"{signed_pct(here[1])} on the attention BMMs (negative: ours faster), "
+                    "whose short K or N leaves them streaming their scores through DRAM at "
+                    "the device's streaming rate.")
     comm = _collective_bias()
     if comm is not None:
         how = "faster" if comm.error > 0 else "slower"
