@@ -331,15 +331,21 @@ def main() -> int:
                              "shape": f"h{h} a{a} s{s} b{mb}", "time_us": round(us, 3)})
                 print(rows[-1], flush=True)
                 torch.cuda.empty_cache()
-    with args.out.open("w", newline="") as f:
-        f.write(f"# {prop.name}, {prop.multi_processor_count} SMs, torch {torch.__version__}, "
-                f"CUDA {torch.version.cuda}, {smi}\n")
+    write_rows(args.out, f"{prop.name}, {prop.multi_processor_count} SMs, torch "
+               f"{torch.__version__}, CUDA {torch.version.cuda}, {smi}", fields, rows)
+    return 0
+
+
+def write_rows(path: Path, provenance: str, fields: list[str],
+               rows: list[dict[str, object]]) -> None:
+    """The CSV every device script writes: a provenance comment, then one row per case."""
+    with path.open("w", newline="") as f:
+        f.write(f"# {provenance}\n")
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         for r in rows:
             w.writerow({k: r.get(k, "") for k in fields})
-    print(f"# wrote {len(rows)} rows to {args.out}", flush=True)
-    return 0
+    print(f"# wrote {len(rows)} rows to {path}", flush=True)
 
 
 if __name__ == "__main__":

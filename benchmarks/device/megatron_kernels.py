@@ -24,7 +24,8 @@ import torch
 from torch.utils import cpp_extension
 
 sys.path.insert(0, str(Path(__file__).parent))
-from measure_kernels import MODELS, TP, layer_case, rand, timed_us  # noqa: E402
+from measure_kernels import (MODELS, TP, layer_case, rand, timed_us,  # noqa: E402
+                             write_rows)
 
 FLAGS = ["-O3", "-DAT_ASSERTM=TORCH_CHECK", "-gencode", "arch=compute_90,code=sm_90", "--use_fast_math",
          "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
@@ -121,14 +122,8 @@ def main() -> int:
         except Exception as exc:  # noqa: BLE001 - report the build failure, go on
             print(f"# {label} failed: {str(exc)[-1500:]}", flush=True)
     fields = ["kind", "group", "op", "shape", "time_us", "gbps", "timing"]
-    with args.out.open("w", newline="") as f:
-        f.write(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA "
-                f"{torch.version.cuda}; Megatron-LM fused kernels at de593298\n")
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: r.get(k, "") for k in fields})
-    print(f"# wrote {len(rows)} rows to {args.out}", flush=True)
+    write_rows(args.out, f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA "
+               f"{torch.version.cuda}; Megatron-LM fused kernels at de593298", fields, rows)
     return 0
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from .common import ROOT, Row, geomean, load_figures, md_table, pct, read_csv, signed_pct
 
@@ -92,35 +92,35 @@ def _relative(layers: list[Row]) -> list[str]:
                       rows, "lrrr"), ""]
 
 
-def _kernel_bias() -> tuple[float, float, int] | None:
-    """How far the A100 GEMM model runs ahead of published A100 transformer GEMMs
-    (results/kernels/gemms.csv, the cookbook's judged layer GEMMs and attention BMMs):
-    (mean error of the GEMMs, of the attention BMMs, rows)."""
-    path = ROOT / "results" / "kernels" / "gemms.csv"
+def _mean_errors(name: str, keep: Callable[[dict[str, str]], bool],
+                 is_bmm: Callable[[dict[str, str]], bool]) -> tuple[float, float, int] | None:
+    """(mean error of the dense GEMMs, of the attention BMMs, rows) of the kept rows of
+    results/kernels/<name>."""
+    path = ROOT / "results" / "kernels" / name
     if not path.exists():
         return None
-    rows = [r for r in read_csv(path) if r["gpu"].startswith("a100") and r["set"] == "judge"
-            and r["source"] == "cookbook_sample"]
-    gemm = [float(r["error"]) for r in rows if "BMM" not in r["used_by"]]
-    bmm = [float(r["error"]) for r in rows if "BMM" in r["used_by"]]
+    rows = [r for r in read_csv(path) if keep(r)]
+    gemm = [float(r["error"]) for r in rows if not is_bmm(r)]
+    bmm = [float(r["error"]) for r in rows if is_bmm(r)]
     if not gemm or not bmm:
         return None
     return sum(gemm) / len(gemm), sum(bmm) / len(bmm), len(rows)
 
 
+def _kernel_bias() -> tuple[float, float, int] | None:
+    """How far the A100 GEMM model runs ahead of published A100 transformer GEMMs (the
+    cookbook's judged layer GEMMs and attention BMMs; throughput errors)."""
+    return _mean_errors("gemms.csv", lambda r: r["gpu"].startswith("a100") and r["set"] ==
+                        "judge" and r["source"] == "cookbook_sample",
+                        lambda r: "BMM" in r["used_by"])
+
+
 def _here_bias() -> tuple[float, float, int] | None:
-    """The same GEMM model on this project's own H100 (results/kernels/measured_here_gemms.csv,
-    the four Megatron models' layer shapes at TP 8): (mean time error of the dense GEMMs, of
-    the attention BMMs, rows)."""
-    path = ROOT / "results" / "kernels" / "measured_here_gemms.csv"
-    if not path.exists():
-        return None
-    rows = [r for r in read_csv(path) if r["group"] in ("22B", "175B", "530B", "1T")]
-    dense = [float(r["error"]) for r in rows if r["bmm"] == "False"]
-    bmm = [float(r["error"]) for r in rows if r["bmm"] == "True"]
-    if not dense or not bmm:
-        return None
-    return sum(dense) / len(dense), sum(bmm) / len(bmm), len(rows)
+    """The same GEMM model on this project's own H100 (the four Megatron models' layer
+    shapes at TP 8; time errors)."""
+    return _mean_errors("measured_here_gemms.csv",
+                        lambda r: r["group"] in ("22B", "175B", "530B", "1T"),
+                        lambda r: r["bmm"] == "True")
 
 
 class CommBias(NamedTuple):
