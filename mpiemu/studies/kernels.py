@@ -155,7 +155,8 @@ def _with_gemm(spec: DeviceSpec, **changes: Any) -> DeviceSpec:
 def golden() -> list[Golden]:
     here = kernels_here.all_rows()
     return [Golden("gemms.csv", rows_for(shipped()))] + [
-        Golden(name, here[kind]) for kind, name in kernels_here.FILES.items()]
+        Golden(name, here[kind]) for kind, name in kernels_here.FILES.items()] + [
+        Golden(kernels_here.LAYER_FILE, kernels_here.layer_rows(kernels_here.raw()[1]))]
 
 
 def plot(rows: list[Row], path: Path) -> None:
@@ -210,12 +211,15 @@ def main(out_dir: Path, argv: list[str]) -> int:
     here_summ = kernels_here.summary(here)
     for kind, name in kernels_here.FILES.items():
         write_csv(out_dir / name, here[kind])
+    provenance, raw = kernels_here.raw()
+    here["layer"] = kernels_here.layer_rows(raw)
+    write_csv(out_dir / kernels_here.LAYER_FILE, here["layer"])
     from .kernels_report import here_md  # noqa: PLC0415
     (out_dir / "README.md").write_text("\n".join(
-        markdown(rows, summ, fitted) + here_md(here, here_summ, *kernels_here.raw())) + "\n")
+        markdown(rows, summ, fitted) + here_md(here, here_summ, provenance, raw)) + "\n")
     sys.stdout.write("\n".join(md_table(list(summ[0]), [list(r.values()) for r in summ]))
                      + f"\nwrote {out_dir}/README.md, gemms.csv, summary.csv, throughput.png, "
-                     f"{', '.join(kernels_here.FILES.values())}\n")
+                     f"{', '.join(kernels_here.FILES.values())}, {kernels_here.LAYER_FILE}\n")
     return 0
 
 

@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import csv
 import io
+import tempfile
 from importlib import resources
+from pathlib import Path
 from typing import Callable
+
+import numpy as np
 
 from ..hw import kernels as hk
 from ..hw.attention_gpu import AttnShape, flash_cost
 from ..hw.cost import GpuModel
 from ..hw.kernels import Kernel
 from ..hw.presets import load_device
-from .common import Row, geomean
+from .common import ROOT, Row, geomean
 
 GPU = "h100-sxm5"
 E = 2                                              # every measured kernel ran in fp16
@@ -27,6 +31,7 @@ LAYER_GROUPS = ("22B", "175B", "530B", "1T")       # the Megatron workloads at T
 SWEEPS = ("k-sweep", "n-sweep", "mn-sweep")
 FILES = {"gemm": "measured_here_gemms.csv", "kernel": "measured_here_kernels.csv",
          "flash": "measured_here_flash.csv"}
+LAYER_FILE = "measured_here_layers.csv"
 
 
 def raw() -> tuple[str, list[dict[str, str]]]:
@@ -183,3 +188,74 @@ def summary(t: dict[str, list[Row]]) -> list[Row]:
              "geomean_abs_error": round(geomean(max(abs(r["error"]), 1e-6) for r in v), 4),
              "mean_error": round(sum(r["error"] for r in v) / len(v), 4)}
             for k, v in groups.items()]
+
+
+# measured layer -> (model preset, micro-batch): the shards benchmarks/device/ timed
+LAYERS = {"22B TP8": ("megatron-22b", 4), "175B TP8": ("megatron-175b", 1)}
+SCALE = ("attn.scale", "attn.bwd.scale.bwd")   # Megatron's unfused scale kernels (fwd, bwd)
+GEMM_OPS = ("attn.score", "attn.context", "attn.bwd.dprobs", "attn.bwd.dv", "attn.bwd.dq",
+            "attn.bwd.dk")                    # the attention BMMs (the rest: .gemm, .wgrad)
+
+
+def emulated_layer_s(model: str, micro_batch: int, out: Path) -> dict[str, float]:
+    """One layer's compute on an emulated H100 as the measured plain-PyTorch layer runs it:
+    TP 8, unfused kernels, no SP, no recompute, layer 1 of a two-layer run, rank 0; the
+    gradient-buffer hooks (`.grad_acc`, Megatron's DDP, absent from plain autograd) left
+    out. `fwd` and `fwd+bwd`, each with and without (`.noscale`) the scale kernels
+    Megatron's unfused softmax path runs and PyTorch's baddbmm folds into its GEMM."""
+    from ..analysis import load  # noqa: PLC0415
+    from .runs import run  # noqa: PLC0415
+    run(8, ROOT / "workloads" / "megatron-22b-tp8.toml",
+        [f"model.preset={model}", "model.layers=2", f"train.micro_batch={micro_batch}",
+         f"train.global_batch={micro_batch}", "device.preset=h100-sxm5",
+         "network.preset=dgx-h100", "parallel.sequence_parallel=false",
+         "train.recompute=none", "train.kernels=unfused"], out)
+    rt = load(out).ranks[0]
+    ev, names = rt.events, rt.names.astype(str)
+    dur = ev["t_end"] - ev["t_start"]
+    mine = ((ev["layer"] == 1) & np.char.startswith(rt.resources.astype(str), "compute")
+            & ~np.char.endswith(names, ".grad_acc"))
+    noscale = mine & ~np.isin(np.char.partition(names, ".")[:, 2], SCALE)
+    phase = rt.phases.astype(str)
+    gemm = mine & (np.char.endswith(names, ".gemm") | np.char.endswith(names, ".wgrad")
+                   | np.isin(np.char.partition(names, ".")[:, 2], GEMM_OPS))
+    out_s = {"gemm": float(dur[gemm & np.isin(phase, ("fwd", "bwd"))].sum())}
+    for op, phases in (("fwd", ("fwd",)), ("fwd+bwd", ("fwd", "bwd"))):
+        sel = np.isin(phase, phases)
+        out_s[op] = float(dur[mine & sel].sum())
+        out_s[op + ".noscale"] = float(dur[noscale & sel].sum())
+    return out_s
+
+
+def profiled_gemm_us() -> dict[str, float]:
+    """GPU time of the cuBLAS kernels (GEMMs and BMMs) in each profiled fwd + bwd layer."""
+    text = (resources.files("mpiemu.studies") / "kernels_h100_layer_profile.csv").read_text()
+    out: dict[str, float] = {}
+    for r in csv.DictReader(io.StringIO(text)):
+        if "nvjet" in r["kernel"] or "gemm" in r["kernel"].lower():
+            out[r["layer"]] = out.get(r["layer"], 0.0) + float(r["total_us"])
+    return out
+
+
+def layer_rows(rows: list[dict[str, str]]) -> list[Row]:
+    """The plain-PyTorch layer's measured time beside ours, with and without the scale
+    kernels the measured layer does not run; for fwd + bwd, the GEMMs' share of each (the
+    measured one from the layer's kernel profile)."""
+    meas = {(r["group"], r["op"]): float(r["time_us"]) for r in rows if r["kind"] == "layer"}
+    prof = profiled_gemm_us()
+    out = []
+    for group, (model, mb) in LAYERS.items():
+        with tempfile.TemporaryDirectory(prefix="mpiemu-kernels-") as tmp:
+            ours = emulated_layer_s(model, mb, Path(tmp))
+        for op in ("fwd", "fwd+bwd"):
+            theirs = meas[(group, op)]
+            out.append({"layer": group, "pass": op, "measured_us": theirs,
+                        "ours_us": round(ours[op] * 1e6, 1),
+                        "error": round(ours[op] * 1e6 / theirs - 1, 4),
+                        "ours_without_scale_us": round(ours[op + ".noscale"] * 1e6, 1),
+                        "error_without_scale": round(ours[op + ".noscale"] * 1e6 / theirs
+                                                     - 1, 4),
+                        "measured_gemm_us": prof[group] if op == "fwd+bwd" else "",
+                        "ours_gemm_us": round(ours["gemm"] * 1e6, 1) if op == "fwd+bwd"
+                        else ""})
+    return out
