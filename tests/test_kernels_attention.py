@@ -179,3 +179,13 @@ def test_flash_runs_at_the_mma_sync_rate_where_the_preset_measures_it() -> None:
         h100.kernels, mma_sync_efficiency=0.0))             # 0: the GEMMs' efficiency
     assert h100.kernels.mma_sync_efficiency < h100.gemm.efficiency
     assert ag.flash_cost(h100, a, "fp16").time_s > ag.flash_cost(wgmma, a, "fp16").time_s
+
+
+def test_flash_backward_pays_its_dq_atomics_where_the_preset_measures_them() -> None:
+    import dataclasses
+    h100 = load_device("h100-sxm5")
+    free = dataclasses.replace(h100, kernels=dataclasses.replace(
+        h100.kernels, l2_atomic_bytes_per_s=0.0))              # 0: not charged
+    a = ag.AttnShape(96, 2048, 2048, 128, 2, training=True)
+    assert ag.flash_cost(h100, a, "fp16", True).time_s > ag.flash_cost(free, a, "fp16", True).time_s
+    assert ag.flash_cost(h100, a, "fp16").time_s == ag.flash_cost(free, a, "fp16").time_s

@@ -170,7 +170,11 @@ def flash_cost(spec: DeviceSpec, a: AttnShape, dtype: str, backward: bool = Fals
     Causal attention skips the key blocks above the diagonal, so a head's CTAs differ in
     work; they are dispatched in launch order (the block index fastest, FA2's grid) onto
     the SMs as these free up (`_makespan`). When CTAs barely outnumber SMs the heavy
-    blocks decide the time. NOT modelled: the dQ accumulation's L2 atomics in backward.
+    blocks decide the time. Backward, each block pair also adds its dQ partial (query block
+    x d, fp32) into the accumulator with atomics through L2, in turn with its math, at the
+    SM's share of the preset's L2 atomic rate (`kernels.l2_atomic`, where measured: the
+    accumulators of the heads in flight fit in L2). NOT modelled: the backward's
+    shared-memory round trips of dS and P.
     """
     kb = spec.kernels
     frac = 0.5 if a.causal and not a.local_block else 1.0
@@ -181,8 +185,12 @@ def flash_cost(spec: DeviceSpec, a: AttnShape, dtype: str, backward: bool = Fals
     sm_vec, sm_sfu = spec.vector_flops_per_s / cus, spec.sfu_ops_per_s / cus
     ops = FLASH_SOFTMAX_FLOPS + (FLASH_BWD_FLOPS if backward else 0)
     per_score = (10.0 if backward else 4.0) * a.head_dim / sm_math + 1 / sm_sfu + ops / sm_vec
-    compute = _makespan(_block_pairs(a, kb.flash_block_q, kb.flash_block_k, backward),
-                        a.heads, cus) * kb.flash_block_q * kb.flash_block_k * per_score
+    bq, bk = (kb.flash_bwd_block_q, kb.flash_bwd_block_k) if backward else \
+        (kb.flash_block_q, kb.flash_block_k)
+    pair_s = bq * bk * per_score
+    if backward and kb.l2_atomic_bytes_per_s:       # the pair's dQ partial, added in fp32
+        pair_s += bq * a.head_dim * K.STAT_BYTES / (kb.l2_atomic_bytes_per_s / cus)
+    compute = _makespan(_block_pairs(a, bq, bk, backward), a.heads, cus) * pair_s
     io = a.heads * a.seq * a.head_dim * a.e                      # one of Q, K, V, O, dO
     lse = a.heads * a.seq * K.STAT_BYTES
     if backward:

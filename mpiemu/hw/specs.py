@@ -73,20 +73,29 @@ class KernelSpec:
     `sfu_per_clock_per_cu`: special-function results (exp2, rcp) per clock per SM, CUDA C
     Programming Guide "Arithmetic Instructions" (16 for compute capability 5.x-9.0).
     `flash_block_q`, `flash_block_k`: FlashAttention-2's query / key block sizes.
+    `flash_bwd_block_q`, `flash_bwd_block_k`: its backward's blocks (a CTA per key block,
+    walking the query blocks).
     `mma_sync_efficiency`: the rate of the Ampere-style mma.sync instruction FlashAttention-2
     issues, over the dense tensor peak, where it differs from the GEMMs' (Hopper, whose
     cuBLAS uses wgmma); 0: as `gemm.efficiency`.
+    `l2_atomic_bytes_per_s`: fp32 atomic adds into an L2-resident buffer (FA2's backward
+    accumulates dQ so); 0: not charged.
     """
 
     sfu_per_clock_per_cu: float = 16.0
     flash_block_q: int = 128
     flash_block_k: int = 64
+    flash_bwd_block_q: int = 64
+    flash_bwd_block_k: int = 128
     mma_sync_efficiency: float = 0.0
+    l2_atomic_bytes_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.mma_sync_efficiency <= 1:
             raise ValueError(f"kernels.mma_sync_efficiency={self.mma_sync_efficiency} must be "
                              "in [0, 1]")
+        if self.l2_atomic_bytes_per_s < 0:
+            raise ValueError(f"kernels.l2_atomic={self.l2_atomic_bytes_per_s} must be >= 0")
 
 
 @dataclass(frozen=True)

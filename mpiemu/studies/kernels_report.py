@@ -176,12 +176,13 @@ def _flash_note(flash: list[Row], raw_rows: list[dict[str, str]]) -> list[str]:
             "(`benchmarks/device/mma_sync.py`, the preset's `kernels.mma_sync_efficiency`), "
             "not at the wgmma rate cuBLAS reaches; its CTAs are list-scheduled onto the SMs, "
             "so a causal head's heavy last blocks decide short runs. Mean time error: "
-            f"forward {_pct(mean('fwd'))}, backward {_pct(mean('bwd'))}. The backward's "
-            "dQ accumulation runs as fp32 atomics through L2 (measured here: "
+            f"forward {_pct(mean('fwd'))}, backward {_pct(mean('bwd'))}. The backward "
+            "adds each block pair's dQ partial with fp32 atomics through L2, charged at the "
+            "rate measured here into a buffer inside the L2 (`benchmarks/device/atomics.py`: "
             f"{min(red.values()) / 1e3:.2f}-{max(red.values()) / 1e3:.2f} TB/s of "
-            "accumulated data, from a buffer larger than L2 to one inside it), and FA2's "
-            "backward round-trips dS and P through shared memory; neither is modelled, and "
-            "the backward stays far too fast."]
+            "accumulated data, from a buffer larger than L2 to one inside it). Not modelled: "
+            "the backward's shared-memory round trips of dS and P, and whatever keeps FA2's "
+            "forward below its MMA and SFU rates; both passes stay too fast."]
 
 
 def _hbm_md(raw_rows: list[dict[str, str]]) -> list[str]:
