@@ -135,6 +135,30 @@ def _span(xs: list[float]) -> str:
     return f"{_pct(min(xs))} to {_pct(max(xs))}"
 
 
+def _layernorm_md() -> list[str]:
+    """Megatron-LM's LayerNorm forward over rows x width (kernels_h100_layernorm_grid.csv):
+    GB/s of its minimum traffic (read x, write y), measured, not modelled."""
+    from importlib import resources  # noqa: PLC0415
+    import csv  # noqa: PLC0415
+    import io  # noqa: PLC0415
+    text = (resources.files("mpiemu.studies") / "kernels_h100_layernorm_grid.csv").read_text()
+    body = "\n".join(ln for ln in text.splitlines() if not ln.startswith("#"))
+    rows = [r for r in csv.DictReader(io.StringIO(body))
+            if (r["group"], r["op"]) == ("megatron", "fwd")]
+    dims = [tuple(int(x) for x in r["shape"].split("x")) for r in rows]
+    gbps = {d: 4.0 * d[0] * d[1] / float(r["time_us"]) / 1e3 for d, r in zip(dims, rows)}
+    widths = sorted({w for _, w in dims})
+    return ["Megatron-LM's LayerNorm forward over a grid (GB/s of its minimum traffic, "
+            "`benchmarks/device/layernorm_grid.py`; PyTorch's and the backward in "
+            "`kernels_h100_layernorm_grid.csv`): few rows leave it latency-bound; but "
+            "for the fewest rows the widest rows run slower than mid-width ones. The "
+            "model gives every LayerNorm the streaming rate; these are the data a "
+            "row-level model would need.", "",
+            *md_table(["rows \\ width"] + [str(w) for w in widths],
+                      [[str(r)] + [f"{gbps[(r, w)]:.0f}" for w in widths]
+                       for r in sorted({r for r, _ in dims})]), ""]
+
+
 def _layer_md(rows: list[Row]) -> list[str]:
     """The whole plain-PyTorch layer beside the emulated one."""
     return ["### A plain-PyTorch GPT layer (one TP-8 shard, one GPU)", "",
@@ -246,6 +270,7 @@ def here_md(t: dict[str, list[Row]], summ: list[Row], provenance: str,
         "128-thread block per row) the more so the wider and fewer its rows. The model "
         "keeps one achievable bandwidth per device: these rows show where that is wrong.",
         "",
+        *_layernorm_md(),
         "### GEMMs and attention BMMs of the Megatron layers (TP 8, fp16)", "",
         *md_table(["layer", "op", "M x N x K", "batch", "layout", "ours TFLOPS",
                    "measured TFLOPS", "time error"],
