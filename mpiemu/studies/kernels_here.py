@@ -34,12 +34,18 @@ FILES = {"gemm": "measured_here_gemms.csv", "kernel": "measured_here_kernels.csv
 LAYER_FILE = "measured_here_layers.csv"
 
 
-def raw() -> tuple[str, list[dict[str, str]]]:
-    """(the file's provenance lines, its rows)."""
-    text = (resources.files("mpiemu.studies") / "kernels_h100_here.csv").read_text()
+def packaged_csv(name: str) -> tuple[str, list[dict[str, str]]]:
+    """(the provenance lines, the rows) of a measured-here CSV shipped in mpiemu.studies:
+    its `# ` lines say where and how it was measured."""
+    text = (resources.files("mpiemu.studies") / name).read_text()
     head = [ln[2:] for ln in text.splitlines() if ln.startswith("# ")]
     body = "\n".join(ln for ln in text.splitlines() if not ln.startswith("#"))
     return "; ".join(head), list(csv.DictReader(io.StringIO(body)))
+
+
+def raw() -> tuple[str, list[dict[str, str]]]:
+    """(the provenance lines, the rows) of the kernels measured here."""
+    return packaged_csv("kernels_h100_here.csv")
 
 
 def _dims(shape: str) -> list[int]:
@@ -215,10 +221,11 @@ def emulated_layer_s(model: str, micro_batch: int, out: Path) -> dict[str, float
     dur = ev["t_end"] - ev["t_start"]
     mine = ((ev["layer"] == 1) & np.char.startswith(rt.resources.astype(str), "compute")
             & ~np.char.endswith(names, ".grad_acc"))
-    noscale = mine & ~np.isin(np.char.partition(names, ".")[:, 2], SCALE)
+    ops = np.char.partition(names, ".")[:, 2]                 # "l1.attn.score" -> "attn.score"
+    noscale = mine & ~np.isin(ops, SCALE)
     phase = rt.phases.astype(str)
     gemm = mine & (np.char.endswith(names, ".gemm") | np.char.endswith(names, ".wgrad")
-                   | np.isin(np.char.partition(names, ".")[:, 2], GEMM_OPS))
+                   | np.isin(ops, GEMM_OPS))
     out_s = {"gemm": float(dur[gemm & np.isin(phase, ("fwd", "bwd"))].sum())}
     for op, phases in (("fwd", ("fwd",)), ("fwd+bwd", ("fwd", "bwd"))):
         sel = np.isin(phase, phases)
@@ -229,9 +236,8 @@ def emulated_layer_s(model: str, micro_batch: int, out: Path) -> dict[str, float
 
 def profiled_gemm_us() -> dict[str, float]:
     """GPU time of the cuBLAS kernels (GEMMs and BMMs) in each profiled fwd + bwd layer."""
-    text = (resources.files("mpiemu.studies") / "kernels_h100_layer_profile.csv").read_text()
     out: dict[str, float] = {}
-    for r in csv.DictReader(io.StringIO(text)):
+    for r in packaged_csv("kernels_h100_layer_profile.csv")[1]:
         if "nvjet" in r["kernel"] or "gemm" in r["kernel"].lower():
             out[r["layer"]] = out.get(r["layer"], 0.0) + float(r["total_us"])
     return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 from ..hw.presets import all_quantities, read_preset
-from .common import Row, load_figures, md_table
+from .common import Row, load_figures, md_table, signed_pct
 
 HEAD = ["GPU", "dtype", "M x N x K", "used by", "set", "ours TFLOPS", "published", "error",
         "tile, split-K", "source"]
@@ -127,23 +127,15 @@ def markdown(rows: list[Row], summ: list[Row], fitted: tuple[float, float, float
     ]
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:+.1f}%"
-
-
 def _span(xs: list[float]) -> str:
-    return f"{_pct(min(xs))} to {_pct(max(xs))}"
+    return f"{signed_pct(min(xs))} to {signed_pct(max(xs))}"
 
 
 def _layernorm_md() -> list[str]:
     """Megatron-LM's LayerNorm forward over rows x width (kernels_h100_layernorm_grid.csv):
     GB/s of its minimum traffic (read x, write y), measured, not modelled."""
-    from importlib import resources  # noqa: PLC0415
-    import csv  # noqa: PLC0415
-    import io  # noqa: PLC0415
-    text = (resources.files("mpiemu.studies") / "kernels_h100_layernorm_grid.csv").read_text()
-    body = "\n".join(ln for ln in text.splitlines() if not ln.startswith("#"))
-    rows = [r for r in csv.DictReader(io.StringIO(body))
+    from .kernels_here import packaged_csv  # noqa: PLC0415
+    rows = [r for r in packaged_csv("kernels_h100_layernorm_grid.csv")[1]
             if (r["group"], r["op"]) == ("megatron", "fwd")]
     dims = [tuple(int(x) for x in r["shape"].split("x")) for r in rows]
     gbps = {d: 4.0 * d[0] * d[1] / float(r["time_us"]) / 1e3 for d, r in zip(dims, rows)}
@@ -173,8 +165,8 @@ def _layer_md(rows: list[Row]) -> list[str]:
             *md_table(["layer", "pass", "measured us", "ours us", "error",
                        "ours without scale us", "error without scale"],
                       [[r["layer"], r["pass"], f"{r['measured_us']:.0f}",
-                        f"{r['ours_us']:.0f}", _pct(r["error"]),
-                        f"{r['ours_without_scale_us']:.0f}", _pct(r["error_without_scale"])]
+                        f"{r['ours_us']:.0f}", signed_pct(r["error"]),
+                        f"{r['ours_without_scale_us']:.0f}", signed_pct(r["error_without_scale"])]
                        for r in rows]), "",
             "Forward + backward, split by the layer's kernel profile "
             "(`kernels_h100_layer_profile.csv`: cuBLAS kernels against the rest): "
@@ -200,7 +192,7 @@ def _flash_note(flash: list[Row], raw_rows: list[dict[str, str]]) -> list[str]:
             "(`benchmarks/device/mma_sync.py`, the preset's `kernels.mma_sync_efficiency`), "
             "not at the wgmma rate cuBLAS reaches; its CTAs are list-scheduled onto the SMs, "
             "so a causal head's heavy last blocks decide short runs. Mean time error: "
-            f"forward {_pct(mean('fwd'))}, backward {_pct(mean('bwd'))}. The backward "
+            f"forward {signed_pct(mean('fwd'))}, backward {signed_pct(mean('bwd'))}. The backward "
             "adds each block pair's dQ partial with fp32 atomics through L2, charged at the "
             "rate measured here into a buffer inside the L2 (`benchmarks/device/atomics.py`: "
             f"{min(red.values()) / 1e3:.2f}-{max(red.values()) / 1e3:.2f} TB/s of "
@@ -251,13 +243,13 @@ def here_md(t: dict[str, list[Row]], summ: list[Row], provenance: str,
         "time - 1 (negative: ours too fast).", "",
         *md_table(["set", "rows", "geomean abs error", "mean error"],
                   [[r["set"], r["rows"], f"{100 * r['geomean_abs_error']:.1f}%",
-                    _pct(r["mean_error"])] for r in summ]), "",
+                    signed_pct(r["mean_error"])] for r in summ]), "",
         *_layer_md(t["layer"]),
         "### Memory-bound kernels", "",
         *md_table(["stack", "op", "shape", "model kernels", "model MB", "ours us",
                    "measured us", "error"],
                   [[r["source"], r["op"], r["shape"], r["kernels"], r["model_bytes_MB"],
-                    f"{r['ours_us']:.1f}", f"{r['measured_us']:.1f}", _pct(r["error"])]
+                    f"{r['ours_us']:.1f}", f"{r['measured_us']:.1f}", signed_pct(r["error"])]
                    for r in t["kernel"]]), "",
         "Megatron-LM's causal softmax loads only the lower triangle but takes a dense "
         "row's time (`hw.kernels.softmax`, `loaded`): its rows above are within "
@@ -275,13 +267,13 @@ def here_md(t: dict[str, list[Row]], summ: list[Row], provenance: str,
         *md_table(["layer", "op", "M x N x K", "batch", "layout", "ours TFLOPS",
                    "measured TFLOPS", "time error"],
                   [[r["group"], r["op"], f"{r['m']}x{r['n']}x{r['k']}", r["batch"],
-                    r["layout"], r["ours_tflops"], r["measured_tflops"], _pct(r["error"])]
+                    r["layout"], r["ours_tflops"], r["measured_tflops"], signed_pct(r["error"])]
                    for r in g if r["group"] in ("22B", "175B", "530B", "1T")]), "",
         "### BMM probes: the short dimension swept (fp16)", "",
         *md_table(["probe", "M x N x K", "batch", "ours us", "measured us",
                    "measured TB/s moved", "error"],
                   [[r["group"], f"{r['m']}x{r['n']}x{r['k']}", r["batch"], r["ours_us"],
-                    r["measured_us"], r["measured_dram_tbps"], _pct(r["error"])]
+                    r["measured_us"], r["measured_dram_tbps"], signed_pct(r["error"])]
                    for r in g if r["group"] not in ("22B", "175B", "530B", "1T")]), "",
         "Where K (score BMM) or N (context BMM) is short, the GEMM streams its output or "
         "operands through DRAM at the rate the `TB/s` column shows; the model moves GEMM "
@@ -291,14 +283,14 @@ def here_md(t: dict[str, list[Row]], summ: list[Row], provenance: str,
         "### FlashAttention-2 (PyTorch SDPA's flash backend)", "",
         *md_table(["case", "pass", "b x heads x L x d", "ours us", "measured us", "error"],
                   [[r["case"], r["pass"], r["shape"], r["ours_us"], r["measured_us"],
-                    _pct(r["error"])] for r in t["flash"]]), "",
+                    signed_pct(r["error"])] for r in t["flash"]]), "",
         *_flash_note(t["flash"], raw_rows), "",
         *_hbm_md(raw_rows),
         "### The published H100 grid, measured here", "",
         *md_table(["dtype", "M x N x K", "source", "published TFLOPS", "here TFLOPS",
                    "here / published - 1"],
                   [[r["dtype"], r["shape"], r["source"], r["published_tflops"],
-                    r["here_tflops"], _pct(r["here_over_published"])] for r in pub]), "",
+                    r["here_tflops"], signed_pct(r["here_over_published"])] for r in pub]), "",
         f"Two measurements of one shape sit {100 * spread[len(spread) // 2]:.1f}% apart "
         f"at the median and up to {100 * spread[-1]:.1f}%: small GEMMs replayed "
         "back to back from a CUDA graph keep their operands in the 50 MB L2 and pay no "
