@@ -142,6 +142,9 @@ class NetworkSection:
                 raise ConfigError(exc.field, exc.value, exc.allowed) from None
 
 
+MAX_DEVICES = 1 << 17   # emulator limit: 131072 emulated devices, above any cluster's GPUs
+
+
 @dataclass(frozen=True)
 class ParallelSection:
     """The TP x DP x PP grid (tp * dp * pp must equal the number of ranks) and the pipeline
@@ -159,6 +162,11 @@ class ParallelSection:
         for name in ("tp", "dp", "pp", "virtual_stages"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"parallel.{name}", getattr(self, name), "an integer >= 1")
+        if self.tp * self.dp * self.pp > MAX_DEVICES:
+            raise ConfigError("parallel.tp*parallel.dp*parallel.pp",
+                              f"{self.tp}*{self.dp}*{self.pp}={self.tp * self.dp * self.pp}",
+                              f"at most {MAX_DEVICES} emulated devices (a folded job still "
+                              "lists every device's place)")
         if self.schedule not in SCHEDULES:
             raise ConfigError("parallel.schedule", self.schedule, SCHEDULES)
         if self.schedule == "interleaved" and self.virtual_stages < 2:
