@@ -28,6 +28,7 @@ def test_overrides_are_parsed_as_toml_values(root) -> None:
     ("collectives.sizes=['lots']", "collectives.sizes[0]"),
     ("parallel.tp=0", "parallel.tp"),
     ("parallel.tp=two", "parallel.tp"),
+    ("parallel.tp=10792118836", "parallel.tp*parallel.dp*parallel.pp"),
     ("run.numerics=maybe", "run.numerics"),
     ("network.intra.latency_s.simple=-3", "network.intra"),
     ("network.intra.bw_GBps=0", "network.intra"),
