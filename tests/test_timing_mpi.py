@@ -25,6 +25,8 @@ def _ring_form(tc: TimedComm, op: str, nbytes: int, itemsize: int) -> float:
 
 def _check_all_three(tc: TimedComm, count: int, itemsize: int) -> None:
     tc.protocol = tc.protocol or "simple"          # one protocol for the three calls
+    tc.algorithm = tc.algorithm or "ring"          # the closed form is the ring's (NCCL's
+                                                   # tuner takes the tree across nodes)
     _, rs = reduce_scatter(tc, None, count=count, wire_itemsize=itemsize)
     _, ag = all_gather(tc, None, total=count, after=rs.t_end, count=count // tc.size,
                        wire_itemsize=itemsize)

@@ -28,7 +28,7 @@ from mpi4py import MPI
 
 from ..net.message import switch_reduce
 from ..sim.timeline import SimTime, Span, latest
-from .cost import Choice, choose, estimate_s, node_groups, pipeline_depth
+from .cost import Choice, choose, estimate_s, node_groups, pipeline_depth, tree_depth
 from .fold import FoldError, Mirror
 from .p2p import TimedComm
 from .ring import AllGather, PlainGather, PlainReduce, ReduceScatter, ring_lanes, ring_pieces
@@ -247,8 +247,9 @@ def all_reduce(tc: TimedComm, x: np.ndarray | None, *, after: SimTime = 0.0,
     if ch.algorithm == "hierarchical":
         end = _hierarchical_ar(tc, flat, buf, n, itemsize, unit, t)
     elif ch.algorithm == "tree":
-        end = tree_all_reduce(tc, node_groups(tc.net, tc.devices), flat, buf, n, itemsize, t,
-                              pipeline_depth(n * itemsize / 2))
+        groups = node_groups(tc.net, tc.devices)
+        end = tree_all_reduce(tc, groups, flat, buf, n, itemsize, t,
+                              tree_depth(n * itemsize, len(groups[0])))
     elif ch.algorithm == "nvls":
         # the switch reduces every member's chunk and multicasts the sum: no member holds
         # it before the last member's data is in (NCCL's NVLS kernel waits for its peers)

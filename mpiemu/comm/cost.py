@@ -15,21 +15,22 @@ two agree to 1e-9 where the closed form is exact; `docs/network.md` derives each
   port directions busy at once (`net.message.switch_reduce`).
 
 A ring whose lanes share ports (bidirectional on a switch, several rails across nodes) is
-estimated by its most loaded port per step; that estimate serves the choice only.
-`choose` picks the lowest estimate among what the network and group allow and NCCL has
-(the hierarchical form is not NCCL's: it runs only when asked), as NCCL's tuner does
-(`docs/nccl_model.md`); `collectives.algorithm` / `protocol` override it.
+estimated by its most loaded port per step.
+`choose` picks what NCCL's tuner would among what the network and group allow and NCCL has
+(`comm.tuner`: NCCL's own cost model, not these estimates; the hierarchical form is not
+NCCL's: it runs only when asked); `collectives.algorithm` / `protocol` override it.
 """
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 from ..net import Network
 from ..net.topology import Hop
 from .fold import Mirror
 from .p2p import TimedComm
 from .ring import ring_orders
+from .tuner import Choice, predicted_s
 
 OPS = ("reduce_scatter", "all_gather", "all_reduce")
 ASKED_ONLY = ("hierarchical",)  # run when `collectives.algorithm` names it, never chosen:
@@ -42,13 +43,6 @@ PIPELINE_MIN_BYTES = 1 << 20  # ASSUMPTION: no segment of the hierarchical form 
 def pipeline_depth(nbytes: float) -> int:
     """Segments the hierarchical all-reduce pipelines (1 below 2 MiB, at most 8)."""
     return int(min(PIPELINE_STEPS, max(1, nbytes // PIPELINE_MIN_BYTES)))
-
-
-class Choice(NamedTuple):
-    """An algorithm and protocol for one collective call."""
-
-    algorithm: str
-    protocol: str
 
 
 def ring_steps_s(n: int, chunk_bytes: float, rate: float, lat: float, red_s: float,
@@ -151,15 +145,21 @@ def ring_estimate_s(tc: TimedComm, op: str, nbytes: float, itemsize: int, proto:
     return ring_steps_s(n, max(load.values(), default=0.0), 1.0, lat, red * ports, op)
 
 
+def tree_depth(nbytes: float, lanes: int) -> int:
+    """Segments each tree of a call pipelines (`pipeline_depth` of one tree's share)."""
+    return pipeline_depth(nbytes / (2 * lanes))
+
+
 def tree_estimate_s(tc: TimedComm, nbytes: float, itemsize: int, proto: str) -> float:
-    """Two trees, half the data each, k segments: one segment's climb and descent (chain
-    hops inside the node, tree hops between nodes, a reduction per level) plus k-1 times the
-    busiest port's share of a segment (a head's NIC carries two segments each way). Exact
-    for one device per node, two nodes and k = 1: 2 (h/B + a) + t_red(h), h = S/2."""
+    """G lanes (one per rail) of two trees, 1/(2G) of the data each, k segments: one
+    segment's climb and descent (chain hops inside the node, tree hops between nodes, a
+    reduction per level) plus k-1 times the busiest port's share of a round of segments
+    (every NIC heads two trees; a device sends up and down in the chains it is interior to).
+    Exact for one device per node, two nodes and k = 1: 2 (h/B + a) + t_red(h), h = S/2."""
     groups = node_groups(tc.net, tc.devices)
     g, nodes = len(groups[0]), len(groups)
-    k = pipeline_depth(nbytes / 2)
-    seg = nbytes / 2 / k
+    k = tree_depth(nbytes, g)
+    seg = nbytes / (2 * g) / k
     share = tc.net.spec.channel_share(proto, nbytes, tc.size)
     depth = max(1, math.ceil(math.log2(nodes + 1)) - 1)
     inter = tc.net.hop(tc.devices[groups[0][0]], tc.devices[groups[1][0]])
@@ -171,7 +171,7 @@ def tree_estimate_s(tc: TimedComm, nbytes: float, itemsize: int, proto: str) -> 
         intra = tc.net.hop(tc.devices[groups[0][0]], tc.devices[groups[0][1]])
         r_nv, a_nv = tc.net.rate(intra, proto, share), tc.net.latency(intra, proto, "tree")
         climb += (g - 1) * (seg / r_nv + a_nv + red)
-        busiest = max(busiest, 2 * seg / r_nv)
+        busiest = max(2 * busiest, (4 * g - 4) * seg / r_nv)
     levels = depth + (g - 1)                     # one reduction per level, climbing only
     return 2 * climb - levels * red + (k - 1) * busiest
 
@@ -232,4 +232,6 @@ def _choose(tc: TimedComm, op: str, nbytes: float, itemsize: int, algorithm: str
                          "only")
     if len(cands) == 1:
         return cands[0]
-    return min(cands, key=lambda ch: estimate_s(tc, op, nbytes, itemsize, ch, bidirectional))
+    nodes = len(node_groups(tc.net, tc.devices))
+    return min(cands, key=lambda ch: predicted_s(tc.net.spec, op, nbytes, tc.size, nodes, ch,
+                                                 bidirectional))

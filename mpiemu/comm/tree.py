@@ -1,12 +1,16 @@
 """NCCL's tree all-reduce across nodes: a chain inside each node, a binary tree between nodes,
-two trees at once (NCCL's double binary tree), pipelined in segments.
+two trees at once (NCCL's double binary tree) on every rail, pipelined in segments.
 
-Each tree carries half the buffer. Tree A chains a node's devices towards its local rank 0
-(the head, whose NIC joins the tree across nodes, node 0 at the root, parent of node i =
-(i-1)//2); tree B chains them towards the last local rank and mirrors the node order, so its
-heads and its interior nodes are other devices and NICs (NCCL's `ncclGetDtree` builds the two
-trees so that a node's interior in one is a leaf in the other; the mirrored heap is a
-simpler shape with the same load spread, stated in docs/network.md).
+NCCL runs its trees on every channel, and a channel's chain leaves the node through its own
+NIC (rail-optimised nodes: one NIC per GPU; src/graph/search.cc searches the tree graph per
+NIC as it does the ring's), so a node of G devices runs G lanes, as the ring does
+(`ring.ring_orders`). Lane j carries 1/G of the buffer in two trees, half each. Its tree A
+chains a node's devices towards local rank j (the head, whose NIC joins the tree across
+nodes; node 0 at the root, parent of node i = (i-1)//2); its tree B runs the same chain the
+other way, towards local rank j-1, and mirrors the node order, so its heads and interior
+nodes are other devices and NICs (NCCL's `ncclGetDtree` builds the two trees so that a
+node's interior in one is a leaf in the other; the mirrored heap is a simpler shape with
+the same load spread, stated in docs/network.md). Every NIC heads one tree A and one tree B.
 Reduce: every device adds what its chain and tree children sent to its own data (one
 reduction each) and sends the sum up; broadcast: the root's sum travels back down the same
 edges. Segments (`cost.pipeline_depth`) are issued one after the other, so a later segment
@@ -24,7 +28,7 @@ from ..sim.timeline import SimTime
 from .p2p import RecvHandle, TimedComm, wait_all
 from .schedule import chunk_bounds
 
-TAG_UP, TAG_DOWN = 500, 600
+TAG_TREE = 5000     # tree i of a call: TAG_TREE + 2i (climbing), + 2i + 1 (descending)
 
 
 class TreeRole(NamedTuple):
@@ -32,7 +36,7 @@ class TreeRole(NamedTuple):
 
     up_from: tuple[int, ...]         # chain child and, for a head, the node-tree children
     up_to: int                       # -1: the root of the whole tree
-    tree: int                        # 0 (A) or 1 (B): tags and payload halves
+    tree: int                        # 2 x lane + (0: A, 1: B): tags and payload parts
 
     @property
     def down_from(self) -> int:
@@ -44,36 +48,41 @@ class TreeRole(NamedTuple):
 
 
 def roles(groups: list[list[int]], rank: int) -> list[TreeRole]:
-    """This rank's role in tree A and tree B (`groups`: ranks by node, equal sizes)."""
+    """This rank's role in the trees A and B of every lane (`groups`: ranks by node, equal
+    sizes; one lane per member of a node)."""
     out = []
-    for tree in (0, 1):
-        nodes = groups if tree == 0 else groups[::-1]
-        chains = [g if tree == 0 else g[::-1] for g in nodes]    # head first
-        where = next((i, c.index(rank)) for i, c in enumerate(chains) if rank in c)
-        i, p = where
-        chain = chains[i]
-        ups = [chain[p + 1]] if p + 1 < len(chain) else []
-        up_to = chain[p - 1] if p > 0 else -1
-        if p == 0:                                                # a head: the node tree
-            ups += [chains[k][0] for k in (2 * i + 1, 2 * i + 2) if k < len(chains)]
-            up_to = chains[(i - 1) // 2][0] if i > 0 else -1
-        out.append(TreeRole(tuple(ups), up_to, tree))
+    for lane in range(len(groups[0])):
+        for side in (0, 1):
+            nodes = groups if side == 0 else groups[::-1]
+            chains = [g[lane:] + g[:lane] for g in nodes]             # head first
+            if side:
+                chains = [c[::-1] for c in chains]
+            i, p = next((i, c.index(rank)) for i, c in enumerate(chains) if rank in c)
+            chain = chains[i]
+            ups = [chain[p + 1]] if p + 1 < len(chain) else []
+            up_to = chain[p - 1] if p > 0 else -1
+            if p == 0:                                            # a head: the node tree
+                ups += [chains[k][0] for k in (2 * i + 1, 2 * i + 2) if k < len(chains)]
+                up_to = chains[(i - 1) // 2][0] if i > 0 else -1
+            out.append(TreeRole(tuple(ups), up_to, 2 * lane + side))
     return out
 
 
 def tree_all_reduce(tc: TimedComm, groups: list[list[int]], flat: np.ndarray | None,
                     buf: np.ndarray | None, n: int, itemsize: int, t0: SimTime,
                     depth: int) -> SimTime:
-    """Sum n elements over the group by the two trees in `depth` segments each; returns
-    when this rank holds the whole result (`buf`, numerics on)."""
-    halves = chunk_bounds(n, 2)
+    """Sum n elements over the group by the trees of every lane in `depth` segments each;
+    returns when this rank holds the whole result (`buf`, numerics on)."""
+    parts = chunk_bounds(n, 2 * len(groups[0]))
     if buf is not None and flat is not None:
         buf[:] = flat                                 # sums accumulate in place
     ends: list[SimTime] = []
     sreqs: list[MPI.Request] = []
-    plans = [(role, seg) for role in roles(groups, tc.rank)
-             for seg in chunk_bounds(halves[role.tree][1] - halves[role.tree][0], depth,
-                                     halves[role.tree][0])]
+    segs = [(role, chunk_bounds(parts[role.tree][1] - parts[role.tree][0], depth,
+                                parts[role.tree][0])) for role in roles(groups, tc.rank)]
+    # segment-major: the lanes run side by side (NCCL's channels), and this rank's
+    # reductions and sends are issued in the order their data can arrive
+    plans = [(role, b[s]) for s in range(depth) for role, b in segs]
     ready: list[SimTime] = []
     for role, (lo, hi) in plans:                      # every segment climbs first ...
         ready.append(_up(tc, role, buf, lo, hi, itemsize, t0, sreqs))
@@ -90,15 +99,16 @@ def _up(tc: TimedComm, role: TreeRole, buf: np.ndarray | None, lo: int, hi: int,
     t = t0
     for src in role.up_from:
         tmp = None if buf is None else np.empty(hi - lo, buf.dtype)
-        h: RecvHandle = tc.irecv(tmp, src, TAG_UP + role.tree, t0)
+        h: RecvHandle = tc.irecv(tmp, src, TAG_TREE + 2 * role.tree, t0)
         t_arrive = h.wait()
         red = tc.reduce_s(hi - lo, itemsize)
-        t = tc.tl.reserve("tree.reduce", [tc.stream], red, max(t, t_arrive), cat="comm",
+        t = tc.tl.reserve("tree.reduce", [f"{tc.stream}.{role.tree}"], red, max(t, t_arrive),
+                          cat="comm",
                           flops=hi - lo, dram_bytes=3 * nbytes, peer=src).t_end
         if buf is not None and tmp is not None:
             np.add(buf[lo:hi], tmp, out=buf[lo:hi])
     if role.up_to >= 0:
-        sh = tc.isend(None if buf is None else buf[lo:hi], role.up_to, TAG_UP + role.tree,
+        sh = tc.isend(None if buf is None else buf[lo:hi], role.up_to, TAG_TREE + 2 * role.tree,
                       nbytes, t, label="tree.up")
         sreqs += sh.reqs
     return t
@@ -110,10 +120,10 @@ def _down(tc: TimedComm, role: TreeRole, buf: np.ndarray | None, lo: int, hi: in
     nbytes = (hi - lo) * itemsize
     if role.down_from >= 0:
         h = tc.irecv(None if buf is None else buf[lo:hi], role.down_from,
-                     TAG_DOWN + role.tree, t)
+                     TAG_TREE + 2 * role.tree + 1, t)
         t = h.wait()
     for dst in role.down_to:
-        sh = tc.isend(None if buf is None else buf[lo:hi], dst, TAG_DOWN + role.tree,
+        sh = tc.isend(None if buf is None else buf[lo:hi], dst, TAG_TREE + 2 * role.tree + 1,
                       nbytes, t, label="tree.down")
         sreqs += sh.reqs
     return t
