@@ -15,6 +15,7 @@ SETUPS = [  # (network, fields, algorithm) runnable at 4 ranks
     ("dgx-a100", {"devices_per_node": 2}, "tree"),
     ("dgx-a100", {"devices_per_node": 1}, "tree"),
     ("dgx-h100", {}, "nvls"),
+    ("dgx-h100", {"devices_per_node": 2}, "nvls_tree"),
     ("dgx1-v100", {}, "ring"),
 ]
 
@@ -72,6 +73,31 @@ def test_nvls_time_is_its_closed_form() -> None:
         spec.intra.bw_bytes_per_s * spec.nvls_efficiency)
     assert span.duration == pytest.approx(want, rel=1e-9, abs=0.0)
     assert tc.proto == "simple"
+
+
+@pytest.mark.mpi
+def test_nvls_tree_time_is_its_closed_form_on_two_nodes() -> None:
+    """2 nodes x 2 devices, one segment: base(nvls) + the segment out through the switch
+    (S / B') + the rail tree on the shard h = S/2 (2 (h/2 / B + a) + t_red(h/2)) + the result
+    back in (S / B'), B' = port rate x the NVLS efficiency."""
+    comm = MPI.COMM_WORLD
+    if comm.size != 4:
+        pytest.skip("2 nodes x 2 devices")
+    tc = timed_comm(preset="h100-sxm5", net=network("dgx-h100", devices_per_node=2))
+    tc.algorithm = "nvls_tree"
+    count, itemsize = 1 << 18, 2                       # 512 KiB: one segment per shard
+    _, span = all_reduce(tc, None, count=count, wire_itemsize=itemsize)
+    spec, s = tc.net.spec, count * itemsize
+    b_sw = spec.intra.bw_bytes_per_s * spec.nvls_efficiency
+    rail = tc.split("rail", tc.rank % 2)
+    h = count // 2
+    want = (spec.base("nvls_tree", "simple") + 2 * s / b_sw
+            + 2 * (h // 2 * itemsize / rail.rate(rail.next) + rail.latency(rail.next))
+            + tc.reduce_s(h // 2, itemsize))
+    assert span.duration == pytest.approx(want, rel=1e-9, abs=0.0)
+    from mpiemu.comm.cost import Choice, estimate_s
+    est = estimate_s(tc, "all_reduce", s, itemsize, Choice("nvls_tree", "simple"))
+    assert est == pytest.approx(want, rel=1e-9, abs=0.0)
 
 
 @pytest.mark.mpi

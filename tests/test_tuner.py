@@ -12,7 +12,7 @@ MiB, GiB = 1 << 20, 1 << 30
 
 def _best(spec, op: str, nbytes: float, n: int, nodes: int, algos: list[str]) -> Choice:
     cands = [Choice(a, p) for a in algos for p in spec.protocols
-             if a != "nvls" or p == "simple"]
+             if a not in ("nvls", "nvls_tree") or p == "simple"]
     return min(cands, key=lambda ch: predicted_s(spec, op, nbytes, n, nodes, ch))
 
 
@@ -65,3 +65,12 @@ def test_tree_lanes_use_every_nic_and_span_every_rank(nodes: int, g: int) -> Non
             heads = [x for x in by_rank[r]
                      if any(c // g != r // g for c in (*x.up_from, x.up_to) if c >= 0)]
             assert sorted(x.tree % 2 for x in heads) == [0, 1], r
+
+
+def test_nvls_tree_wins_large_all_reduces_across_h100_nodes() -> None:
+    """tuning.cc:176, 216: NVLS Tree's algBw min(bwIntra, bwInter) x 5/6 (300 GB/s on two
+    DGX H100) against the ring's 360 x 16/30 = 192: NCCL runs it for large calls."""
+    spec = load_network("dgx-h100")
+    algos = ["ring", "tree", "nvls_tree"]
+    assert _best(spec, "all_reduce", GiB, 16, 2, algos) == Choice("nvls_tree", "simple")
+    assert _best(spec, "all_reduce", 4 << 10, 16, 2, algos).algorithm != "nvls_tree"

@@ -28,7 +28,9 @@ from mpi4py import MPI
 
 from ..net.message import switch_reduce
 from ..sim.timeline import SimTime, Span, latest
-from .cost import Choice, choose, estimate_s, node_groups, pipeline_depth, tree_depth
+from .cost import (Choice, choose, estimate_s, node_groups, nvls_tree_depth, pipeline_depth,
+                   tree_depth)
+from .nvls_tree import nvls_tree_all_reduce
 from .fold import FoldError, Mirror
 from .p2p import TimedComm
 from .ring import AllGather, PlainGather, PlainReduce, ReduceScatter, ring_lanes, ring_pieces
@@ -250,6 +252,9 @@ def all_reduce(tc: TimedComm, x: np.ndarray | None, *, after: SimTime = 0.0,
         groups = node_groups(tc.net, tc.devices)
         end = tree_all_reduce(tc, groups, flat, buf, n, itemsize, t,
                               tree_depth(n * itemsize, len(groups[0])))
+    elif ch.algorithm == "nvls_tree":
+        end = nvls_tree_all_reduce(tc, flat, buf, n, itemsize, t,
+                                   nvls_tree_depth(n * itemsize, tc.net.per_node))
     elif ch.algorithm == "nvls":
         # the switch reduces every member's chunk and multicasts the sum: no member holds
         # it before the last member's data is in (NCCL's NVLS kernel waits for its peers)

@@ -86,13 +86,16 @@ def allowed_on(net: Network, devices: Sequence[int], op: str) -> list[str]:
         return out
     groups = node_groups(net, devices)
     k = len(groups[0])
+    nvls = len(devices) > 2 and k == net.per_node and net.spec.nvls_efficiency > 0 \
+        and net.spec.fabric == "switch"     # more than 2 GPUs (NCCL nvls.cc:241), whole nodes
     if len(groups) > 1 and all(len(g) == k for g in groups):
         out.append("tree")     # NCCL: the tree crosses nodes (a chain inside each)
         if k > 1:
             out.append("hierarchical")
-    if len(groups) == 1 and len(devices) > 2 and len(devices) == net.per_node \
-            and net.spec.nvls_efficiency > 0 and net.spec.fabric == "switch":
-        out.append("nvls")     # more than 2 GPUs (NCCL nvls.cc:241), a whole node's switch
+        if nvls and k > 1:
+            out.append("nvls_tree")
+    if len(groups) == 1 and nvls:
+        out.append("nvls")
     return out
 
 
@@ -176,6 +179,31 @@ def tree_estimate_s(tc: TimedComm, nbytes: float, itemsize: int, proto: str) -> 
     return 2 * climb - levels * red + (k - 1) * busiest
 
 
+def nvls_tree_estimate_s(tc: TimedComm, nbytes: float, itemsize: int) -> float:
+    """k segments of the G shards: one segment through the switch (its whole data out),
+    the rail's tree on its shard, back through the switch (the whole result in), plus k-1
+    times the busier of a port (a segment's (G+1)/G) and the NIC (the rail tree's load).
+    Exact for k = 1 and two nodes: 2 S / B' + 2 (h/(2 B) + a) + t_red(h/2), h = S / G."""
+    groups = node_groups(tc.net, tc.devices)
+    g, nodes = len(groups[0]), len(groups)
+    k = nvls_tree_depth(nbytes, g)
+    seg = nbytes / g / k                                       # a shard's segment, bytes
+    spec = tc.net.spec
+    b_sw = spec.intra.bw_bytes_per_s * spec.nvls_efficiency
+    inter = tc.net.hop(tc.devices[groups[0][0]], tc.devices[groups[1][0]])
+    r_ib, a_ib = tc.net.rate(inter, "simple", tc.share), tc.net.latency(inter, "simple")
+    depth = max(1, math.ceil(math.log2(nodes + 1)) - 1)
+    red = tc.model.reduction_s(math.ceil(seg / 2 / itemsize), itemsize)
+    rail = 2 * depth * (seg / 2 / r_ib + a_ib) + depth * red
+    busiest = max(seg * (g + 1) / b_sw, (2 if nodes > 2 else 1) * seg / r_ib)
+    return 2 * seg * g / b_sw + rail + (k - 1) * busiest
+
+
+def nvls_tree_depth(nbytes: float, g: int) -> int:
+    """Segments each device's shard pipelines (`pipeline_depth` of the shard)."""
+    return pipeline_depth(nbytes / g)
+
+
 def estimate_s(tc: TimedComm, op: str, nbytes: float, itemsize: int, ch: Choice,
                bidirectional: bool = False) -> float:
     """The predicted time of one call (base latency included)."""
@@ -187,6 +215,8 @@ def estimate_s(tc: TimedComm, op: str, nbytes: float, itemsize: int, ch: Choice,
         return base + nbytes * (n + 1) / n / (spec.intra.bw_bytes_per_s * spec.nvls_efficiency)
     if ch.algorithm == "tree":
         return base + tree_estimate_s(tc, nbytes, itemsize, ch.protocol)
+    if ch.algorithm == "nvls_tree":
+        return base + nvls_tree_estimate_s(tc, nbytes, itemsize)
     intra, rail = hierarchy_views(tc)
     k = pipeline_depth(nbytes)
     seg = nbytes / k
@@ -226,10 +256,11 @@ def _choose(tc: TimedComm, op: str, nbytes: float, itemsize: int, algorithm: str
             raise ValueError(f"collectives.protocol={protocol!r} is not a protocol of network "
                              f"{tc.net.spec.name}; it has {list(protos)}")
         protos = (protocol,)
-    cands = [Choice(a, p) for a in algos for p in protos if a != "nvls" or p == "simple"]
+    cands = [Choice(a, p) for a in algos for p in protos
+             if a not in ("nvls", "nvls_tree") or p == "simple"]
     if not cands:
-        raise ValueError(f"collectives.protocol={protocol!r}: nvls runs the simple protocol "
-                         "only")
+        raise ValueError(f"collectives.protocol={protocol!r}: nvls and nvls_tree run the "
+                         "simple protocol only")
     if len(cands) == 1:
         return cands[0]
     nodes = len(node_groups(tc.net, tc.devices))

@@ -4,7 +4,8 @@ NCCL predicts every (algorithm, protocol)'s time of a call from fixed tables and
 lowest (src/graph/tuning.cc ncclTopoTuneModel and ncclTopoGetAlgoTime, src/enqueue.cc
 topoGetAlgoInfo; digest with line numbers in docs/nccl_model.md 1-4, tag v2.21.5-1):
 
-    time = latency + S / algBw,   algBw = busBw x ratio (ring n/nsteps, tree 1/2, nvls 5/6)
+    time = latency + S / algBw,   algBw = busBw x ratio (ring n/nsteps, tree 1/2,
+                                                         nvls and nvls_tree 5/6)
 
 The chosen call then runs on the emulated network, which times it message by message
 (`comm.cost` has its closed forms). The two differ as they do for NCCL itself: its model
@@ -46,7 +47,7 @@ TREE_CORRECTION = {
 TREE_BW = 0.92                  # tuning.cc:182 tree busBw x 0.92 (every protocol)
 TREE_LL = 1 / 3.8               # tuning.cc:183 tree LL
 TREE_LL128 = (7 / 9, 120 / 128)  # tuning.cc:184 tree LL128: one node, several nodes
-NVLS_RATIO = 5 / 6              # tuning.cc:216 NVLS bus-to-algorithm bandwidth
+NVLS_RATIO = 5 / 6              # tuning.cc:216 NVLS / NVLS Tree bus-to-algorithm bandwidth
 NET_OVERHEAD_S = 1e-6           # tuning.cc:109-118 x86 (Intel) post overhead, x3 for Simple
 RING_SIMPLE_PLATEAU = 1.4       # tuning.cc:437-440 ring Simple all-reduce across nodes, sm>=80
 
@@ -66,6 +67,10 @@ def algbw_bytes_per_s(spec: NetworkSpec, op: str, ch: Choice, n: int, nodes: int
     if ch.algorithm == "nvls":
         return spec.intra.bw_bytes_per_s * NVLS_RATIO
     ppn = n // nodes
+    if ch.algorithm == "nvls_tree":             # tuning.cc:176 min(bwIntra, bwInter[/2])
+        assert spec.inter is not None
+        nics = spec.inter.bw_bytes_per_s * ppn * (1 if nodes <= 2 else 0.5)
+        return min(spec.intra.bw_bytes_per_s, nics) * NVLS_RATIO
     if nodes <= 2 or spec.inter is None:
         both = bidirectional and spec.fabric != "switch"
         bus = spec.intra.bw_bytes_per_s * (2 if both else 1)
@@ -90,9 +95,12 @@ def latency_s(spec: NetworkSpec, op: str, ch: Choice, n: int, nodes: int) -> flo
     a, p = ch.algorithm, ch.protocol
     base = spec.base(a, p) / spec.latency_scale
     intra = spec.intra.latency(p, a)
-    inter = spec.inter.latency(p, a) if spec.inter is not None and nodes > 1 else 0.0
+    net_algo = "ring" if a == "nvls_tree" else a
+    inter = spec.inter.latency(p, net_algo) if spec.inter is not None and nodes > 1 else 0.0
     if a == "nvls":
         return base + inter
+    if a == "nvls_tree":        # tuning.cc:261-262; hwLat[NET][NVLS_TREE] = the ring's 14 us
+        return base + 2 * int(math.log2(nodes)) * inter
     if a == "tree":
         return base + 2 * ((n // nodes - 1) * intra + int(math.log2(nodes)) * inter)
     nsteps, ninter = steps(op, n, nodes)

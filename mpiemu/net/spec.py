@@ -20,7 +20,7 @@ from typing import Mapping
 from ..hw.caps import CapError, cap
 
 PROTOCOLS = ("ll", "ll128", "simple")
-ALGORITHMS = ("ring", "tree", "hierarchical", "nvls")
+ALGORITHMS = ("ring", "tree", "hierarchical", "nvls", "nvls_tree")
 FABRICS = ("ring", "switch", "fully-connected")          # inside one node
 TOPOLOGIES = (*FABRICS, "hierarchical")                  # hierarchical: nodes + a network
 ALGO_PROTO = (*(f"{a}_{p}" for a in ("ring", "tree") for p in PROTOCOLS), "nvls_simple")
@@ -182,6 +182,7 @@ class NetworkSpec:
 
     def base(self, algorithm: str, proto: str) -> float:
         """Fixed cost of one collective call (launch, setup; NCCL's baseLat; the
-        hierarchical form is rings, so it pays the ring's; tree and nvls their own)."""
-        algo = algorithm if algorithm in ("nvls", "tree") else "ring"
+        hierarchical form is rings, so it pays the ring's; tree and nvls their own, and
+        nvls_tree NVLS's: NCCL's hwLat[NVLINK][NVLS_TREE] = hwLat[NVLINK][NVLS], tuning.cc:69)."""
+        algo = {"nvls": "nvls", "nvls_tree": "nvls", "tree": "tree"}.get(algorithm, "ring")
         return self.base_latency_s.get(f"{algo}_{proto}", 0.0) * self.latency_scale

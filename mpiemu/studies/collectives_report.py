@@ -100,7 +100,9 @@ WHY = [
     "their NIC rate and NCCL's network latencies only, which is why the EFA and TCPXO sets "
     "stay far off. Each call runs what NCCL's own model picks (`comm/tuner.py`): on two nodes "
     "it counts ring and tree at the NVLink rate (tuning.cc:174), so it keeps the ring for "
-    "large all-reduces. The hierarchical all-reduce is not NCCL's and is never chosen (it "
+    "large all-reduces where NVLS is off or absent (A100), and takes NVLS Tree across H100 "
+    "nodes (the switch reduces inside each node, a tree on every rail joins them). The "
+    "hierarchical all-reduce is not NCCL's and is never chosen (it "
     "runs only when asked).",
 ]
 
