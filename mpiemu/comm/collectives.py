@@ -30,8 +30,8 @@ from ..net.message import switch_reduce
 from ..sim.timeline import SimTime, Span, latest
 from .cost import (Choice, choose, estimate_s, node_groups, nvls_tree_depth, pipeline_depth,
                    tree_depth)
-from .nvls_tree import nvls_tree_all_reduce
 from .fold import FoldError, Mirror
+from .nvls_tree import nvls_tree_all_reduce
 from .p2p import TimedComm
 from .ring import AllGather, PlainGather, PlainReduce, ReduceScatter, ring_lanes, ring_pieces
 from .schedule import Lane, Piece, chunk_bounds

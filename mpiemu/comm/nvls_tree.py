@@ -24,26 +24,11 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from ..net.message import switch_transfer
 from ..sim.timeline import SimTime
 from .p2p import TimedComm
 from .schedule import chunk_bounds
 from .tree import tree_all_reduce
-
-
-def _through_switch(tc: TimedComm, out_bytes: float, in_bytes: float, ready: SimTime,
-                    label: str) -> SimTime:
-    """This device's egress and ingress ports busy from `ready` with these bytes, at the
-    port rate x the NVLS efficiency; returns when both are done."""
-    net = tc.net
-    peer = net.member(net.node_of(tc.device), 1 if net.local(tc.device) == 0 else 0)
-    out, back = net.hop(tc.device, peer), net.hop(peer, tc.device)
-    assert back.ingress is not None                     # a switch: checked by `allowed_on`
-    rate = out.transport.bw_bytes_per_s * net.spec.nvls_efficiency
-    t0, t_out = tc.tl.occupy(out.egress, ready, out_bytes / rate)
-    _, t_in = tc.tl.occupy(back.ingress, ready, in_bytes / rate)
-    tc.tl.record(label, "comm", f"{out.egress}>switch>{back.ingress}", t0, max(t_out, t_in),
-                 0.0, int(out_bytes + in_bytes), 0.0, -1, -1, None)
-    return max(t_out, t_in)
 
 
 def _latest(comm: MPI.Comm, times: list[SimTime]) -> list[SimTime]:
@@ -70,15 +55,17 @@ def nvls_tree_all_reduce(tc: TimedComm, flat: np.ndarray | None, buf: np.ndarray
         res = np.empty_like(shard)
     segs = chunk_bounds(hi - lo, depth)
     t0 = _latest(node.comm, [t])[0]
-    rs = _latest(node.comm, [_through_switch(tc, (b - a) * g * itemsize, (b - a) * itemsize,
-                                             t0, "nvls_tree.rs") for a, b in segs])
+    def switch(out: int, into: int, ready: SimTime, label: str) -> SimTime:
+        return switch_transfer(tc.tl, tc.net, tc.device, out * itemsize, into * itemsize,
+                               ready, label=label)
+    rs = _latest(node.comm, [switch((b - a) * g, b - a, t0, "nvls_tree.rs") for a, b in segs])
     railed = [tree_all_reduce(rail, [[r] for r in range(rail.size)],
                               None if shard is None else shard[a:b],
                               None if res is None else res[a:b], b - a, itemsize, t_rs, 1)
               for (a, b), t_rs in zip(segs, rs)]
     ready = _latest(node.comm, railed)
-    end = max(_through_switch(tc, (b - a) * itemsize, (b - a) * g * itemsize, t_ag,
-                              "nvls_tree.ag") for (a, b), t_ag in zip(segs, ready))
+    end = max(switch(b - a, (b - a) * g, t_ag, "nvls_tree.ag")
+              for (a, b), t_ag in zip(segs, ready))
     if buf is not None and res is not None:
         node.comm.Allgatherv(res, [buf, ([b - a for a, b in bounds], [a for a, _ in bounds])])
     return end

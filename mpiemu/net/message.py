@@ -67,15 +67,25 @@ def switch_reduce(tl: Timeline, net: Network, device: int, nbytes: float, ready:
                   *, label: str) -> SimTime:
     """One device's share of an in-switch all-reduce (NVLink SHARP) of nbytes: the switch
     reads every chunk from every device and multicasts each reduced chunk back, so both of
-    the device's ports carry nbytes (N+1)/N, at the port rate x the NVLS efficiency,
-    pipelined (both directions at once); returns when the device holds the result."""
-    n, node, a = net.per_node, net.node_of(device), net.local(device)
-    peer = net.member(node, a + 1 if a + 1 < n else a - 1)
+    the device's ports carry nbytes (N+1)/N, pipelined (both directions at once); returns
+    when the device holds the result."""
+    both = nbytes * (net.per_node + 1) / net.per_node
+    return switch_transfer(tl, net, device, both, both, ready, label=label, nbytes=nbytes)
+
+
+def switch_transfer(tl: Timeline, net: Network, device: int, out_bytes: float,
+                    in_bytes: float, ready: SimTime, *, label: str,
+                    nbytes: float | None = None) -> SimTime:
+    """A device's egress and ingress ports busy from `ready` with these bytes to and from
+    the switch's reduction / multicast engine, at the port rate x the NVLS efficiency;
+    returns when both are done (the trace records `nbytes`, default what leaves)."""
+    node, a = net.node_of(device), net.local(device)
+    peer = net.member(node, a + 1 if a + 1 < net.per_node else a - 1)
     out, back = net.hop(device, peer), net.hop(peer, device)     # this device's two ports
     assert back.ingress is not None                     # a switch: checked by the caller
-    wire = nbytes * (n + 1) / n / (out.transport.bw_bytes_per_s * net.spec.nvls_efficiency)
-    t0, t_out = tl.occupy(out.egress, ready, wire)
-    _, t_in = tl.occupy(back.ingress, ready, wire)
+    rate = out.transport.bw_bytes_per_s * net.spec.nvls_efficiency
+    t0, t_out = tl.occupy(out.egress, ready, out_bytes / rate)
+    _, t_in = tl.occupy(back.ingress, ready, in_bytes / rate)
     tl.record(label, "comm", f"{out.egress}>switch>{back.ingress}", t0, max(t_out, t_in), 0.0,
-              int(nbytes), 0.0, -1, -1, None)
+              int(out_bytes if nbytes is None else nbytes), 0.0, -1, -1, None)
     return max(t_out, t_in)
