@@ -191,7 +191,8 @@ def nvls_tree_estimate_s(tc: TimedComm, nbytes: float, itemsize: int) -> float:
     spec = tc.net.spec
     b_sw = spec.intra.bw_bytes_per_s * spec.nvls_efficiency
     inter = tc.net.hop(tc.devices[groups[0][0]], tc.devices[groups[1][0]])
-    r_ib, a_ib = tc.net.rate(inter, "simple", tc.share), tc.net.latency(inter, "simple")
+    share = spec.channel_share("simple", nbytes, tc.size)     # as the call's rail runs
+    r_ib, a_ib = tc.net.rate(inter, "simple", share), tc.net.latency(inter, "simple")
     depth = max(1, math.ceil(math.log2(nodes + 1)) - 1)
     red = tc.model.reduction_s(math.ceil(seg / 2 / itemsize), itemsize)
     rail = 2 * depth * (seg / 2 / r_ib + a_ib) + depth * red
