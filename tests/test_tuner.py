@@ -4,16 +4,14 @@ from __future__ import annotations
 import pytest
 
 from mpiemu.comm.tree import roles
-from mpiemu.comm.tuner import Choice, predicted_s
+from mpiemu.comm.tuner import Choice, candidates, pick, predicted_s
 from mpiemu.net import load_network
 
 MiB, GiB = 1 << 20, 1 << 30
 
 
 def _best(spec, op: str, nbytes: float, n: int, nodes: int, algos: list[str]) -> Choice:
-    cands = [Choice(a, p) for a in algos for p in spec.protocols
-             if a not in ("nvls", "nvls_tree") or p == "simple"]
-    return min(cands, key=lambda ch: predicted_s(spec, op, nbytes, n, nodes, ch))
+    return pick(spec, op, nbytes, n, nodes, candidates(algos, spec.protocols))
 
 
 def test_predicted_times_are_nccls_worked_example_on_a_dgx_a100() -> None:

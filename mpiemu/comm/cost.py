@@ -30,7 +30,7 @@ from ..net.topology import Hop
 from .fold import Mirror
 from .p2p import TimedComm
 from .ring import ring_orders
-from .tuner import Choice, predicted_s
+from .tuner import Choice, candidates, pick
 
 OPS = ("reduce_scatter", "all_gather", "all_reduce")
 ASKED_ONLY = ("hierarchical",)  # run when `collectives.algorithm` names it, never chosen:
@@ -257,13 +257,11 @@ def _choose(tc: TimedComm, op: str, nbytes: float, itemsize: int, algorithm: str
             raise ValueError(f"collectives.protocol={protocol!r} is not a protocol of network "
                              f"{tc.net.spec.name}; it has {list(protos)}")
         protos = (protocol,)
-    cands = [Choice(a, p) for a in algos for p in protos
-             if a not in ("nvls", "nvls_tree") or p == "simple"]
+    cands = candidates(algos, protos)
     if not cands:
         raise ValueError(f"collectives.protocol={protocol!r}: nvls and nvls_tree run the "
                          "simple protocol only")
     if len(cands) == 1:
         return cands[0]
-    nodes = len(node_groups(tc.net, tc.devices))
-    return min(cands, key=lambda ch: predicted_s(tc.net.spec, op, nbytes, tc.size, nodes, ch,
-                                                 bidirectional))
+    return pick(tc.net.spec, op, nbytes, tc.size, len(node_groups(tc.net, tc.devices)), cands,
+                bidirectional)

@@ -24,7 +24,7 @@ out: on the DGX presets they lie above the bandwidth they would cap (docs/nccl_m
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 from ..net.spec import NetworkSpec
 
@@ -122,3 +122,17 @@ def predicted_s(spec: NetworkSpec, op: str, nbytes: float, n: int, nodes: int,
             and nbytes / (max(1, spec.channels // 2) * n) >= 64:
         lat *= RING_SIMPLE_PLATEAU
     return lat + nbytes / bw
+
+
+def candidates(algos: Sequence[str], protos: Sequence[str]) -> list[Choice]:
+    """Every (algorithm, protocol) NCCL models among these: NVLS and NVLS Tree run Simple
+    only (tuning.cc:172)."""
+    return [Choice(a, p) for a in algos for p in protos
+            if a not in ("nvls", "nvls_tree") or p == "simple"]
+
+
+def pick(spec: NetworkSpec, op: str, nbytes: float, n: int, nodes: int, cands: list[Choice],
+         bidirectional: bool = False) -> Choice:
+    """The candidate NCCL predicts fastest (enqueue.cc:1500-1524: the lowest time wins)."""
+    return min(cands, key=lambda ch: predicted_s(spec, op, nbytes, n, nodes, ch,
+                                                 bidirectional))

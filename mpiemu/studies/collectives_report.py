@@ -120,10 +120,10 @@ def _tuner_plugin(ours: list[Row], cmp: list[Row]) -> list[str]:
         if not forced:
             continue
         parts = [f"{_size(r['bytes'])} {r['busbw_GBps']:.2f} against "
-                 f"{meas[r['bytes']]['measured_busbw_GBps']:.2f} "
-                 f"({signed_pct(r['busbw_GBps'] / meas[r['bytes']]['measured_busbw_GBps'] - 1)}"
-                 f"; NCCL's model's {meas[r['bytes']]['algorithm']}: "
-                 f"{signed_pct(meas[r['bytes']]['error'])})" for r in forced]
+                 f"{m['measured_busbw_GBps']:.2f} "
+                 f"({signed_pct(r['busbw_GBps'] / m['measured_busbw_GBps'] - 1)}"
+                 f"; NCCL's model's {m['algorithm']}: {signed_pct(m['error'])})"
+                 for r in forced for m in (meas[r["bytes"]],)]
         out.append(f"{ds} runs GCP's tuner plugin (NCCL_TUNER_PLUGIN in the A3 Mega "
                    "environment, collectives_sources.toml), whose rules are not public, and its "
                    "large all-reduces move more than a ring can carry through the nodes' NICs; "
