@@ -109,24 +109,36 @@ def test_bad_spec_values_are_refused() -> None:
         network("dgx-a100", bw=0.0)
     with pytest.raises(ValueError, match="topology"):
         network("dgx-a100", topology="torus")
-    with pytest.raises(ValueError, match="latency_scale=0"):
-        network("dgx-a100", latency_scale=0.0)
+    with pytest.raises(ValueError, match="call_latency_scale=0"):
+        network("dgx-a100", call_latency_scale=0.0)
+    with pytest.raises(ValueError, match="hop_latency_scale.simple=-1"):
+        network("dgx-a100", hop_latency_scale={"simple": -1.0})
 
 
-def test_latency_scale_multiplies_every_base_and_hop_latency() -> None:
-    """The calibrated constant: NCCL's tuning latencies times it, rates untouched."""
-    one = network("dgx-a100", latency_scale=1.0)
-    three = network("dgx-a100", latency_scale=3.0)
-    n1, n3 = Network(one, 16), Network(three, 16)
+def test_latency_scales_multiply_base_and_hop_latencies_apart() -> None:
+    """The calibrated constants: the call scale multiplies each call's base latency only,
+    a protocol's hop scale that protocol's hop latencies only; rates untouched."""
+    one = network("dgx-a100", call_latency_scale=1.0,
+                  hop_latency_scale={"ll": 1.0, "ll128": 1.0, "simple": 1.0})
+    call = network("dgx-a100", call_latency_scale=3.0,
+                   hop_latency_scale={"ll": 1.0, "ll128": 1.0, "simple": 1.0})
+    hop = network("dgx-a100", call_latency_scale=1.0,
+                  hop_latency_scale={"ll": 1.0, "ll128": 1.0, "simple": 2.0})
+    n1, nc, nh = Network(one, 16), Network(call, 16), Network(hop, 16)
     for a, b in ((0, 3), (3, 11)):
         for proto in ("ll", "ll128", "simple"):
+            k = 2.0 if proto == "simple" else 1.0
             for algo in ("ring", "tree"):
-                assert n3.latency(n3.hop(a, b), proto, algo) == pytest.approx(
-                    3 * n1.latency(n1.hop(a, b), proto, algo), rel=1e-15)
-            assert n3.rate(n3.hop(a, b), proto) == n1.rate(n1.hop(a, b), proto)
+                lat = n1.latency(n1.hop(a, b), proto, algo)
+                assert nc.latency(nc.hop(a, b), proto, algo) == lat
+                assert nh.latency(nh.hop(a, b), proto, algo) == pytest.approx(k * lat,
+                                                                             rel=1e-15)
+            assert nh.rate(nh.hop(a, b), proto) == n1.rate(n1.hop(a, b), proto)
     for algo, proto in (("ring", "simple"), ("tree", "ll"), ("nvls", "simple")):
-        assert three.base(algo, proto) == pytest.approx(3 * one.base(algo, proto), rel=1e-15)
-    assert load_network("t3-ring").latency_scale == 1.0         # the paper's own numbers
+        assert call.base(algo, proto) == pytest.approx(3 * one.base(algo, proto), rel=1e-15)
+        assert hop.base(algo, proto) == one.base(algo, proto)
+    t3 = load_network("t3-ring")                                  # the paper's own numbers
+    assert t3.call_latency_scale == 1.0 and not t3.hop_latency_scale
 
 
 @pytest.mark.parametrize("name", list_networks())

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mpiemu.studies import STUDIES, study_module
-from mpiemu.studies.common import ROOT, Golden, golden_diff, load_figures
+from mpiemu.studies.common import ROOT, Golden, golden_diff, load_figures, read_csv
 
 
 @pytest.mark.parametrize("name", sorted(STUDIES))
@@ -49,3 +49,24 @@ def test_collectives_data_sets_are_named_consistently() -> None:
     assert named <= {r["dataset"] for r in rows}
     fake = [{"dataset": d} for d in named]
     assert c.calibrated(fake) == fit
+
+
+def test_network_presets_hold_the_fitted_latency_scales() -> None:
+    """The committed calibration grid (`mpiemu report collectives --calibrate`) and the
+    NCCL-derived network presets agree: every preset with a call scale holds the grid's
+    fitted point, so a refit that is not copied into the presets fails here."""
+    from mpiemu.net import list_networks, load_network
+    from mpiemu.studies import collectives as c
+    table = [{k: float(v) for k, v in r.items()}
+             for r in read_csv(ROOT / "results" / "collectives" / "calibration.csv")]
+    best = c.fit(table)
+    cal = c.calibration()
+    assert len(table) == len(cal["call"]) * len(cal["hop"]["ll"]) * \
+        len(cal["hop"]["ll128"]) * len(cal["hop"]["simple"])
+    fitted = [n for n in list_networks() if load_network(n).call_latency_scale != 1.0]
+    assert fitted
+    for name in fitted:
+        net = load_network(name)
+        assert (net.call_latency_scale, net.hop_scale("ll"), net.hop_scale("ll128"),
+                net.hop_scale("simple")) == (best["call"], best["hop_ll"], best["hop_ll128"],
+                                             best["hop_simple"]), name

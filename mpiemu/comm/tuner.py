@@ -9,7 +9,7 @@ topoGetAlgoInfo; digest with line numbers in docs/nccl_model.md 1-4, tag v2.21.5
 
 The chosen call then runs on the emulated network, which times it message by message
 (`comm.cost` has its closed forms). The two differ as they do for NCCL itself: its model
-counts latencies as relative costs (used unscaled here; `network.latency_scale` is what
+counts latencies as relative costs (used unscaled here; `network.*_latency_scale` is what
 measured calls take) and, on two nodes, counts ring and tree at the NVLink rate
 (tuning.cc:174, bwIntra when nNodes <= 2), so it keeps the ring for a large all-reduce that
 the tree would finish sooner (2 x OCI A100 under NCCL 2.29.3 measure the ring's rate,
@@ -93,7 +93,7 @@ def algbw_bytes_per_s(spec: NetworkSpec, op: str, ch: Choice, n: int, nodes: int
 def latency_s(spec: NetworkSpec, op: str, ch: Choice, n: int, nodes: int) -> float:
     """NCCL's latency of a call (tuning.cc:225-263), unscaled."""
     a, p = ch.algorithm, ch.protocol
-    base = spec.base(a, p) / spec.latency_scale
+    base = spec.base(a, p) / spec.call_latency_scale
     intra = spec.intra.latency(p, a)
     net_algo = "ring" if a == "nvls_tree" else a
     inter = spec.inter.latency(p, net_algo) if spec.inter is not None and nodes > 1 else 0.0

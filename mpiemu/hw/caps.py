@@ -9,7 +9,7 @@ field added to any spec class is covered without more code. Conventions:
 * a field's unit is in its name, in SI (`dram_bw_bytes_per_s`, `clock_hz`, `wave_fixed_s`);
   a preset key (or an override key) may carry a unit of `UNITS` instead: `dram_bw_GBps`
   -> `dram_bw_bytes_per_s`, `efficiency_frac` -> `efficiency`, `tile_m_count` -> `tile_m`,
-  `latency_scale_x` (a multiplier) -> `latency_scale`;
+  `call_latency_scale_x` (a multiplier) -> `call_latency_scale`;
 * a nested spec is the preset section named like its field (`gemm` <- `[gemm]`); a field
   names another section in its metadata (`cap(section="memory")`);
 * `cap(key=...)`: the preset key when it is not the field name without its unit; a Mapping

@@ -80,9 +80,11 @@ class NetworkSpec:
 
     `devices_per_node` = 0: every rank in one node. Ranks fill nodes in order (rank r on
     node r // devices_per_node), as `srun` block distribution and `mpiexec` place them.
-    `latency_scale` multiplies every base and hop latency: NCCL's tuning latencies are
-    relative costs for choosing among algorithms, and measured calls take longer (the one
-    calibrated constant of the network layer, results/collectives/README.md).
+    `call_latency_scale` multiplies each call's base latency (NCCL's baseLat: launch and
+    setup) and `hop_latency_scale[p]` each hop's latency under protocol p (NCCL's hwLat; 1
+    where not given): NCCL's tuning latencies are relative costs for choosing among
+    algorithms, and measured calls take longer. These are the network layer's calibrated
+    constants, fitted together on single-node data sets (results/collectives/README.md).
     """
 
     name: str
@@ -99,7 +101,9 @@ class NetworkSpec:
     nvls_efficiency: float = field(default=0.0, metadata=cap(section="collectives"))
     channels: int = field(default=0, metadata=cap(section="collectives"))
     nvls_channels: int = field(default=0, metadata=cap(section="collectives"))
-    latency_scale: float = field(default=1.0, metadata=cap(section="collectives"))
+    call_latency_scale: float = field(default=1.0, metadata=cap(section="collectives"))
+    hop_latency_scale: Mapping[str, float] = field(default_factory=dict, metadata=cap(
+        section="collectives", key="hop_latency_scale_{}", entries=PROTOCOLS))
     inter: Transport | None = None
     scale: NetScale = field(default=NetScale(), metadata=cap(preset=False))
     description: str = ""
@@ -112,9 +116,13 @@ class NetworkSpec:
         if self.node_topology not in FABRICS:
             raise ValueError(f"network.node_topology={self.node_topology!r}; choose one of "
                              f"{list(FABRICS)}")
-        if not self.latency_scale > 0:
-            raise ValueError(f"network.latency_scale={self.latency_scale} must be > 0 (a "
-                             "multiplier of every base and hop latency)")
+        if not self.call_latency_scale > 0:
+            raise ValueError(f"network.call_latency_scale={self.call_latency_scale} must be "
+                             "> 0 (a multiplier of every base latency)")
+        for p, v in self.hop_latency_scale.items():
+            if not v > 0:
+                raise ValueError(f"network.hop_latency_scale.{p}={v} must be > 0 (a "
+                                 f"multiplier of every {p} hop latency)")
         if self.channels < 0:
             raise ValueError(f"network.channels={self.channels} must be >= 0 (0: no rule)")
         if self.nvls_channels < 0:
@@ -180,9 +188,13 @@ class NetworkSpec:
             nt //= 2
         return nc, nt
 
+    def hop_scale(self, proto: str) -> float:
+        """The calibrated multiple of NCCL's hop latency a protocol's step takes."""
+        return self.hop_latency_scale.get(proto, 1.0)
+
     def base(self, algorithm: str, proto: str) -> float:
         """Fixed cost of one collective call (launch, setup; NCCL's baseLat; the
         hierarchical form is rings, so it pays the ring's; tree and nvls their own, and
         nvls_tree NVLS's: NCCL's hwLat[NVLINK][NVLS_TREE] = hwLat[NVLINK][NVLS], tuning.cc:69)."""
         algo = {"nvls": "nvls", "nvls_tree": "nvls", "tree": "tree"}.get(algorithm, "ring")
-        return self.base_latency_s.get(f"{algo}_{proto}", 0.0) * self.latency_scale
+        return self.base_latency_s.get(f"{algo}_{proto}", 0.0) * self.call_latency_scale

@@ -148,7 +148,8 @@ class Network:
 
     def latency(self, hop: Hop, proto: str, algorithm: str = "ring") -> float:
         """A message's latency on this hop (per protocol, the tree's own where given)."""
-        return hop.transport.latency(proto, algorithm) * hop.hops * self.spec.latency_scale
+        return (hop.transport.latency(proto, algorithm) * hop.hops
+                * self.spec.hop_scale(proto))
 
     def spans_nodes(self, devices: list[int]) -> bool:
         return len({self.node_of(d) for d in devices}) > 1

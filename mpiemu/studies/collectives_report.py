@@ -8,7 +8,7 @@ from ..hw.cost import model_for
 from ..hw.presets import load_device
 from ..net import load_network
 from ..run.collectives import bus_factor
-from .collectives import ITEMSIZE, MiB, calibrated, setups, sources, targets_error
+from .collectives import ITEMSIZE, MiB, calibrated, fit, setups, sources, targets_error
 from .common import Row, load_figures, md_table, pct, plt, signed_pct
 
 
@@ -83,12 +83,15 @@ def _emulated_only(ours: list[Row]) -> list[str]:
 
 WHY = [
     "* **Latency (small and mid sizes).** Our floor is NCCL's own latency model (baseLat + "
-    "2(N-1) hop latencies, `docs/nccl_model.md`) times `network.latency_scale`: tuning.cc "
-    "keeps its latencies as relative costs for choosing an algorithm, and measured calls "
-    "take a few times longer, by the same factor on A100 and H100, ring and NVLS, from 1 KiB "
-    "to hundreds of MiB. The factor is the one calibrated constant here (below); a data set "
-    "whose floor is further off (virtualised cloud VMs, older NCCL, in-place timing) still "
-    "shows as an error at small sizes: the model has no per-cloud term, by design.",
+    "2(N-1) hop latencies, `docs/nccl_model.md`), the call's base times "
+    "`network.call_latency_scale` and each hop's latency times its protocol's "
+    "`network.hop_latency_scale`: "
+    "tuning.cc keeps its latencies as relative costs for choosing an algorithm, and "
+    "measured calls take longer, by the same factors on A100 and H100, ring and NVLS, from "
+    "1 KiB to hundreds of MiB. The two factors are the calibrated constants here (values "
+    "above); a data set whose floor is further off (virtualised cloud VMs, older NCCL, "
+    "in-place timing) still shows as an error at small sizes: the model has no per-cloud "
+    "term, by design.",
     "* **Mid sizes (1-64 MiB).** NCCL runs fewer channels than it has for messages too small "
     "to fill them (`enqueue.cc` getChannnelThreadInfo) and pipelines in slices; our ring "
     "runs at the protocol's full rate from the first byte, less the scaled latencies.",
@@ -148,27 +151,29 @@ def _tree_floor(ours: list[Row], cmp: list[Row]) -> list[str]:
         r = min(rows, key=lambda r: r["bytes"])
         mine = next(x for x in ours if (x["setup"], x["op"], x["bytes"]) ==
                     (r["setup"], r["op"], r["bytes"]))
-        g, n, k, p = net.devices_per_node, st["ranks"], net.latency_scale, r["protocol"]
+        g, n, p = net.devices_per_node, st["ranks"], r["protocol"]
+        kc, kh = net.call_latency_scale, net.hop_scale(p)
         a_nv, a_net = net.intra.latency(p, "tree"), net.inter.latency(p, "tree")
-        base, net_hops = net.base("tree", p) / k, math.ceil(math.log2(n // g))
-        unscaled = base + 2 * ((g - 1) * a_nv + net_hops * a_net)
+        base, net_hops = net.base("tree", p) / kc, math.ceil(math.log2(n // g))
+        hops = 2 * ((g - 1) * a_nv + net_hops * a_net)
+        lat = base * kc + hops * kh
         measured = r["bytes"] * bus_factor(r["op"], n) / (r["measured_busbw_GBps"] * 1e9)
         share = net.channel_share(p, r["bytes"], n)
         out.append(f"{r['dataset']} at {_size(r['bytes'])}: ours {mine['time_us']:.1f} us "
-                   f"(tree/{p}), of which {unscaled * k * 1e6:.1f} us are latencies (base "
-                   f"{base * 1e6:.1f} us and, up and down, {g - 1} NVLink "
+                   f"(tree/{p}), of which {lat * 1e6:.1f} us are latencies (NCCL's base "
+                   f"{base * 1e6:.1f} us x {kc:g} and, up and down, {g - 1} NVLink "
                    f"hops of {a_nv * 1e6:.2f} us and {net_hops} network hop of "
-                   f"{a_net * 1e6:.2f} us, each x {k:g}) and "
-                   f"{mine['time_us'] - unscaled * k * 1e6:.1f} us the trees' parts' wire "
+                   f"{a_net * 1e6:.2f} us, each x {kh:g}) and "
+                   f"{mine['time_us'] - lat * 1e6:.1f} us the trees' parts' wire "
                    f"time at 1/{1 / share:.0f} of each port (the channels and threads NCCL "
                    "gives a call this small, enqueue.cc) and the trees meeting at shared "
                    f"ports; measured {measured * 1e6:.1f} us; "
-                   f"NCCL's latencies unscaled sum to {unscaled * 1e6:.1f} us")
+                   f"NCCL's latencies unscaled sum to {(base + hops) * 1e6:.1f} us")
     if not out:
         return []
-    return ["* **Small messages across nodes.** The calibrated latency factor was fitted on "
-            "single-node data, where only the base and NVLink hop latencies act; across nodes "
-            "it multiplies the network hops too, which no data set of the fit tests: "
+    return ["* **Small messages across nodes.** The latency scales were fitted on "
+            "single-node data, where only the base and NVLink hop latencies act; the network "
+            "hops take the hop scale too, which no data set of the fit tests: "
             + "; ".join(out) + "."]
 
 
@@ -203,7 +208,38 @@ def _rs_vs_ag(ours: list[Row], cmp: list[Row]) -> list[str]:
     return ["* **Reduce-scatter at large sizes.** " + "; ".join(out) + "."]
 
 
-def markdown(ours: list[Row], cmp: list[Row], summ: list[Row]) -> list[str]:
+def _calibration_text(cal: list[Row] | None, fitted: list[str]) -> str:
+    """The two calibrated latency scales, the data they were fitted on, and what the grid
+    (`calibration.csv`, written by `--calibrate`) says of the form: the fit against the best
+    point with both scales alike (one factor on every latency)."""
+    net = load_network("dgx-a100")
+    hops = ", ".join(f"{p} {net.hop_scale(p):g}" for p in net.protocols)
+    text = (f"The calibrated constants, fitted together: `network.call_latency_scale` = "
+            f"{net.call_latency_scale:g} (each call's base latency, NCCL's baseLat) and "
+            f"`network.hop_latency_scale` per protocol ({hops}; each hop's, hwLat), on the "
+            f"single-node data sets ({', '.join(fitted)}; `mpiemu report collectives "
+            "--calibrate` reruns the grid, its objective in "
+            "`mpiemu/studies/collectives.toml`).")
+    if not cal:
+        return text
+    best = fit(cal)
+    alike = fit([r for r in cal if r["call"] == r["hop_ll"] == r["hop_ll128"] ==
+                 r["hop_simple"]] or cal)
+    ncll = fit([r for r in cal if r["hop_ll"] == r["hop_ll128"] == r["hop_simple"] == 1]
+               or cal)
+
+    def point(r: Row, what: str) -> str:
+        return (f"{what} gives {pct(r['error_1MiB_up'])} from 1 MiB up and "
+                f"{pct(r['error_all'])} over all sizes")
+    return (text + " On those sets " + "; ".join([
+        point(best, "the fit"),
+        point(alike, f"the best with one factor on every latency ({alike['call']:g})"),
+        point(ncll, f"the best with NCCL's hop latencies as they are (call "
+                    f"{ncll['call']:g})")]) + f" ({len(cal)} grid points, calibration.csv).")
+
+
+def markdown(ours: list[Row], cmp: list[Row], summ: list[Row],
+             cal: list[Row] | None = None) -> list[str]:
     fig = load_figures("collectives")
     lo, hi = (float(x) for x in fig["targets"].value)
     big = [r for r in cmp if r["bytes"] >= MiB]
@@ -217,7 +253,6 @@ def markdown(ours: list[Row], cmp: list[Row], summ: list[Row]) -> list[str]:
     multi_keys = {s["key"] for s in setups() if s["ranks"] > 8}
     m_big, m_all = targets_error([r for r in held if r["setup"] in multi_keys])
     s_big, s_all = targets_error([r for r in held if r["setup"] not in multi_keys])
-    k = load_network("dgx-a100").latency_scale
     out = ["# Collectives on DGX-class machines: emulated vs published nccl-tests", "",
            "Regenerate: `mpiemu report collectives` (or `make reports`); sources of every "
            "measured row: `mpiemu/studies/collectives_sources.toml`; network numbers: "
@@ -225,11 +260,8 @@ def markdown(ours: list[Row], cmp: list[Row], summ: list[Row]) -> list[str]:
            f"({fig['busbw'].value}).", "",
            f"Over every measured point: geometric mean of |busbw error| {pct(g_big)} from "
            f"1 MiB up ({len(big)} points; target {pct(lo, 0)}) and {pct(g_all)} over all "
-           f"sizes ({len(cmp)} points; target {pct(hi, 0)}). One global constant is "
-           f"calibrated, `network.latency_scale` = {k:g} (every base and hop latency of the "
-           "NCCL-derived network presets times it), on the single-node data sets "
-           f"({', '.join(sorted(fitted))}; `mpiemu report collectives --calibrate` reruns "
-           "the fit, its grid and objective in `mpiemu/studies/collectives.toml`); on the "
+           f"sizes ({len(cmp)} points; target {pct(hi, 0)}). "
+           f"{_calibration_text(cal, sorted(fitted))} On the "
            f"data sets held out from that fit ({', '.join(sorted({r['dataset'] for r in held}))}"
            f"), {pct(h_big)} from 1 MiB up and {pct(h_all)} over all sizes; on the held-out "
            f"single-node ones alone, {pct(s_big)} and {pct(s_all)}; on the multi-node ones "

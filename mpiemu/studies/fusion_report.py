@@ -112,8 +112,8 @@ def _peer(device: str) -> str:
             f"{net.intra.latency('simple') * 1e6:g} us per transfer, NCCL's counted NVLink "
             "rate and the hop latency of its tuning table since issue 8, where the link's line "
             "rate was used before; a StarPU transfer is a peer copy, not an NCCL call, so it "
-            f"does not take the {net.latency_scale:g}x `network.latency_scale` that our NCCL "
-            "collectives are calibrated with")
+            f"does not pay the {net.call_latency_scale:g}x base latency "
+            "(`network.call_latency_scale`) of our NCCL collectives")
 
 
 def markdown(rows: list[Row], st: list[Row], grain: list[Row]) -> list[str]:
