@@ -88,7 +88,7 @@ WHY = [
     "`network.hop_latency_scale`: "
     "tuning.cc keeps its latencies as relative costs for choosing an algorithm, and "
     "measured calls take longer, by the same factors on A100 and H100, ring and NVLS, from "
-    "1 KiB to hundreds of MiB. The two factors are the calibrated constants here (values "
+    "1 KiB to hundreds of MiB. These factors are the calibrated constants here (values "
     "above); a data set whose floor is further off (virtualised cloud VMs, older NCCL, "
     "in-place timing) still shows as an error at small sizes: the model has no per-cloud "
     "term, by design.",
