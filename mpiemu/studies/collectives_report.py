@@ -92,9 +92,14 @@ WHY = [
     "above); a data set whose floor is further off (virtualised cloud VMs, older NCCL, "
     "in-place timing) still shows as an error at small sizes: the model has no per-cloud "
     "term, by design.",
-    "* **Mid sizes (1-64 MiB).** NCCL runs fewer channels than it has for messages too small "
-    "to fill them (`enqueue.cc` getChannnelThreadInfo) and pipelines in slices; our ring "
-    "runs at the protocol's full rate from the first byte, less the scaled latencies.",
+    "* **Mid sizes (1-64 MiB).** A call too small to fill NCCL's channels runs fewer of them "
+    "(`enqueue.cc` getChannnelThreadInfo), and ours does too (`NetworkSpec.channel_share`); "
+    "past that our calls move at the protocol's full rate plus the scaled latencies. NCCL "
+    "also pipelines each channel's share in chunks whose steps it cannot all overlap, which "
+    "we do not model; the measured curves ramp more slowly than latency + size / rate (the "
+    "A100 ring's LL128 and Simple sizes, where ours is fast), and the one call scale sets "
+    "NVLS's base latency (NCCL's, times the scale) above what the smallest NVLS calls "
+    "measure (ours slow there; per-size tables below).",
     "* **Large messages (bandwidth-bound).** The ring moves at NCCL's counted link rate "
     "(20 GB/s per NVLink3 x 12 on A100; the 12 x 30 GB/s ring graph on H100) and NVLS at the "
     "port rate x 5/6 over S (N+1)/N; measured runs sit a few percent below or above that.",
