@@ -214,9 +214,10 @@ def _rs_vs_ag(ours: list[Row], cmp: list[Row]) -> list[str]:
 
 
 def _calibration_text(cal: list[Row] | None, fitted: list[str]) -> str:
-    """The two calibrated latency scales, the data they were fitted on, and what the grid
-    (`calibration.csv`, written by `--calibrate`) says of the form: the fit against the best
-    point with both scales alike (one factor on every latency)."""
+    """The calibrated latency scales, the data they were fitted on, and what the grid
+    (`calibration.csv`, written by `--calibrate`) says of the form: the fit beside the best
+    point with one factor on every latency and the best with NCCL's hop latencies as they
+    are."""
     net = load_network("dgx-a100")
     hops = ", ".join(f"{p} {net.hop_scale(p):g}" for p in net.protocols)
     text = (f"The calibrated constants, fitted together: `network.call_latency_scale` = "
