@@ -70,3 +70,24 @@ def test_network_presets_hold_the_fitted_latency_scales() -> None:
         assert (net.call_latency_scale, net.hop_scale("ll"), net.hop_scale("ll128"),
                 net.hop_scale("simple")) == (best["call"], best["hop_ll"], best["hop_ll128"],
                                              best["hop_simple"]), name
+
+
+def test_calibration_text_names_the_fit_and_the_forms_it_beat() -> None:
+    """The report's calibration sentence takes the grid's least mean error as the fit and
+    quotes the best one-factor point and the best point with NCCL's hop latencies."""
+    from mpiemu.studies.collectives import fit
+    from mpiemu.studies.collectives_report import _calibration_text
+
+    def row(call: float, ll: float, ll128: float, simple: float, big: float,
+            every: float) -> dict[str, float]:
+        return {"call": call, "hop_ll": ll, "hop_ll128": ll128, "hop_simple": simple,
+                "error_1MiB_up": big, "error_all": every}
+    table = [row(3, 1, 1, 3, 0.02, 0.05), row(3, 3, 3, 3, 0.04, 0.09),
+             row(2, 2, 2, 2, 0.05, 0.07), row(3, 1, 1, 1, 0.04, 0.07),
+             row(2, 1, 1, 1, 0.03, 0.20)]
+    assert fit(table) is table[0]
+    text = _calibration_text(table, ["a", "b"])
+    assert "the fit gives 2.0% from 1 MiB up and 5.0%" in text
+    assert "one factor on every latency (2) gives 5.0% from 1 MiB up and 7.0%" in text
+    assert "hop latencies as they are (call 3) gives 4.0% from 1 MiB up and 7.0%" in text
+    assert "(5 grid points" in text
