@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mpiemu.studies import STUDIES, study_module
-from mpiemu.studies.common import ROOT, Golden, golden_diff, load_figures, read_csv
+from mpiemu.studies.common import ROOT, Golden, golden_diff, load_figures
 
 
 @pytest.mark.parametrize("name", sorted(STUDIES))
@@ -57,8 +57,7 @@ def test_network_presets_hold_the_fitted_latency_scales() -> None:
     fitted point, so a refit that is not copied into the presets fails here."""
     from mpiemu.net import list_networks, load_network
     from mpiemu.studies import collectives as c
-    table = [{k: float(v) for k, v in r.items()}
-             for r in read_csv(ROOT / "results" / "collectives" / "calibration.csv")]
+    table = c.read_calibration(ROOT / "results" / "collectives" / "calibration.csv")
     best = c.fit(table)
     cal = c.calibration()
     assert len(table) == len(cal["call"]) * len(cal["hop"]["ll"]) * \

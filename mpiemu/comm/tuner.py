@@ -93,7 +93,7 @@ def algbw_bytes_per_s(spec: NetworkSpec, op: str, ch: Choice, n: int, nodes: int
 def latency_s(spec: NetworkSpec, op: str, ch: Choice, n: int, nodes: int) -> float:
     """NCCL's latency of a call (tuning.cc:225-263), unscaled."""
     a, p = ch.algorithm, ch.protocol
-    base = spec.base(a, p) / spec.call_latency_scale
+    base = spec.nccl_base(a, p)
     intra = spec.intra.latency(p, a)
     net_algo = "ring" if a == "nvls_tree" else a
     inter = spec.inter.latency(p, net_algo) if spec.inter is not None and nodes > 1 else 0.0

@@ -192,9 +192,13 @@ class NetworkSpec:
         """The calibrated multiple of NCCL's hop latency a protocol's step takes."""
         return self.hop_latency_scale.get(proto, 1.0)
 
-    def base(self, algorithm: str, proto: str) -> float:
-        """Fixed cost of one collective call (launch, setup; NCCL's baseLat; the
+    def nccl_base(self, algorithm: str, proto: str) -> float:
+        """NCCL's fixed cost of one collective call, unscaled (baseLat: launch, setup; the
         hierarchical form is rings, so it pays the ring's; tree and nvls their own, and
         nvls_tree NVLS's: NCCL's hwLat[NVLINK][NVLS_TREE] = hwLat[NVLINK][NVLS], tuning.cc:69)."""
         algo = {"nvls": "nvls", "nvls_tree": "nvls", "tree": "tree"}.get(algorithm, "ring")
-        return self.base_latency_s.get(f"{algo}_{proto}", 0.0) * self.call_latency_scale
+        return self.base_latency_s.get(f"{algo}_{proto}", 0.0)
+
+    def base(self, algorithm: str, proto: str) -> float:
+        """What one call pays before its first byte moves: NCCL's base x the call scale."""
+        return self.nccl_base(algorithm, proto) * self.call_latency_scale

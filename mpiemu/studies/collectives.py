@@ -144,27 +144,31 @@ def calibrated(cmp: list[Row]) -> set[str]:
     return {r["dataset"] for r in cmp if r["dataset"] in fit}
 
 
-CALIBRATION_COLUMNS = ("call", "hop_ll", "hop_ll128", "hop_simple", "error_1MiB_up",
-                       "error_all")
-
-
-def calibrate() -> list[tuple[float, ...]]:
-    """(call scale, LL, LL128 and Simple hop scales, error from 1 MiB up, error over all
-    sizes) on the calibration data sets for each point of the grid; the fit is the point of
-    the least mean of the two errors."""
+def calibrate() -> list[Row]:
+    """For each point of the grid, the call scale (`call`), the LL, LL128 and Simple hop
+    scales (`hop_<protocol>`) and the errors on the calibration data sets from 1 MiB up and
+    over all sizes; the fit is the point of the least mean of the two (`fit`)."""
     cal = calibration()
     fit = set(cal["datasets"])
     chosen = [s for s in setups() if fit & set(s["datasets"])]
     hop = cal["hop"]
     out = []
-    for point in itertools.product(cal["call"], hop["ll"], hop["ll128"], hop["simple"]):
-        sets = [f"network.call_latency_scale={point[0]}",
+    for call, *hops in itertools.product(cal["call"], hop["ll"], hop["ll128"], hop["simple"]):
+        point = {"call": float(call),
+                 **{f"hop_{p}": float(k) for p, k in zip(("ll", "ll128", "simple"), hops)}}
+        sets = [f"network.call_latency_scale={call}",
                 *(f"network.hop_latency_scale.{p}={k}"
-                  for p, k in zip(("ll", "ll128", "simple"), point[1:]))]
+                  for p, k in zip(("ll", "ll128", "simple"), hops))]
         ours = sweep([s["key"] for s in chosen], sets)
-        rows = [r for r in compare(ours, chosen) if r["dataset"] in fit]
-        out.append((*map(float, point), *targets_error(rows)))
+        big, every = targets_error([r for r in compare(ours, chosen) if r["dataset"] in fit])
+        out.append({**point, "error_1MiB_up": big, "error_all": every})
     return out
+
+
+def read_calibration(path: Path) -> list[Row]:
+    """The grid `calibrate` wrote (`calibration.csv`), as numbers; empty if absent."""
+    return [{k: float(v) for k, v in r.items()} for r in read_csv(path)] \
+        if path.exists() else []
 
 
 def _scales(r: Row) -> str:
@@ -189,7 +193,7 @@ def main(out_dir: Path, argv: list[str]) -> int:
     out_dir = Path(args.out) if args.out else out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.calibrate:
-        table = [dict(zip(CALIBRATION_COLUMNS, row)) for row in calibrate()]
+        table = calibrate()
         write_csv(out_dir / "calibration.csv", table)
         for r in table:
             sys.stdout.write(f"{_scales(r)}: {r['error_1MiB_up']:.1%} from 1 MiB up, "
@@ -203,9 +207,7 @@ def main(out_dir: Path, argv: list[str]) -> int:
         if rows:
             write_csv(out_dir / f"{name}.csv", rows)
     plot(ours, cmp, out_dir / "busbw.png")
-    cal_csv = out_dir / "calibration.csv"
-    cal = [{k: float(v) for k, v in r.items()} for r in read_csv(cal_csv)] \
-        if cal_csv.exists() else []
+    cal = read_calibration(out_dir / "calibration.csv")
     (out_dir / "README.md").write_text("\n".join(markdown(ours, cmp, summ, cal)) + "\n")
     sys.stdout.write(f"wrote {out_dir}/README.md, emulated.csv, comparison.csv, summary.csv, "
                      "busbw.png\n")

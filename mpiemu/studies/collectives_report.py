@@ -159,9 +159,9 @@ def _tree_floor(ours: list[Row], cmp: list[Row]) -> list[str]:
         g, n, p = net.devices_per_node, st["ranks"], r["protocol"]
         kc, kh = net.call_latency_scale, net.hop_scale(p)
         a_nv, a_net = net.intra.latency(p, "tree"), net.inter.latency(p, "tree")
-        base, net_hops = net.base("tree", p) / kc, math.ceil(math.log2(n // g))
+        base, net_hops = net.nccl_base("tree", p), math.ceil(math.log2(n // g))
         hops = 2 * ((g - 1) * a_nv + net_hops * a_net)
-        lat = base * kc + hops * kh
+        lat = net.base("tree", p) + hops * kh
         measured = r["bytes"] * bus_factor(r["op"], n) / (r["measured_busbw_GBps"] * 1e9)
         share = net.channel_share(p, r["bytes"], n)
         out.append(f"{r['dataset']} at {_size(r['bytes'])}: ours {mine['time_us']:.1f} us "
