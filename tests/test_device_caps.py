@@ -71,6 +71,26 @@ def test_scale_knobs_speed_up_compute_or_memory_alone() -> None:
     assert fast.spec.scale.compute == 2 and "SCALED" in fast.spec.sources["clock_hz"]
 
 
+def test_a_base_clock_lock_slows_the_sms_and_unthrottles_the_matrix_units() -> None:
+    """A profiler's clock lock at base (rated TDP): SM-side rates scale with the clock, the
+    memory keeps its own, and a compute-bound GEMM runs at the per-clock efficiency."""
+    spec = load_device("a100-pcie-40gb")
+    lock = spec.at_base_clock()
+    ratio = spec.base_clock_hz / spec.clock_hz
+    assert lock.clock_hz == spec.base_clock_hz and ratio < 1
+    assert lock.peak("fp16") == pytest.approx(spec.peak("fp16") * ratio)
+    assert lock.sfu_ops_per_s == pytest.approx(spec.sfu_ops_per_s * ratio)
+    assert lock.dram_bw_bytes_per_s == spec.dram_bw_bytes_per_s
+    assert lock.gemm.efficiency == spec.gemm.unthrottled_efficiency > spec.gemm.efficiency
+    big = dict(m=8192, n=8192, k=8192)
+    expect = model_for(spec).gemm(**big).time_s / ratio \
+        * spec.gemm.efficiency / spec.gemm.unthrottled_efficiency
+    assert model_for(lock).gemm(**big).time_s == pytest.approx(expect, rel=0.03)
+    assert lock.at_base_clock().gemm == lock.gemm
+    with pytest.raises(ValueError, match="base_clock_hz=0.0; a clock lock needs"):
+        load_device("t3-gpu").at_base_clock()
+
+
 @pytest.mark.parametrize("override, needle", [
     ("device.gemm.effciency=0.9", "device.gemm.effciency=0.9: unknown field; allowed here: "),
     ("device.dram_bandwidth=1", "device.dram_bandwidth=1: unknown field"),
@@ -82,6 +102,7 @@ def test_scale_knobs_speed_up_compute_or_memory_alone() -> None:
     ("device.scale.compute=0", "a factor > 0"),
     ("device.nmc.banks=16", "has no [nmc] section"),
     ("device.gemm.efficiency=1.5", "device.gemm.efficiency=1.5: "),
+    ("device.gemm.unthrottled_efficiency=2", "device.gemm.unthrottled_efficiency=2: "),
 ])
 def test_bad_overrides_are_one_config_error(override: str, needle: str) -> None:
     with pytest.raises(ConfigError) as exc:

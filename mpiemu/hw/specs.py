@@ -44,6 +44,7 @@ class GemmTiling:
     efficiency: float               # matrix-unit fraction of peak a steady K-loop sustains
     tile_min: int = 0               # smallest tile side (0: tile_m x tile_n only)
     simt_efficiency: float = 0.0    # the same for fp32 / fp64 on CUDA cores (0: `efficiency`)
+    unthrottled_efficiency: float = 0.0  # per clock with the power limit not binding (0: as above)
     wave_fixed_s: float = field(default=0.0, metadata=cap(scale="compute", inverse=True))
     l2_bw_bytes_per_s: float = field(default=math.inf, metadata=cap(scale="compute"))
     smem_per_cu_bytes: float = math.inf     # shared memory per CU (limits CTAs per CU)
@@ -60,6 +61,9 @@ class GemmTiling:
             raise ValueError(f"gemm tiling {self} needs positive tile sizes and counts")
         if not 0 < self.efficiency <= 1 or not 0 <= self.simt_efficiency <= 1:
             raise ValueError(f"gemm efficiency={self.efficiency} must be in (0, 1]")
+        if not 0 <= self.unthrottled_efficiency <= 1:
+            raise ValueError(f"gemm unthrottled_efficiency={self.unthrottled_efficiency} "
+                             "must be in [0, 1] (0: as efficiency)")
 
     @property
     def largest_side(self) -> int:
@@ -241,14 +245,21 @@ class DeviceSpec:
             raise ValueError(f"device {self.name} has no peak for dtype={dtype!r}; it has "
                              f"{sorted(self.peak_flops_per_s)}") from None
 
-    def at_core_clock(self, hz: float) -> "DeviceSpec":
-        """This device with its SM clock set to `hz` (memory clock unchanged): matrix,
-        vector, SFU and L2 rates scale with the clock, as when a profiler locks it (the
-        fields `device.scale.compute` scales)."""
-        if hz <= 0:
-            raise ValueError(f"device {self.name}: clock {hz} Hz must be > 0")
-        spec, _ = scaled(self, compute=hz / self.clock_hz)
-        return replace(spec, clock_hz=hz)  # type: ignore[no-any-return]
+    def at_base_clock(self) -> "DeviceSpec":
+        """This device as a profiler sees it when it locks the SM clock to base, the rated-TDP
+        frequency (Nsight Compute's default; CUPTI_CLOCK_CONTROL_MODE_BASE): matrix, vector,
+        SFU and L2 rates scale to that clock (the fields `device.scale.compute` scales), the
+        memory clock stays, and the matrix units run at `gemm.unthrottled_efficiency`. At
+        boost a GEMM on random data draws past the power limit and the board lowers its
+        clock, which a measured rate over the boost peak (`gemm.efficiency`) folds in; at
+        the TDP clock the limit does not bind, so only the per-clock efficiency is left."""
+        if self.base_clock_hz <= 0:
+            raise ValueError(f"device {self.name}: base_clock_hz={self.base_clock_hz}; a clock "
+                             "lock needs the preset's compute.base_clock_GHz (> 0)")
+        spec, _ = scaled(self, compute=self.base_clock_hz / self.clock_hz)
+        eff = self.gemm.unthrottled_efficiency or self.gemm.efficiency
+        return replace(spec, clock_hz=self.base_clock_hz,  # type: ignore[no-any-return]
+                       gemm=replace(spec.gemm, efficiency=eff))
 
     @property
     def sfu_ops_per_s(self) -> float:

@@ -19,7 +19,7 @@ from typing import Any
 from ..hw import attention_gpu as ag
 from ..hw import kernels as hk
 from ..hw.cost import GpuModel
-from ..hw.presets import all_quantities, load_device, read_preset
+from ..hw.presets import load_device
 from ..hw.specs import DeviceSpec
 from ..hw.specs import dtype_bytes
 from .common import Golden, Row, load_figures, write_csv
@@ -54,7 +54,7 @@ def device(gpu: str) -> DeviceSpec:
     spec = load_device(gpu)
     if load_figures("softmax")["measurement_clock"].value != "base":
         return spec
-    return spec.at_core_clock(all_quantities(read_preset(gpu))["compute"]["base_clock"].value)
+    return spec.at_base_clock()
 
 
 def _attn_shape(net: Net, local: bool, seq: int, batch: int, e: int) -> ag.AttnShape:
