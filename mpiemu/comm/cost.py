@@ -153,23 +153,31 @@ def tree_depth(nbytes: float, lanes: int) -> int:
     return pipeline_depth(nbytes / (2 * lanes))
 
 
+def _node_tree(tc: TimedComm) -> tuple[list[list[int]], Hop, int, int]:
+    """What both tree estimates take of the nodes: the call's ranks by node, the hop between
+    two nodes' heads, the node tree's levels below its root, and the segments a head's NIC
+    carries each way per round (two once the tree has interior nodes, one on two nodes)."""
+    groups = node_groups(tc.net, tc.devices)
+    nodes = len(groups)
+    inter = tc.net.hop(tc.devices[groups[0][0]], tc.devices[groups[1][0]])
+    return groups, inter, max(1, math.ceil(math.log2(nodes + 1)) - 1), 2 if nodes > 2 else 1
+
+
 def tree_estimate_s(tc: TimedComm, nbytes: float, itemsize: int, proto: str) -> float:
     """G lanes (one per rail) of two trees, 1/(2G) of the data each, k segments: one
     segment's climb and descent (chain hops inside the node, tree hops between nodes, a
     reduction per level) plus k-1 times the busiest port's share of a round of segments
     (every NIC heads two trees; a device sends up and down in the chains it is interior to).
     Exact for one device per node, two nodes and k = 1: 2 (h/B + a) + t_red(h), h = S/2."""
-    groups = node_groups(tc.net, tc.devices)
-    g, nodes = len(groups[0]), len(groups)
+    groups, inter, depth, nic_load = _node_tree(tc)
+    g = len(groups[0])
     k = tree_depth(nbytes, g)
     seg = nbytes / (2 * g) / k
     share = tc.net.spec.channel_share(proto, nbytes, tc.size)
-    depth = max(1, math.ceil(math.log2(nodes + 1)) - 1)
-    inter = tc.net.hop(tc.devices[groups[0][0]], tc.devices[groups[1][0]])
     r_ib, a_ib = tc.net.rate(inter, proto, share), tc.net.latency(inter, proto, "tree")
     red = tc.model.reduction_s(math.ceil(seg / itemsize), itemsize)
     climb = depth * (seg / r_ib + a_ib + red)
-    busiest = (2 if nodes > 2 else 1) * seg / r_ib
+    busiest = nic_load * seg / r_ib
     if g > 1:
         intra = tc.net.hop(tc.devices[groups[0][0]], tc.devices[groups[0][1]])
         r_nv, a_nv = tc.net.rate(intra, proto, share), tc.net.latency(intra, proto, "tree")
@@ -184,19 +192,17 @@ def nvls_tree_estimate_s(tc: TimedComm, nbytes: float, itemsize: int) -> float:
     the rail's tree on its shard, back through the switch (the whole result in), plus k-1
     times the busier of a port (a segment's (G+1)/G) and the NIC (the rail tree's load).
     Exact for k = 1 and two nodes: 2 S / B' + 2 (h/(2 B) + a) + t_red(h/2), h = S / G."""
-    groups = node_groups(tc.net, tc.devices)
-    g, nodes = len(groups[0]), len(groups)
+    groups, inter, depth, nic_load = _node_tree(tc)
+    g = len(groups[0])
     k = nvls_tree_depth(nbytes, g)
     seg = nbytes / g / k                                       # a shard's segment, bytes
     spec = tc.net.spec
     b_sw = spec.intra.bw_bytes_per_s * spec.nvls_efficiency
-    inter = tc.net.hop(tc.devices[groups[0][0]], tc.devices[groups[1][0]])
     share = spec.channel_share("simple", nbytes, tc.size)     # as the call's rail runs
     r_ib, a_ib = tc.net.rate(inter, "simple", share), tc.net.latency(inter, "simple")
-    depth = max(1, math.ceil(math.log2(nodes + 1)) - 1)
     red = tc.model.reduction_s(math.ceil(seg / 2 / itemsize), itemsize)
     rail = 2 * depth * (seg / 2 / r_ib + a_ib) + depth * red
-    busiest = max(seg * (g + 1) / b_sw, (2 if nodes > 2 else 1) * seg / r_ib)
+    busiest = max(seg * (g + 1) / b_sw, nic_load * seg / r_ib)
     return 2 * seg * g / b_sw + rail + (k - 1) * busiest
 
 

@@ -20,6 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..net.spec import PROTOCOLS
 from ..run.schema import parse_size
 from .common import Golden, Row, geomean, load_figures, read_csv, write_csv
 from .runs import run
@@ -153,12 +154,10 @@ def calibrate() -> list[Row]:
     chosen = [s for s in setups() if fit & set(s["datasets"])]
     hop = cal["hop"]
     out = []
-    for call, *hops in itertools.product(cal["call"], hop["ll"], hop["ll128"], hop["simple"]):
-        point = {"call": float(call),
-                 **{f"hop_{p}": float(k) for p, k in zip(("ll", "ll128", "simple"), hops)}}
+    for call, *hops in itertools.product(cal["call"], *(hop[p] for p in PROTOCOLS)):
+        point = {"call": float(call), **{f"hop_{p}": float(k) for p, k in zip(PROTOCOLS, hops)}}
         sets = [f"network.call_latency_scale={call}",
-                *(f"network.hop_latency_scale.{p}={k}"
-                  for p, k in zip(("ll", "ll128", "simple"), hops))]
+                *(f"network.hop_latency_scale.{p}={k}" for p, k in zip(PROTOCOLS, hops))]
         ours = sweep([s["key"] for s in chosen], sets)
         big, every = targets_error([r for r in compare(ours, chosen) if r["dataset"] in fit])
         out.append({**point, "error_1MiB_up": big, "error_all": every})
