@@ -19,8 +19,8 @@ from _emit import emit  # benchmarks/ is the script's directory
 from mpiemu.net import Network, load_network
 from mpiemu.comm.p2p import TimedComm
 from mpiemu.comm.collectives import all_gather, all_reduce, chunk_bounds, reduce_scatter
-from mpiemu.hw import load_device, model_for
-from mpiemu.run.schema import parse_size
+from mpiemu.devices import load_device, model_for
+from mpiemu.config.schema import parse_size
 from mpiemu.sim.timeline import Timeline
 
 

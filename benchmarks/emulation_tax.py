@@ -3,7 +3,7 @@
 Run: python benchmarks/emulation_tax.py [--rounds 3] [--iterations 3] [--numeric-dtype fp32]
 One process times, side by side and alternating, (a) iterations of the `train` kind on one
 rank (real math plus emulated charges, trace rows, per-iteration HDF5 flush and the trace
-read-back for the breakdown) and (b) the one-process reference (`mpiemu.nn.reference`, plain
+read-back for the breakdown) and (b) the one-process reference (`mpiemu.training.reference`, plain
 numpy doing the same forward, backward and Adam step), and prints the ratio of the medians
 (target <= 1.10). A benchmark, not a test: numbers depend on the machine.
 """
@@ -23,10 +23,10 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np                        # noqa: E402
 from mpi4py import MPI                    # noqa: E402
 
-from mpiemu.nn.reference import Reference     # noqa: E402
-from mpiemu.run import train                  # noqa: E402
-from mpiemu.run.config import load_workload   # noqa: E402
-from mpiemu.run.context import close_run, open_run   # noqa: E402
+from mpiemu.training.reference import Reference     # noqa: E402
+from mpiemu.runner import train                  # noqa: E402
+from mpiemu.config.workload import load_workload   # noqa: E402
+from mpiemu.runner.context import close_run, open_run   # noqa: E402
 
 MODEL = ["model.preset='tiny'", "model.hidden=512", "model.heads=8", "model.ffn_hidden=2048",
          "model.layers=4", "model.seq_len=256", "model.vocab=4096", "train.global_batch=4"]

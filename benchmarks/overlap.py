@@ -18,7 +18,7 @@ from _emit import emit  # benchmarks/ is the script's directory
 
 from mpiemu.net import Network, load_network
 from mpiemu.comm.p2p import TimedComm
-from mpiemu.hw import load_device, model_for
+from mpiemu.devices import load_device, model_for
 from mpiemu.overlap.api import GemmShape, gather_then_gemm, gemm_then_reduce
 from mpiemu.overlap.strategy import Overlap
 from mpiemu.sim.timeline import Timeline

@@ -74,7 +74,7 @@ def floor(ranks: int) -> list[tuple[float, float]]:
     host beats."""
     return [_timed([str(BIN / "mpiexec"), "-n", str(ranks), sys.executable, "-c",
                     f"import {mods}"], cwd=ROOT)
-            for mods in ("numpy, mpi4py.MPI, h5py", "mpiemu.run.runner, mpiemu.run.train")]
+            for mods in ("numpy, mpi4py.MPI, h5py", "mpiemu.runner.job, mpiemu.runner.train")]
 
 
 TP8 = "workloads/gpt3-175b-tp8.toml"
@@ -106,7 +106,7 @@ EXACT = [("TP ring", 8, 1, TP8, ["model.layers=2", *SMALL[1:]]),
 def exact(tmp: Path) -> bool:
     """Folded and unfolded runs of the EXACT workloads: bit-identical per emulated rank?"""
     from mpiemu.analysis import load  # noqa: PLC0415
-    from mpiemu.analysis.fold import timeline_differences  # noqa: PLC0415
+    from mpiemu.analysis.unfold import timeline_differences  # noqa: PLC0415
     ok = True
     for k, (what, full, folded, wl, sets) in enumerate(EXACT):
         a, b = tmp / f"x{k}u", tmp / f"x{k}f"

@@ -1,4 +1,4 @@
 """`python -m mpiemu ...` is the same as the `mpiemu` console script."""
-from .run.cli import entry
+from .cli import entry
 
 entry()

@@ -32,7 +32,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_live_report_reads_blocks_since_the_mark_and_counts_what_analyze_counts(
         tmp_path: Path) -> None:
-    """The per-iteration report (run/train.py) reads the iteration back a block at a time
+    """The per-iteration report (runner/train.py) reads the iteration back a block at a time
     and keeps only compute and collective events: same window, same breakdown as the whole
     iteration analysed at once."""
     writer = TraceWriter(tmp_path / "rank-00000.h5", {"rank": 0}, block_events=7)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mpiemu.net import load_network
-from mpiemu.hw import load_device
+from mpiemu.devices import load_device
 from tests.conftest import run_mpi
 
 

@@ -138,7 +138,7 @@ def test_a_failed_reference_check_exits_nonzero(tmp_path: Path) -> None:
 
 
 def test_nan_never_passes_the_reference_check() -> None:
-    from mpiemu.nn.check import rel_err
+    from mpiemu.training.check import rel_err
     import numpy as np
     assert rel_err(np.array([1.0, np.nan]), np.array([1.0, 2.0])) == float("inf")
     assert rel_err(np.array([1.0, 2.0]), np.array([1.0, 2.0])) == 0.0
@@ -234,8 +234,8 @@ def test_sigkill_of_a_rank_ends_the_job_and_every_trace_still_opens(tmp_path: Pa
     _, err = proc.communicate(timeout=30)
     assert time.monotonic() - t0 < 10 and proc.returncode != 0
     manifest = _final_manifest(tmp_path)
-    from mpiemu.run.watch import exact
-    if exact():                 # the watchman names the killed rank (run/watch.py)
+    from mpiemu.runner.watch import exact
+    if exact():                 # the watchman names the killed rank (runner/watch.py)
         assert manifest["status"] == "failed" and manifest["failed_rank"] == 1, manifest
         assert _names_killed(err, 1), err[-1500:]
     run = load(tmp_path, allow_incomplete=True)
@@ -280,7 +280,7 @@ def _kill_everything(out: Path, watchman: bool) -> None:
     pids = [pid for _, pid in json.loads((out / "manifest.json").read_text())["processes"]]
     assert len(pids) == 2
     if watchman:
-        found = subprocess.run(["pgrep", "-f", f"mpiemu.run.watch {out}"], capture_output=True,
+        found = subprocess.run(["pgrep", "-f", f"mpiemu.runner.watch {out}"], capture_output=True,
                                text=True).stdout.split()
         assert len(found) == 1, found
         os.kill(int(found[0]), signal.SIGKILL)
@@ -342,8 +342,8 @@ def test_injected_faults_end_the_job_promptly_and_leave_readable_traces(
     if fail_at == "sigkill":
         # the killed rank cannot speak: the watchman names the rank that died first, exactly
         # where the kernel's exit events reach it (root or CAP_NET_ADMIN), else among those
-        # found dead together (run/watch.py); under Open MPI the survivors name it too
-        from mpiemu.run.watch import exact
+        # found dead together (runner/watch.py); under Open MPI the survivors name it too
+        from mpiemu.runner.watch import exact
         if exact():
             assert manifest["failed_rank"] == rank, manifest
             assert _names_killed(res.stderr, rank), res.stderr[-1500:]

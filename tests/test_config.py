@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from mpiemu.run.config import load_workload, resolve_device, resolve_network
-from mpiemu.run.errors import ConfigError
+from mpiemu.config.workload import load_workload, resolve_device, resolve_network
+from mpiemu.config.errors import ConfigError
 
 
 def test_defaults_load_without_a_file() -> None:
@@ -120,7 +120,7 @@ def test_a_fault_the_run_would_never_reach_is_refused(overrides: list[str], fiel
 @pytest.mark.parametrize("override", ["model.layers=1000000007", "model.hidden=1000000007"])
 def test_absurd_model_sizes_are_refused_at_once(override: str) -> None:
     """Validation does not walk the layers: a billion of them is refused, not looped over."""
-    from mpiemu.run.runner import validate
+    from mpiemu.runner.job import validate
     with pytest.raises(ConfigError) as info:
         validate(None, ["run.kind=train", "model.preset=tiny", override], 1)
     assert str(info.value).startswith(override.split("=")[0])

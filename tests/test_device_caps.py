@@ -7,18 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from mpiemu.hw import load_device, model_for
-from mpiemu.hw.caps import walk
-from mpiemu.hw.presets import PresetError, list_presets
-from mpiemu.hw.sunway import AttnShape, SunwayModel
-from mpiemu.run.cli import main
-from mpiemu.run.config import load_workload, resolve_device
-from mpiemu.run.devices import format_devices
-from mpiemu.run.errors import ConfigError
+from mpiemu.devices import load_device, model_for
+from mpiemu.devices.caps import walk
+from mpiemu.devices.presets import PresetError, list_presets
+from mpiemu.devices.sunway import AttnShape, SunwayModel
+from mpiemu.cli import main
+from mpiemu.config.workload import load_workload, resolve_device
+from mpiemu.config.listing import format_devices
+from mpiemu.config.errors import ConfigError
 
 
 def preset_text(name: str) -> str:
-    return (Path(str(resources.files("mpiemu.hw") / "presets")) / f"{name}.toml").read_text()
+    return (Path(str(resources.files("mpiemu.devices") / "presets")) / f"{name}.toml").read_text()
 
 
 def spec_with(preset: str, *overrides: str):  # type: ignore[no-untyped-def]

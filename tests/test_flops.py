@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from mpiemu.nn.flops import hardware_flops, model_flops, utilization
-from mpiemu.nn.presets import load_model_preset
+from mpiemu.training.flops import hardware_flops, model_flops, utilization
+from mpiemu.model.presets import load_model_preset
 
 
 @pytest.mark.parametrize("name, batch", [("megatron-22b", 4), ("megatron-175b", 64),

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from mpiemu.analysis import load
-from mpiemu.analysis.fold import timeline_differences
-from mpiemu.comm.fold import Fold, FoldError, Mirror
+from mpiemu.analysis.unfold import timeline_differences
+from mpiemu.comm.mirror import Fold, FoldError, Mirror
 from mpiemu.comm.grid import GridShape
-from mpiemu.run.errors import ConfigError
-from mpiemu.run.fold import plan_fold
-from mpiemu.run.runner import validate
+from mpiemu.config.errors import ConfigError
+from mpiemu.runner.fold_plan import plan_fold
+from mpiemu.runner.job import validate
 from tests.conftest import our_lines, run_mpi
 
 TIMING = ["--set", "run.numerics=off", "--set", "train.check_reference=false",

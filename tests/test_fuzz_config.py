@@ -12,8 +12,8 @@ from typing import Any, Iterator
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mpiemu.run.errors import ConfigError
-from mpiemu.run.runner import validate
+from mpiemu.config.errors import ConfigError
+from mpiemu.runner.job import validate
 from tests.conftest import ROOT
 
 WORKLOADS = sorted((ROOT / "workloads").glob("*.toml"))
@@ -129,7 +129,7 @@ def test_damaged_presets_are_refused_in_one_line(preset: Path, line: int, value:
                                                  tmp_path_factory: Any) -> None:
     """A preset file whose numbers were damaged loads to finite values or is refused with
     one line naming the entry; never another exception."""
-    from mpiemu.hw.presets import PresetError, load_device
+    from mpiemu.devices.presets import PresetError, load_device
     from mpiemu.net import load_network
     d = tmp_path_factory.mktemp("p")
     f = d / preset.name
@@ -141,7 +141,7 @@ def test_damaged_presets_are_refused_in_one_line(preset: Path, line: int, value:
     except (PresetError, ValueError) as exc:
         assert str(exc) and "\n" not in str(exc), str(exc)
         return
-    from mpiemu.hw.caps import walk
+    from mpiemu.devices.caps import walk
     unlimited = {p for p, v in walk(loader(str(preset)))          # defaults meaning "no
                  if isinstance(v, float) and not math.isfinite(v)}  # limit" stay infinite
     bad = [p for p, v in walk(spec) if isinstance(v, float) and not math.isfinite(v)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from mpiemu.hw.gemm import NO_EPILOGUE
-from mpiemu.nn.adam import main_grad_bytes, mixed_precision_passes
-from mpiemu.nn.grad_buffer import GradBuffer
-from mpiemu.run.config import load_workload
-from mpiemu.run.train_setup import grad_buffer, train_memory
+from mpiemu.devices.gemm import NO_EPILOGUE
+from mpiemu.training.adam import main_grad_bytes, mixed_precision_passes
+from mpiemu.training.grad_buffer import GradBuffer
+from mpiemu.config.workload import load_workload
+from mpiemu.runner.train_setup import grad_buffer, train_memory
 
 
 @pytest.mark.parametrize("dtype, e, main", [("fp16", 2, 2), ("bf16", 2, 4)])

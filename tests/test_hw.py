@@ -6,8 +6,8 @@ import math
 import pytest
 
 from mpiemu.net import load_network
-from mpiemu.hw import gemm, list_presets, load_device, model_for, read_preset
-from mpiemu.hw.presets import all_quantities
+from mpiemu.devices import gemm, list_presets, load_device, model_for, read_preset
+from mpiemu.devices.presets import all_quantities
 
 GPU_PRESETS = ["t3-gpu", "mi210", "a100-sxm4-80gb", "h100-sxm5"]
 

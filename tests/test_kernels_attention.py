@@ -8,14 +8,14 @@ import pytest
 
 from mpiemu.analysis import load
 from mpiemu.analysis.compare import compare_lines
-from mpiemu.hw import attention_gpu as ag
-from mpiemu.hw import kernels as hk
-from mpiemu.hw.cost import model_for
-from mpiemu.hw.presets import load_device
-from mpiemu.nn import attention as attn
-from mpiemu.nn.softmax_recompose import attention_sdf, softmax_sd
-from mpiemu.run.config import load_workload
-from mpiemu.run.errors import ConfigError
+from mpiemu.devices import attention_gpu as ag
+from mpiemu.devices import kernels as hk
+from mpiemu.devices.cost import model_for
+from mpiemu.devices.presets import load_device
+from mpiemu.model import attention as attn
+from mpiemu.model.softmax_recompose import attention_sdf, softmax_sd
+from mpiemu.config.workload import load_workload
+from mpiemu.config.errors import ConfigError
 from tests.conftest import run_mpi
 
 RNG = np.random.default_rng(10)

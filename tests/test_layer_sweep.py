@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from mpi4py import MPI
 
-from mpiemu.run.config import load_workload
-from mpiemu.run.errors import ConfigError
-from mpiemu.run.layer_sweep import validate
-from mpiemu.run.runner import run_workload
+from mpiemu.config.workload import load_workload
+from mpiemu.config.errors import ConfigError
+from mpiemu.runner.layer_sweep import validate
+from mpiemu.runner.job import run_workload
 
 BASE = ["run.kind='layer_sweep'", "run.numerics='off'", "device.preset='mi210'",
         "layer_sweep.hidden=[2048, 8192]", "layer_sweep.seq_len=[1024]", "layer_sweep.batch=[1]",

@@ -11,10 +11,10 @@ from mpi4py import MPI
 
 from mpiemu.analysis import load
 from mpiemu.analysis.load import RankTrace
-from mpiemu.hw.kernels import cross_entropy
-from mpiemu.nn.presets import load_model_preset
-from mpiemu.nn.shard import local_params
-from mpiemu.run.runner import run_workload
+from mpiemu.devices.kernels import cross_entropy
+from mpiemu.model.presets import load_model_preset
+from mpiemu.model.shard import local_params
+from mpiemu.runner.job import run_workload
 
 S, BATCH = 16, 8                      # the tiny preset
 

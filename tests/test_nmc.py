@@ -9,14 +9,14 @@ import pytest
 from mpi4py import MPI
 
 from mpiemu.analysis import load
-from mpiemu.hw import load_device
-from mpiemu.hw.caps import set_path
-from mpiemu.hw.nmc import (bank_access_s, chunk_s, gpu_update_s, nmc_update, update_accesses,
+from mpiemu.devices import load_device
+from mpiemu.devices.caps import set_path
+from mpiemu.devices.nmc import (bank_access_s, chunk_s, gpu_update_s, nmc_update, update_accesses,
                            update_bytes)
-from mpiemu.run.config import load_workload
-from mpiemu.run.errors import ConfigError
-from mpiemu.run.runner import run_workload
-from mpiemu.run.train import validate
+from mpiemu.config.workload import load_workload
+from mpiemu.config.errors import ConfigError
+from mpiemu.runner.job import run_workload
+from mpiemu.runner.train import validate
 
 
 def test_lamb_touches_13_values_adam_7_per_parameter() -> None:

@@ -9,16 +9,16 @@ import pytest
 from mpi4py import MPI
 
 from tests.timed import timed_comm
-from mpiemu.hw import load_device
-from mpiemu.nn.config import ModelConfig
-from mpiemu.nn.engine import Engine
-from mpiemu.nn.memory import (Layout, edge_stored, embed_stored, head_stored, layer_stored,
+from mpiemu.devices import load_device
+from mpiemu.model.config import ModelConfig
+from mpiemu.executors.gpu import Engine
+from mpiemu.training.memory import (Layout, edge_stored, embed_stored, head_stored, layer_stored,
                               memory_report, stage_activations)
-from mpiemu.nn.model import ShardedModel, make_dims
-from mpiemu.nn.ops import stored_elements
-from mpiemu.nn.presets import load_model_preset
+from mpiemu.model.stage import ShardedModel, make_dims
+from mpiemu.model.ops import stored_elements
+from mpiemu.model.presets import load_model_preset
 from mpiemu.overlap.strategy import Overlap
-from mpiemu.pipeline.step import PipelineStep
+from mpiemu.training.pipeline_step import PipelineStep
 
 TINY = load_model_preset("tiny").config
 
@@ -137,7 +137,7 @@ def test_gpt3_175b_on_eight_h100_does_not_fit_and_tiny_does() -> None:
 ])
 def test_host_estimate_is_within_20_percent_of_the_measured_peak(sets: list[str],
                                                                   tmp_path: Path) -> None:
-    """Shapes the estimate's two calibrated counts were not fitted on (nn/memory.py)."""
+    """Shapes the estimate's two calibrated counts were not fitted on (training/memory.py)."""
     import json
     from tests.conftest import run_mpi
     args = ["run", "workloads/quickstart.toml", "--set", "model.preset=tiny", "--set",

@@ -7,9 +7,9 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from mpiemu.nn import attention as attn
-from mpiemu.nn import ops
-from mpiemu.nn.special import norm_cdf
+from mpiemu.model import attention as attn
+from mpiemu.model import ops
+from mpiemu.model.special import norm_cdf
 
 RNG = np.random.default_rng(7)
 

@@ -6,13 +6,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-from mpiemu.nn import seeded
-from mpiemu.nn.config import ModelConfig, OptimizerConfig
-from mpiemu.nn.engine import Dims
-from mpiemu.nn.masks import Masks
-from mpiemu.nn.presets import list_model_presets, load_model_preset
-from mpiemu.nn.reference import Reference
-from mpiemu.nn.shard import local_params, shard_params, unshard_params
+from mpiemu.model import seeded
+from mpiemu.model.config import ModelConfig, OptimizerConfig
+from mpiemu.executors.gpu import Dims
+from mpiemu.model.masks import Masks
+from mpiemu.model.presets import list_model_presets, load_model_preset
+from mpiemu.training.reference import Reference
+from mpiemu.model.shard import local_params, shard_params, unshard_params
 
 SMALL = dataclasses.replace(load_model_preset("tiny").config, hidden=16, heads=4, ffn_hidden=32,
                             seq_len=6, vocab=11, vocab_multiple=1, layers=2)

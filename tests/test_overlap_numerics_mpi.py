@@ -15,8 +15,8 @@ from mpi4py import MPI
 
 from mpiemu.net import Network, load_network
 from mpiemu.comm.p2p import TimedComm
-from mpiemu.comm.schedule import chunk_bounds
-from mpiemu.hw import load_device, model_for
+from mpiemu.comm.lanes import chunk_bounds
+from mpiemu.devices import load_device, model_for
 from mpiemu.overlap.api import GemmShape, gather_then_gemm, gemm_then_reduce
 from mpiemu.overlap.reference import ag_gemm_reference, gemm_rs_reference
 from mpiemu.overlap.strategy import STRATEGIES, Overlap

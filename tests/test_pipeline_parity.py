@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from mpi4py import MPI
 
-from mpiemu.run.runner import run_workload
+from mpiemu.runner.job import run_workload
 
 GRIDS = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 4, 1), (2, 2, 1), (2, 2, 2)]   # (tp, pp, dp)
 TOLERANCE = 1e-10

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from mpiemu.pipeline.schedules import bubble_fraction, in_flight, order, simulate
+from mpiemu.model.pipeline_schedules import bubble_fraction, in_flight, order, simulate
 
 
 def names(schedule: str, p: int, s: int, m: int, v: int = 1) -> list[str]:

@@ -10,8 +10,8 @@ import pytest
 from mpi4py import MPI
 
 from mpiemu.analysis import load
-from mpiemu.pipeline.schedules import in_flight, order
-from mpiemu.run.runner import run_workload
+from mpiemu.model.pipeline_schedules import in_flight, order
+from mpiemu.runner.job import run_workload
 
 BASE = ["run.kind='train'", "run.iterations=1", "run.numerics='off'", "model.preset='tiny'",
         "model.layers=4", "train.global_batch=8", "train.dp_bucket_MiB=0.02",

@@ -9,7 +9,7 @@ import pytest
 from mpi4py import MPI
 
 from mpiemu.net import Network, load_network
-from mpiemu.run.runner import run_workload
+from mpiemu.runner.job import run_workload
 
 
 def test_a_cyclic_placement_puts_neighbouring_ranks_on_different_nodes() -> None:

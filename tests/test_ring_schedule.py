@@ -1,10 +1,10 @@
-"""Ring schedules (comm.schedule) and the fused collectives' one-process references (no MPI)."""
+"""Ring schedules (comm.lanes) and the fused collectives' one-process references (no MPI)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from mpiemu.comm import schedule as sch
+from mpiemu.comm import lanes as sch
 from mpiemu.overlap.reference import ag_gemm_reference, gemm_rs_reference, ring_lanes
 
 SIZES = [1, 2, 3, 4, 8]

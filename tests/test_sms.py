@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from mpiemu.hw import load_device, model_for
+from mpiemu.devices import load_device, model_for
 from mpiemu.net import load_network
-from mpiemu.sim import ops
+from mpiemu.sim import charge as ops
 from mpiemu.sim.sms import SmShare
 from mpiemu.sim.timeline import Timeline
 

@@ -6,14 +6,14 @@ import math
 import pytest
 
 from mpiemu.net.presets import preset_dir
-from mpiemu.hw import load_device, model_for, read_preset
-from mpiemu.hw.presets import all_quantities
-from mpiemu.hw.sunway import (AttnShape, SunwayModel, SunwayOutOfMemory, SunwaySpec, ldm_bytes,
+from mpiemu.devices import load_device, model_for, read_preset
+from mpiemu.devices.presets import all_quantities
+from mpiemu.devices.sunway import (AttnShape, SunwayModel, SunwayOutOfMemory, SunwaySpec, ldm_bytes,
                               pad_free_tilings, paper_blocks)
 from mpiemu.studies.sunway_rows import attention_rows, seed_rows
-from mpiemu.run.devices import format_devices
-from mpiemu.run.errors import ConfigError
-from mpiemu.run.sections.sunway import SunwaySection
+from mpiemu.config.listing import format_devices
+from mpiemu.config.errors import ConfigError
+from mpiemu.config.sunway_section import SunwaySection
 
 PRESETS = ["sw26010pro", "sw26010pro-cg"]
 

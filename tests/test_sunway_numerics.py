@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mpiemu.nn.swattention import (Layout, cg_heads, dense_attention, dense_attention_grads,
+from mpiemu.model.swattention import (Layout, cg_heads, dense_attention, dense_attention_grads,
                                    rma_tree_sum, swattention_bwd, swattention_fwd)
 
 TOL = 1e-10

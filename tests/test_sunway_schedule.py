@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from mpiemu.hw import load_device, model_for
-from mpiemu.hw.sunway import AttnShape
-from mpiemu.hw.sunway.layer import LayerShape, layer_ops
-from mpiemu.hw.sunway.schedule import Op, Option, Schedule, schedule
-from mpiemu.nn.swattention import charge_attention, charge_schedule
+from mpiemu.devices import load_device, model_for
+from mpiemu.devices.sunway import AttnShape
+from mpiemu.devices.sunway.layer import LayerShape, layer_ops
+from mpiemu.devices.sunway.schedule import Op, Option, Schedule, schedule
+from mpiemu.model.swattention import charge_attention, charge_schedule
 from mpiemu.sim.timeline import Timeline
 
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from mpiemu.hw import load_device, model_for
-from mpiemu.hw.contention import (NO_CONTENTION, StageDemand, T3Params, comm_dram_bw, mca,
+from mpiemu.devices import load_device, model_for
+from mpiemu.devices.contention import (NO_CONTENTION, StageDemand, T3Params, comm_dram_bw, mca,
                                   round_robin, solve_stage, stage_s)
-from mpiemu.hw.presets import PresetError, all_quantities, read_preset
-from mpiemu.overlap.model import gemm_plan, rs_costs
+from mpiemu.devices.presets import PresetError, all_quantities, read_preset
+from mpiemu.overlap.costs import gemm_plan, rs_costs
 from mpiemu.overlap.strategy import Overlap
 
 BW = 900e9
@@ -45,7 +45,7 @@ def test_preset_carries_the_thesis_numbers(params: T3Params) -> None:
 
 
 def test_missing_parameters_are_named(tmp_path: Path) -> None:
-    text = (Path(str(resources.files("mpiemu.hw") / "presets")) / "t3-gpu.toml").read_text()
+    text = (Path(str(resources.files("mpiemu.devices") / "presets")) / "t3-gpu.toml").read_text()
     bad = tmp_path / "no-comm-cu.toml"
     bad.write_text("\n".join(x for x in text.splitlines() if not x.startswith("comm_cu_bw")))
     with pytest.raises(PresetError, match=r"t3-gpu.t3: missing 'comm_cu_bw'"):

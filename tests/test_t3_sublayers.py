@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from mpi4py import MPI
 
-from mpiemu.run.config import load_workload
-from mpiemu.run.errors import ConfigError
+from mpiemu.config.workload import load_workload
+from mpiemu.config.errors import ConfigError
 from mpiemu.studies import t3 as report
-from mpiemu.run.runner import run_workload
-from mpiemu.run.sublayers import validate
+from mpiemu.runner.job import run_workload
+from mpiemu.runner.sublayers import validate
 from tests.conftest import child_env
 
 WORKLOAD = str(Path(__file__).resolve().parents[1] / "workloads" / "t3_sublayers.toml")
@@ -44,7 +44,7 @@ def test_bad_input_is_one_config_error(override: str, needle: str) -> None:
 
 
 def test_a_gpu_preset_without_overlap_parameters_is_refused(tmp_path: Path) -> None:
-    text = (Path(__file__).parents[1] / "mpiemu/hw/presets/h100-sxm5.toml").read_text()
+    text = (Path(__file__).parents[1] / "mpiemu/devices/presets/h100-sxm5.toml").read_text()
     bare = tmp_path / "bare-gpu.toml"
     bare.write_text(text.split("[t3]")[0])
     with pytest.raises(ConfigError, match="overlap-model parameters"):

@@ -7,9 +7,9 @@ import pytest
 from mpi4py import MPI
 
 from tests.timed import timed_comm
-from mpiemu.hw import load_device, model_for
+from mpiemu.devices import load_device, model_for
 from mpiemu.overlap.api import GemmShape, gather_then_gemm, gemm_then_reduce
-from mpiemu.overlap.model import OverlapStats
+from mpiemu.overlap.costs import OverlapStats
 from mpiemu.overlap.strategy import STRATEGIES, Overlap
 from mpiemu.sim.events import CATS, StringTable
 from mpiemu.sim.timeline import Timeline

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from mpiemu.run.errors import ConfigError
-from mpiemu.run.runner import validate
+from mpiemu.config.errors import ConfigError
+from mpiemu.runner.job import validate
 from tests.conftest import our_lines, run_mpi
 
 BASE = ["run.kind='train'", "model.preset='tiny'"]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from mpi4py import MPI
 
-from mpiemu.run.runner import run_workload
+from mpiemu.runner.job import run_workload
 from tests.conftest import run_mpi
 
 MATRIX = [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (4, 2)]

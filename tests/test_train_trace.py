@@ -12,9 +12,9 @@ from mpi4py import MPI
 from mpiemu.analysis import load
 from mpiemu.analysis.breakdown import format_breakdown, run_breakdown
 from mpiemu.analysis.load import RankTrace
-from mpiemu.nn.presets import load_model_preset
-from mpiemu.nn.shard import local_params
-from mpiemu.run.runner import run_workload
+from mpiemu.model.presets import load_model_preset
+from mpiemu.model.shard import local_params
+from mpiemu.runner.job import run_workload
 
 H, S, BATCH = 64, 16, 8      # the tiny preset
 FWD_RS = {"proj.fwd", "fc2.fwd"}          # row-parallel GEMMs in forward

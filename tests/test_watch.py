@@ -1,4 +1,4 @@
-"""The watchman's order of deaths and the child environment's MPI settings (run/watch.py,
+"""The watchman's order of deaths and the child environment's MPI settings (runner/watch.py,
 _proc.py): units without MPI."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 import pytest
 
 from mpiemu._proc import launcher_free_env
-from mpiemu.run.watch import DYING_NS, _in_order, deaths
+from mpiemu.runner.watch import DYING_NS, _in_order, deaths
 
 
 def test_a_rank_is_dated_by_its_first_thread_to_end() -> None:

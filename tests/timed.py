@@ -7,7 +7,7 @@ from typing import Any
 from mpi4py import MPI
 
 from mpiemu.comm.p2p import TimedComm
-from mpiemu.hw import load_device, model_for
+from mpiemu.devices import load_device, model_for
 from mpiemu.net import Network, NetworkSpec, load_network
 from mpiemu.sim.timeline import Timeline
 

@@ -24,7 +24,7 @@ from .tables import union_length
 
 TP_GROUPS = ("coll.tp", "coll.mp", "coll.world")     # model-parallel collectives
 DP_GROUPS = ("coll.dp", "coll.embed")                # gradient synchronization
-# the event fields a breakdown reads (a running rank reads back only these: run/train.py)
+# the event fields a breakdown reads (a running rank reads back only these: runner/train.py)
 BREAKDOWN_FIELDS = ("name", "cat", "resource", "phase", "iteration", "t_start", "t_end")
 # the only categories a breakdown counts (messages, three in four events, only set windows)
 COUNTED_CATS = np.array([CATS["compute"], CATS["collective"]], dtype=np.uint8)

@@ -261,7 +261,7 @@ def load(run_dir: str | Path, allow_incomplete: bool = False,
     manifest is not JSON, whose rank files do not open or hold impossible events, or that
     lacks ranks its manifest names; `allow_incomplete=True` keeps what is sound instead
     and lists the rest in `Run.problems`. A folded run (`run.fold`) is expanded to every
-    emulated rank (`analysis.fold`) when that holds at most EXPAND_MAX_EVENTS events or
+    emulated rank (`analysis.unfold`) when that holds at most EXPAND_MAX_EVENTS events or
     `expand=True`; otherwise its representatives stand for their images (`Run.stands_for`:
     their timelines are identical, so every per-rank figure is theirs)."""
     path = Path(run_dir)
@@ -311,7 +311,7 @@ def load(run_dir: str | Path, allow_incomplete: bool = False,
                          + (f" ({len(problems) - 1} more problems)" if len(problems) > 1 else ""))
     if not ranks:
         raise TraceError(f"{path}: no rank trace is readable ({problems[0]})")
-    from .fold import expand as expand_ranks  # noqa: PLC0415 - fold imports this module
+    from .unfold import expand as expand_ranks  # noqa: PLC0415 - fold imports this module
     images = {rt.rank: [int(m) for m in folded.get(str(rt.rank), [rt.rank])] for rt in ranks}
     total = sum(len(rt.events) * len(images[rt.rank]) for rt in ranks)
     if folded and (expand is False or (expand is None and total > EXPAND_MAX_EVENTS)):

@@ -1,5 +1,5 @@
 """Training efficiency of a run: MFU and HFU per iteration (rank 0's iteration time from the
-trace, FLOPs as the run counted them, Megatron-LM's definitions: `nn.flops`), and each
+trace, FLOPs as the run counted them, Megatron-LM's definitions: `training.flops`), and each
 pipeline stage's bubble and recomputation time."""
 from __future__ import annotations
 

@@ -30,11 +30,11 @@ from ..net.message import switch_reduce
 from ..sim.timeline import SimTime, Span, latest
 from .cost import (Choice, choose, estimate_s, node_groups, nvls_tree_depth, pipeline_depth,
                    tree_depth)
-from .fold import FoldError, Mirror
+from .mirror import FoldError, Mirror
 from .nvls_tree import nvls_tree_all_reduce
 from .p2p import TimedComm
 from .ring import AllGather, PlainGather, PlainReduce, ReduceScatter, ring_lanes, ring_pieces
-from .schedule import Lane, Piece, chunk_bounds
+from .lanes import Lane, Piece, chunk_bounds
 from .tree import tree_all_reduce
 
 __all__ = ["all_gather", "all_reduce", "all_reduce_scalars", "chunk_bounds",

@@ -27,7 +27,7 @@ from typing import Sequence
 
 from ..net import Network
 from ..net.topology import Hop
-from .fold import Mirror
+from .mirror import Mirror
 from .p2p import TimedComm
 from .ring import ring_orders
 from .tuner import Choice, candidates, pick

@@ -16,7 +16,7 @@ rank = tp_rank + tp * (dp_rank + dp * pp_rank). Worked example, 8 ranks, tp=2, d
 
 With pp = 1 the embedding group is the rank alone (the table is not duplicated).
 
-Folded (`comm.fold`, timing only): the job has one MPI rank per stage, MPI rank p playing
+Folded (`comm.mirror`, timing only): the job has one MPI rank per stage, MPI rank p playing
 emulated rank (0, 0, p); its TP and DP groups are `Mirror`s of their images, the PP and
 embedding groups real communicators between the stages' ranks, and the model-parallel and
 world groups mixed (scalar reductions only).
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from mpi4py import MPI
 
 if TYPE_CHECKING:
-    from .fold import Fold
+    from .mirror import Fold
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class ProcessGrid:
 
     def _folded(self, world: MPI.Comm, shape: GridShape, fold: "Fold") -> None:
         """One MPI rank per stage: TP / DP groups mirrored, PP / embedding groups real."""
-        from .fold import Mirror
+        from .mirror import Mirror
         p = world.Get_rank()
         self.rank = fold.rep(p)
         self.tp_rank, self.dp_rank, self.pp_rank = 0, 0, p

@@ -27,7 +27,7 @@ from mpi4py import MPI
 from ..net.message import switch_transfer
 from ..sim.timeline import SimTime
 from .p2p import TimedComm
-from .schedule import chunk_bounds
+from .lanes import chunk_bounds
 from .tree import tree_all_reduce
 
 

@@ -18,11 +18,11 @@ import numpy as np
 from mpi4py import MPI
 
 from .._threads import oversubscribed
-from ..hw.cost import ComputeModel
+from ..devices.cost import ComputeModel
 from ..net import HEADER_LEN, Network, arrival, send
 from ..net.message import Feed
 from ..sim.timeline import SimTime, Timeline
-from .fold import Mirror
+from .mirror import Mirror
 
 
 def _oversubscribed() -> bool:

@@ -28,7 +28,7 @@ from mpi4py import MPI
 
 from ..sim.timeline import SimTime
 from .p2p import RecvHandle, TimedComm, wait_all
-from .schedule import Lane, Piece, chunk_bounds, lanes, plan
+from .lanes import Lane, Piece, chunk_bounds, lanes, plan
 
 RS_TAG, RS_DATA, AG_TAG, AG_DATA = 100, 300, 200, 400
 PIECE_BYTES = 1 << 20   # payload pipelining granularity (an emulator detail, not modelled)

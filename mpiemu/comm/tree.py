@@ -26,7 +26,7 @@ from mpi4py import MPI
 
 from ..sim.timeline import SimTime
 from .p2p import RecvHandle, TimedComm, wait_all
-from .schedule import chunk_bounds
+from .lanes import chunk_bounds
 
 TAG_TREE = 5000     # tree i of a call: TAG_TREE + 2i (climbing), + 2i + 1 (descending)
 

@@ -12,7 +12,7 @@ Layout (units in key names, as device presets):
     [collectives] base_ring_<protocol>_us, efficiency_<protocol>_frac,
                   max_bw_<protocol>_GBps (a protocol's ceiling per port, optional)
 
-`load_network` builds the `NetworkSpec` with the capability walk of `hw.caps`; an entry no
+`load_network` builds the `NetworkSpec` with the capability walk of `devices.caps`; an entry no
 field reads is refused, as in device presets.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..hw.presets import (PresetError, all_quantities, build_spec, bundled_names,
+from ..devices.presets import (PresetError, all_quantities, build_spec, bundled_names,
                           read_once_if_bundled, read_preset)
 from .spec import NetworkSpec
 

@@ -1,7 +1,7 @@
 """What a network is made of: transports, protocols, topology (frozen, SI units in names).
 
 A network preset (`net/presets/*.toml`, every number with its source) becomes a
-`NetworkSpec` through the same generic capability walk as device presets (`hw.caps`), so
+`NetworkSpec` through the same generic capability walk as device presets (`devices.caps`), so
 `--set network.<path>=VALUE` and `network.scale.bw` work for every field.
 
 Terms (NCCL's, `docs/network.md`): a *transport* is a kind of hop (NVLink through NVSwitch,
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ..hw.caps import CapError, cap
+from ..devices.caps import CapError, cap
 
 PROTOCOLS = ("ll", "ll128", "simple")
 ALGORITHMS = ("ring", "tree", "hierarchical", "nvls", "nvls_tree")

@@ -3,7 +3,7 @@
 Device d is world rank d. Ranks fill nodes in order (node = d // devices_per_node), as
 `srun --distribution=block` and `mpiexec` place them; `network.devices_per_node` sets the
 size. A `placement` (the node of each device) replaces that rule: a job that really spans
-several hosts is emulated on its real placement (`run.context`), e.g. `srun
+several hosts is emulated on its real placement (`runner.context`), e.g. `srun
 --distribution=cyclic`. Inside a node the fabric is
 
 * `switch` (NVSwitch, a PCIe switch): each device has one egress port `port.<d>.out` and one

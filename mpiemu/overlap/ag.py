@@ -13,14 +13,14 @@ import math
 
 import numpy as np
 
-from ..comm import schedule as sch
+from ..comm import lanes as sch
 from ..comm.p2p import TimedComm
 from ..comm.ring import AllGather, ring_lanes, ring_pieces
-from ..comm.schedule import chunk_bounds
-from ..hw.contention import NO_CONTENTION, T3Params
+from ..comm.lanes import chunk_bounds
+from ..devices.contention import NO_CONTENTION, T3Params
 from ..sim.timeline import COMPUTE
 from .clock import Clock
-from .model import OverlapStats, RingCosts, ag_costs, arbitration, comm_cus, gemm_plan
+from .costs import OverlapStats, RingCosts, ag_costs, arbitration, comm_cus, gemm_plan
 from .rs import lane_rate, pieces_per_chunk
 from .strategy import Overlap
 

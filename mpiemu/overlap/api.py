@@ -21,13 +21,13 @@ import numpy as np
 from ..comm.collectives import all_reduce
 from ..comm.cost import choose
 from ..comm.p2p import TimedComm
-from ..hw.contention import T3Params
-from ..hw.specs import DeviceSpec, dtype_bytes
-from ..sim import ops
+from ..devices.contention import T3Params
+from ..devices.specs import DeviceSpec, dtype_bytes
+from ..sim import charge as ops
 from ..sim.timeline import SimTime, Span, latest
 from . import rs
 from .ag import AgGemm, ring_all_gather
-from .model import OverlapStats
+from .costs import OverlapStats
 from .strategy import MODES, STRATEGIES, Overlap
 
 
@@ -52,7 +52,7 @@ def overlap_params(spec: DeviceSpec, ov: Overlap) -> T3Params | None:
                          f"{spec.name} is a {spec.kind}: use 'sequential' or 'ideal'")
     if spec.t3 is None:
         raise ValueError(f"device {spec.name} has no [t3] section with the overlap-model "
-                         "parameters (see mpiemu/hw/presets/t3-gpu.toml)")
+                         "parameters (see mpiemu/devices/presets/t3-gpu.toml)")
     return spec.t3
 
 

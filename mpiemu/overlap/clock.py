@@ -1,7 +1,7 @@
 """Emulated time of one rank while a GEMM's stages and ring transfers overlap (no MPI here).
 
 The clock places the GEMM stage by stage on the compute stream and ring transfers on the
-link streams. While they overlap they share DRAM (`hw.contention`): a stage lasts longer
+link streams. While they overlap they share DRAM (`devices.contention`): a stage lasts longer
 when communication traffic lands in it; a transfer is slower when the DRAM share left to
 communication (or the CUs of a communication kernel) cannot feed the link.
 Incoming traffic is not known ahead of the messages, so the clock uses the ring's symmetry
@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..comm.p2p import TimedComm
-from ..hw.contention import Arbitration, StageDemand, comm_dram_bw, solve_stage
+from ..devices.contention import Arbitration, StageDemand, comm_dram_bw, solve_stage
 from ..sim.timeline import COMPUTE, Timeline
-from .model import ByteCost, GemmPlan, OverlapStats, RingCosts
+from .costs import ByteCost, GemmPlan, OverlapStats, RingCosts
 
 
 @dataclass

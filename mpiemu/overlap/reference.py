@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..comm.schedule import Lane, lanes
+from ..comm.lanes import Lane, lanes
 
 
 def ring_lanes(m: int, size: int, bidirectional: bool) -> list[Lane]:

@@ -16,14 +16,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..comm import schedule as sch
+from ..comm import lanes as sch
 from ..comm.p2p import TimedComm
 from ..comm.ring import ReduceScatter, ring_lanes, ring_pieces
-from ..comm.schedule import chunk_bounds
-from ..hw.contention import T3Params
+from ..comm.lanes import chunk_bounds
+from ..devices.contention import T3Params
 from ..sim.timeline import COMPUTE
 from .clock import Clock
-from .model import GemmPlan, OverlapStats, RingCosts, arbitration, comm_cus, gemm_plan, rs_costs
+from .costs import GemmPlan, OverlapStats, RingCosts, arbitration, comm_cus, gemm_plan, rs_costs
 from .strategy import Overlap
 
 @dataclass

@@ -31,7 +31,7 @@ class Traits(NamedTuple):
     concurrent: bool         # GEMM and collective may run at the same time
     nmc: bool                # reductions as near-memory op-and-store (thesis 8.3.3)
     uncached_output: bool    # GEMM output bypasses the LLC (T3's uncached flag, 8.3.3)
-    policy: str              # DRAM arbitration while they overlap (hw.contention.POLICIES)
+    policy: str              # DRAM arbitration while they overlap (devices.contention.POLICIES)
     comm_on_cus: bool        # the collective runs as a kernel on compute units
 
 

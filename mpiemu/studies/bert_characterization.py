@@ -52,7 +52,7 @@ def _sets(cfg: dict[str, Any]) -> list[str]:
 def breakdown_rows(runs: Path, labels: tuple[str, ...] = ()) -> list[Row]:
     """Per Fig. 4.1 run: emulated ms and share per category, GEMM / non-GEMM, layers."""
     from ..analysis import load  # noqa: PLC0415
-    from ..hw.presets import load_device  # noqa: PLC0415
+    from ..devices.presets import load_device  # noqa: PLC0415
     fig = load_figures("bert_characterization")
     spec = load_device(str(fig["device"].value))
     rows: list[Row] = []

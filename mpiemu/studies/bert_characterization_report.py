@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..hw.presets import load_device
+from ..devices.presets import load_device
 from .common import Row, load_figures, md_table, pct
 
 LABELS = {"layers": "transformer layers", "embedding_output": "embedding + output",

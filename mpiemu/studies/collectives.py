@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..net.spec import PROTOCOLS
-from ..run.schema import parse_size
+from ..config.schema import parse_size
 from .common import Golden, Row, geomean, load_figures, read_csv, write_csv
 from .runs import run
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..hw.cost import model_for
-from ..hw.presets import load_device
+from ..devices.cost import model_for
+from ..devices.presets import load_device
 from ..net import load_network
-from ..run.collectives import bus_factor
+from ..runner.collective_sweep import bus_factor
 from .collectives import ITEMSIZE, MiB, calibrated, fit, setups, sources, targets_error
 from .common import Row, load_figures, md_table, pct, plt, signed_pct
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ..net.spec import NetworkSpec
-from ..run.collectives import bus_factor
+from ..runner.collective_sweep import bus_factor
 from .common import Row, load_figures, md_table, pct, plt
 
 
@@ -171,7 +171,7 @@ def case_lines(tp_rows: list[Row], case_rows: list[Row]) -> list[str]:
 def _network() -> tuple[NetworkSpec, bool]:
     """The network the sweep runs on (the device's preset with the study's overrides) and
     whether its rings are bidirectional."""
-    from ..run.config import load_workload, resolve_device, resolve_network  # noqa: PLC0415
+    from ..config.workload import load_workload, resolve_device, resolve_network  # noqa: PLC0415
     from .comp_vs_comm import WORKLOAD  # noqa: PLC0415
     f = _fig()
     w = load_workload(WORKLOAD, [*f["network"], f"device.preset='{f['device']}'"])

@@ -1,5 +1,5 @@
 """`mpiemu report fusion`: seed 002's fused GEMM epilogues and task granularity, GPT-2 MLP
-and attention projections as StarPU tasks on 1-8 V100s (`hw/tasks.py`).
+and attention projections as StarPU tasks on 1-8 V100s (`devices/tasks.py`).
 
 Each workload is tiled as NNTile tiles it (Algorithm 3: one GEMM task per output tile and
 K-step; bias, activation and reshape tasks per tile) and run unfused or fused (the last
@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from ..net import load_network
-from ..hw.cost import GpuModel
-from ..hw.gemm import NO_EPILOGUE, Epilogue
-from ..hw.presets import load_device
-from ..hw.tasks import Runtime, Task, run
+from ..devices.cost import GpuModel
+from ..devices.gemm import NO_EPILOGUE, Epilogue
+from ..devices.presets import load_device
+from ..devices.tasks import Runtime, Task, run
 from .common import Golden, Row, load_figures, write_csv
 
 E_BYTES = 2          # fp16 tiles

@@ -4,7 +4,7 @@ published measurements (A100, H100), and the fit of the GEMM model's two global 
 
 Each Megatron layer of `kernels.toml` has nine GEMMs (projection, FC-1, FC-2; forward,
 activation gradient, weight gradient); each shape with a published measurement
-(`kernels_measured.csv`, a source per row) becomes a row: ours from `hw.gemm` with the
+(`kernels_measured.csv`, a source per row) becomes a row: ours from `devices.gemm` with the
 shipped presets, theirs, the error. The H100 rows of the calibration layers (and the H100
 MAMF point its efficiency comes from) and the A100 rows `calibrate_a100` names fit the
 constants; every other row judges the model. Golden test: the whole `gemms.csv` (under a
@@ -20,9 +20,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..hw.cost import GpuModel
-from ..hw.presets import load_device
-from ..hw.specs import DeviceSpec
+from ..devices.cost import GpuModel
+from ..devices.presets import load_device
+from ..devices.specs import DeviceSpec
 from . import kernels_here
 from .common import Golden, Row, geomean, load_figures, md_table, plt, write_csv
 

@@ -4,8 +4,8 @@
 
 Nothing is fitted on these rows: they judge the GEMM model (Megatron layer GEMMs and
 attention BMMs at TP 8, probes sweeping the BMMs' short dimension), the memory-bound kernel
-model (`hw.kernels`: PyTorch's and Megatron-LM's own kernels at the 22B and 175B layers'
-shapes) and the FlashAttention-2 model (`hw.attention_gpu.flash_cost`).
+model (`devices.kernels`: PyTorch's and Megatron-LM's own kernels at the 22B and 175B layers'
+shapes) and the FlashAttention-2 model (`devices.attention_gpu.flash_cost`).
 """
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from typing import Callable
 
 import numpy as np
 
-from ..hw import kernels as hk
-from ..hw.attention_gpu import AttnShape, flash_cost
-from ..hw.cost import GpuModel
-from ..hw.kernels import Kernel
-from ..hw.presets import load_device
+from ..devices import kernels as hk
+from ..devices.attention_gpu import AttnShape, flash_cost
+from ..devices.cost import GpuModel
+from ..devices.kernels import Kernel
+from ..devices.presets import load_device
 from .common import ROOT, Row, geomean
 
 GPU = "h100-sxm5"

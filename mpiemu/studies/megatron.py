@@ -86,7 +86,7 @@ def layer_rows(runs: Path, labels: tuple[str, ...] = (), reuse: bool = False) ->
 
 def iteration_rows(runs: Path, labels: tuple[str, ...] = (), reuse: bool = False
                    ) -> list[Row]:
-    """Table 5: iteration time (rank 0's trace), MFU and HFU (`nn.flops`, Megatron's counts)
+    """Table 5: iteration time (rank 0's trace), MFU and HFU (`training.flops`, Megatron's counts)
     and stage 0's bubble of whole-model runs."""
     from ..analysis import load  # noqa: PLC0415
     from ..analysis.breakdown import iteration_breakdown  # noqa: PLC0415
@@ -125,9 +125,9 @@ def _summed_s(rt: Any, mask: np.ndarray) -> float:
 
 def _utilization(cfg: dict[str, Any], iteration_s: float) -> tuple[float, float]:
     """(MFU, HFU) of one iteration run's configuration at this iteration time."""
-    from ..nn.flops import hardware_flops, model_flops, utilization  # noqa: PLC0415
-    from ..run.config import load_workload, resolve_device  # noqa: PLC0415
-    from ..run.train_setup import resolve  # noqa: PLC0415
+    from ..training.flops import hardware_flops, model_flops, utilization  # noqa: PLC0415
+    from ..config.workload import load_workload, resolve_device  # noqa: PLC0415
+    from ..runner.train_setup import resolve  # noqa: PLC0415
     w = load_workload(WORKLOADS / f"{cfg['workload']}.toml", _sets(cfg["sp"], cfg["recompute"]))
     model, gb, _ = resolve(w)
     peak = resolve_device(w).peak(w.run.emulated_dtype)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 from .common import ROOT, Row, geomean, load_figures, md_table, pct, read_csv, signed_pct
 
 if TYPE_CHECKING:
-    from ..run.config import Workload
+    from ..config.workload import Workload
 
 SOURCES = Path(__file__).with_name("megatron_sources.toml")
 
@@ -136,8 +136,8 @@ class CommBias(NamedTuple):
 def _collective_bias() -> CommBias | None:
     """How far our 8-GPU A100 all-reduce runs ahead of nccl-tests at the sizes around the
     22B layer's TP all-reduce (results/collectives/comparison.csv, sizes within 2x)."""
-    from ..hw.specs import dtype_bytes  # noqa: PLC0415
-    from ..nn.presets import load_model_preset  # noqa: PLC0415
+    from ..devices.specs import dtype_bytes  # noqa: PLC0415
+    from ..model.presets import load_model_preset  # noqa: PLC0415
     path = ROOT / "results" / "collectives" / "comparison.csv"
     if not path.exists():
         return None
@@ -214,7 +214,7 @@ def _hooks_note(layers: list[Row]) -> list[str]:
     return [f"Every backward also adds each parameter's gradient into Megatron-LM's "
             f"{_layer_workload().run.emulated_dtype} `main_grad` buffer with a kernel of its "
             "own (the DDP hook; gradient accumulation fusion needed fp32 accumulation then, "
-            f"`nn/grad_buffer.py`): {base['ours_grad_acc_ms']:.2f} ms of the 22B layer's "
+            f"`training/grad_buffer.py`): {base['ours_grad_acc_ms']:.2f} ms of the 22B layer's "
             f"{base['ours_backward_ms']:.1f} ms backward, once per micro-batch, in every row "
             "above.", ""]
 
@@ -229,7 +229,7 @@ def _step_note(iterations: list[Row]) -> list[str]:
     row = max(both, key=lambda r: abs(r["difference"]))
     return [f"Outside the layers, the {row['run']} iteration ({row['ours_s']:.3f} s) also "
             "runs Megatron-LM's vocab-parallel cross-entropy as PyTorch ops over the logits "
-            f"cast to fp32 ({row['ours_ce_ms_rank0']:.1f} ms, `hw.kernels.cross_entropy`) "
+            f"cast to fp32 ({row['ours_ce_ms_rank0']:.1f} ms, `devices.kernels.cross_entropy`) "
             "and, with the local DDP of the time, divides the whole gradient buffer by the DP "
             f"size, even at DP 1 ({row['ours_grad_scale_ms_rank0']:.1f} ms, `train.ddp`).",
             ""]
@@ -237,13 +237,13 @@ def _step_note(iterations: list[Row]) -> list[str]:
 
 def _layer_workload() -> Workload:
     """The 22B layer rows' workload (its dtype and micro-batch)."""
-    from ..run.config import load_workload  # noqa: PLC0415
+    from ..config.workload import load_workload  # noqa: PLC0415
     return load_workload(ROOT / "workloads" / "megatron-22b-tp8.toml")
 
 
 def _overlap_note() -> str:
     """What the backward's overlapped all-reduces cost the GEMMs under them."""
-    from ..hw.presets import load_device  # noqa: PLC0415
+    from ..devices.presets import load_device  # noqa: PLC0415
     from ..net import load_network  # noqa: PLC0415
     spec = load_device(str(load_figures("megatron")["device"].value))
     net = load_network(spec.network)

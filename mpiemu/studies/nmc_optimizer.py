@@ -1,8 +1,8 @@
 """`mpiemu report nmc_optimizer`: thesis (seed 003) chapter 6, the LAMB and Adam updates on
-near-bank compute (NMC) against the GPU, regenerated from `hw/nmc.py` and emulated runs.
+near-bank compute (NMC) against the GPU, regenerated from `devices/nmc.py` and emulated runs.
 
 * `updates.csv`: per model and optimizer, the update on the GPU (its bytes at 100 / 90 / 80%
-  of peak HBM bandwidth, thesis 6.4) and on NMC (`hw.nmc.nmc_update`, temporary storage x
+  of peak HBM bandwidth, thesis 6.4) and on NMC (`devices.nmc.nmc_update`, temporary storage x
   0.5 .. 8 of the preset's), DRAM-interface bytes per parameter both ways;
 * `e2e.csv`: BERT-Large training iterations on the MI100 preset, one rank, timing only,
   `optimizer.on = "gpu"` and `"nmc"` (`workloads/bert-large-mi100.toml`): iteration time,
@@ -18,13 +18,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..hw.caps import set_path
-from ..hw.nmc import (Access, NmcUpdate, gpu_update_s, nmc_update, update_accesses,
+from ..devices.caps import set_path
+from ..devices.nmc import (Access, NmcUpdate, gpu_update_s, nmc_update, update_accesses,
                       update_bytes)
-from ..hw.presets import load_device
-from ..hw.specs import DeviceSpec, dtype_bytes
-from ..nn.presets import load_model_preset
-from ..nn.shard import local_params
+from ..devices.presets import load_device
+from ..devices.specs import DeviceSpec, dtype_bytes
+from ..model.presets import load_model_preset
+from ..model.shard import local_params
 from . import runs as launch
 from .common import ROOT, Golden, Row, load_figures, write_csv
 

@@ -46,9 +46,9 @@ def run(ranks: int, workload: Path | str, sets: Sequence[str], out: Path,
 def processes(workload: Path | str, sets: Sequence[str], gpus: int) -> int:
     """MPI processes for an emulated job of `gpus` GPUs: one per pipeline stage when it
     folds exactly (`run.fold`: bit-identical emulated times), else one per GPU."""
-    from ..run.config import load_workload  # noqa: PLC0415
-    from ..run.errors import ConfigError  # noqa: PLC0415
-    from ..run.fold import plan_fold  # noqa: PLC0415
+    from ..config.workload import load_workload  # noqa: PLC0415
+    from ..config.errors import ConfigError  # noqa: PLC0415
+    from ..runner.fold_plan import plan_fold  # noqa: PLC0415
     w = load_workload(str(workload), list(sets))
     stages = w.parallel.pp
     if stages >= gpus:

@@ -2,8 +2,8 @@
 flash attention, for BERT-Large and GPT-Neo-1.3B inference on the GPUs of its Table 1.
 
 Every layer is a list of kernels from the per-kernel models the training ranks use:
-`hw.gemm` for the four projections and the attention GEMMs (SDF's with its fused epilogue /
-prologue), `hw.attention_gpu` for the attention variants, `hw.kernels` (Megatron-fused) for
+`devices.gemm` for the four projections and the attention GEMMs (SDF's with its fused epilogue /
+prologue), `devices.attention_gpu` for the attention variants, `devices.kernels` (Megatron-fused) for
 LayerNorm, bias + GeLU and bias + residual. Costs only (one process, a few seconds); the
 golden test regenerates every CSV. Setups and the seed's figures: `softmax.toml`.
 """
@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..hw import attention_gpu as ag
-from ..hw import kernels as hk
-from ..hw.cost import GpuModel
-from ..hw.presets import load_device
-from ..hw.specs import DeviceSpec
-from ..hw.specs import dtype_bytes
+from ..devices import attention_gpu as ag
+from ..devices import kernels as hk
+from ..devices.cost import GpuModel
+from ..devices.presets import load_device
+from ..devices.specs import DeviceSpec
+from ..devices.specs import dtype_bytes
 from .common import Golden, Row, load_figures, write_csv
 
 VARIANTS = ("baseline", "sd", "sdf", "flash")

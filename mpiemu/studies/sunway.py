@@ -12,9 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..hw.presets import load_device
-from ..hw.sunway import SunwayModel
-from ..hw.sunway.schedule import Schedule
+from ..devices.presets import load_device
+from ..devices.sunway import SunwayModel
+from ..devices.sunway.schedule import Schedule
 from ..sim.timeline import Timeline
 from ..sim.trace import TraceWriter, rank_file
 from .common import Golden, write_csv
@@ -23,7 +23,7 @@ from .sunway_rows import (FIG, SEQS, attention_rows, fusion_rows, layer_schedule
 
 def write_trace(m: SunwayModel, out: Path) -> Path:
     """One Sunway rank's GPT-3 6.7B-like layer, forward then backward under KA."""
-    from ..nn.swattention import charge_schedule  # noqa: PLC0415
+    from ..model.swattention import charge_schedule  # noqa: PLC0415
     run = out / "trace"
     run.mkdir(parents=True, exist_ok=True)
     writer = TraceWriter(rank_file(run, 0), {"rank": 0, "world_size": 1, "tp_rank": 0,

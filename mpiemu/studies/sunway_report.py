@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..hw.sunway import SunwayModel
+from ..devices.sunway import SunwayModel
 from .sunway_rows import B, FIG, GPT3, N
 
 Rows = list[dict[str, Any]]

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..hw.sunway.gemm import min_tile
-from ..hw.sunway.layer import LayerShape, layer_ops
-from ..hw.sunway.model import AttnShape, SunwayModel, SunwayOutOfMemory
-from ..hw.sunway.schedule import Op, Schedule, schedule
-from ..hw.sunway.standard import standard_footprint_bytes
+from ..devices.sunway.gemm import min_tile
+from ..devices.sunway.layer import LayerShape, layer_ops
+from ..devices.sunway.cost import AttnShape, SunwayModel, SunwayOutOfMemory
+from ..devices.sunway.schedule import Op, Schedule, schedule
+from ..devices.sunway.standard import standard_footprint_bytes
 from .common import load_figures
 
 FIG = load_figures("sunway")

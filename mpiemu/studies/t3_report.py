@@ -167,7 +167,7 @@ def plot_dram(rows: list[Row], path: Path) -> None:
 
 def parameter_table() -> list[str]:
     """The preset numbers the overlap models read, with their sources."""
-    from ..hw.presets import all_quantities, read_preset  # noqa: PLC0415
+    from ..devices.presets import all_quantities, read_preset  # noqa: PLC0415
     from ..net.presets import preset_dir  # noqa: PLC0415
     secs = all_quantities(read_preset("t3-gpu"))
     net = all_quantities(read_preset("t3-ring", preset_dir(), "network.preset"))
@@ -182,8 +182,8 @@ def parameter_table() -> list[str]:
 
 def _setup() -> dict[str, Any]:
     """Device and workload numbers the prose quotes, read from the preset and the model."""
-    from ..hw.cost import model_for  # noqa: PLC0415
-    from ..hw.presets import load_device  # noqa: PLC0415
+    from ..devices.cost import model_for  # noqa: PLC0415
+    from ..devices.presets import load_device  # noqa: PLC0415
     from ..net import load_network  # noqa: PLC0415
     spec = load_device("t3-gpu")
     m = model_for(spec)
@@ -253,12 +253,12 @@ def differences(st: dict[str, Any], fig: Any) -> list[str]:
     return [
         "- **Model, not simulator.** The thesis runs Accel-Sim cycle by cycle; we charge each"
         " GEMM stage a roofline time and share DRAM between the stage and the ring traffic that"
-        " lands in it (`mpiemu/hw/contention.py`, docs/t3.md). Nothing is fitted per"
+        " lands in it (`mpiemu/devices/contention.py`, docs/t3.md). Nothing is fitted per"
         " sub-layer, model or TP degree; the assumptions of the preset are marked.",
         "- **Cache behaviour of the GEMMs.** Each stage (wave) reads its input panels K-block"
         " by K-block, so a wave's working set always fits in the L2 and each panel is read"
         " once per wave; panels of the previous wave are reused only when all of them fit in"
-        " the L2 (`mpiemu/hw/gemm.py`). GEMM read volume decides how much the ring traffic"
+        " the L2 (`mpiemu/devices/gemm.py`). GEMM read volume decides how much the ring traffic"
         " stalls a GEMM, so per-case T3 numbers differ from Fig. 8.14 even where the geomeans"
         " agree.",
         "- **Stall exposure.** Under the baseline round-robin controller each critical GEMM"

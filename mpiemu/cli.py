@@ -1,0 +1,235 @@
+"""The `mpiemu` command line: run, devices, analyze (every rank parses the same argv)."""
+from __future__ import annotations
+
+import argparse
+import atexit
+import ctypes
+import sys
+from typing import Any, Callable, Sequence
+
+from ._proc import manual_gc
+from ._threads import pin_rank
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
+
+
+def _command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    COMMANDS[fn.__name__.removeprefix("cmd_")] = fn
+    return fn
+
+
+@_command
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run a workload under MPI (every rank)."""
+    pin_rank()                  # before MPI_Init: threads it starts inherit the core
+    from .runner.job import run_workload  # noqa: PLC0415 - MPI starts only for `run`
+    summary = run_workload(args.workload, args.set or [], args.out, sys.argv)
+    check = summary.get("reference")
+    return 3 if isinstance(check, dict) and not check.get("passed", True) else 0
+
+
+@_command
+def cmd_devices(args: argparse.Namespace) -> int:
+    """List device presets with their numbers, sources and assumptions."""
+    from .config.listing import format_devices, format_networks  # noqa: PLC0415
+    if args.set and not args.name:
+        raise ValueError("devices --set needs a preset NAME")
+    fmt = format_networks if args.network else format_devices
+    lines = fmt(args.name, brief=args.brief, overrides=args.set or [])
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+def _load(args: argparse.Namespace, run_dir: str) -> Any:
+    """A run directory, refused in one line if damaged, or (--allow-incomplete) what is
+    sound, with a note on stderr for each part left out."""
+    from .analysis import load  # noqa: PLC0415
+    run = load(run_dir, allow_incomplete=getattr(args, "allow_incomplete", False))
+    for p in run.problems:
+        sys.stderr.write(f"mpiemu {args.command}: note: left out {p}\n")
+    return run
+
+
+@_command
+def cmd_analyze(args: argparse.Namespace) -> int:
+    """Per-rank and per-op tables of a run directory."""
+    from .analysis import format_tables  # noqa: PLC0415
+    run = _load(args, args.run_dir)
+    if args.json:
+        import json  # noqa: PLC0415
+
+        from .analysis.tables import summary_dict  # noqa: PLC0415
+        sys.stdout.write(json.dumps(summary_dict(run, args.top), indent=1, default=float) + "\n")
+        return 0
+    sys.stdout.write("\n".join(format_tables(run, top=args.top)) + "\n")
+    return 0
+
+
+@_command
+def cmd_export(args: argparse.Namespace) -> int:
+    """Chrome/Perfetto JSON of a run (and per-rank files for Holistic Trace Analysis)."""
+    from .analysis.export import write_chrome  # noqa: PLC0415
+    from .analysis.hta import write_hta  # noqa: PLC0415
+    run = _load(args, args.run_dir)
+    if not args.chrome and not args.hta:
+        raise ValueError("export needs --chrome FILE and/or --hta DIR")
+    if args.chrome:
+        sys.stdout.write(f"wrote {write_chrome(run, args.chrome)} (open in ui.perfetto.dev)\n")
+    if args.hta:
+        sys.stdout.write(f"wrote {len(write_hta(run, args.hta))} rank files to {args.hta}\n")
+    return 0
+
+
+@_command
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Makespan speedup and per-op differences of run B over run A."""
+    from .analysis.compare import compare_dict, compare_lines  # noqa: PLC0415
+    a, b = _load(args, args.a), _load(args, args.b)
+    if args.json:
+        import json  # noqa: PLC0415
+        sys.stdout.write(json.dumps(compare_dict(a, b, args.top), indent=1) + "\n")
+        return 0
+    lines = compare_lines(a, b, top=args.top)
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+@_command
+def cmd_plot(args: argparse.Namespace) -> int:
+    """Gantt PNG of a run's emulated timeline."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from .analysis.plot import gantt  # noqa: PLC0415
+    run = _load(args, args.run_dir)
+    out = Path(args.out) if args.out else run.path / "timeline.png"
+    png = gantt(run, out, t_min_ms=args.t_min, t_max_ms=args.t_max, ranks=args.ranks)
+    sys.stdout.write(f"wrote {png}\n")
+    return 0
+
+
+@_command
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """Measure this host (and, under mpiexec -n 2, its MPI link) and write a preset."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from .devices.calibrate import calibrate  # noqa: PLC0415
+    lines = calibrate(Path(args.out))
+    sys.stdout.write("".join(f"{line}\n" for line in lines))
+    return 0
+
+
+@_command
+def cmd_report(args: argparse.Namespace) -> int:
+    """Regenerate a study under results/ (`--list`: the studies and their seeds)."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from .studies import STUDIES, list_lines, run_study  # noqa: PLC0415
+    if args.list:
+        sys.stdout.write("\n".join(list_lines()) + "\n")
+        return 0
+    if args.all:
+        return max(run_study(name, None, []) for name in STUDIES)
+    if not args.name:
+        raise ValueError("report needs a study NAME, --all or --list")
+    return run_study(args.name, Path(args.out) if args.out else None, args.extra)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mpiemu", description="Emulate accelerators with MPI ranks.")
+    from . import __version__  # noqa: PLC0415
+    p.add_argument("--version", action="version", version=f"mpiemu {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run a workload (launch with mpiexec -n N)")
+    r.add_argument("workload", help="workload TOML file")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a workload key, e.g. --set parallel.tp=2 (repeatable)")
+    r.add_argument("--out", help="run directory (default runs/<workload name>)")
+    d = sub.add_parser("devices", help="list device (or --network) presets with sources")
+    d.add_argument("name", nargs="?", help="one preset only")
+    d.add_argument("--brief", action="store_true", help="the summary table only")
+    d.add_argument("--network", action="store_true",
+                   help="network presets instead of devices (NAME: one network)")
+    d.add_argument("--set", action="append", metavar="device.PATH=VALUE",
+                   help="show the preset with a capability overridden (repeatable)")
+    a = sub.add_parser("analyze", help="tables of a run directory")
+    a.add_argument("--json", action="store_true", help="JSON instead of tables")
+    a.add_argument("--allow-incomplete", action="store_true",
+                   help="analyse what is sound in a damaged run (notes on stderr)")
+    a.add_argument("run_dir")
+    a.add_argument("--top", type=int, default=25, help="rows of the per-op table")
+    e = sub.add_parser("export", help="Chrome/Perfetto JSON of a run")
+    e.add_argument("--allow-incomplete", action="store_true",
+                   help="analyse what is sound in a damaged run (notes on stderr)")
+    e.add_argument("run_dir")
+    e.add_argument("--chrome", help="output .json or .json.gz (all ranks, for Perfetto)")
+    e.add_argument("--hta", help="output directory: one file per rank for HTA")
+    c = sub.add_parser("compare", help="speedup and per-op differences of run B over run A")
+    c.add_argument("--json", action="store_true", help="JSON instead of tables")
+    c.add_argument("--allow-incomplete", action="store_true",
+                   help="analyse what is sound in a damaged run (notes on stderr)")
+    c.add_argument("a")
+    c.add_argument("b")
+    c.add_argument("--top", type=int, default=20)
+    pl = sub.add_parser("plot", help="Gantt PNG of a run")
+    pl.add_argument("--allow-incomplete", action="store_true",
+                   help="analyse what is sound in a damaged run (notes on stderr)")
+    pl.add_argument("run_dir")
+    pl.add_argument("--out", help="PNG path (default RUN_DIR/timeline.png)")
+    pl.add_argument("--t-min", type=float, help="start of the window (emulated ms)")
+    pl.add_argument("--t-max", type=float, help="end of the window (emulated ms)")
+    pl.add_argument("--ranks", type=int, nargs="+", help="only these ranks (default: all)")
+    cal = sub.add_parser("calibrate", help="measure this host as a device preset")
+    cal.add_argument("--out", default="host.toml", help="preset file to write")
+    rep = sub.add_parser("report", help="regenerate a study under results/ (--list to see them)")
+    rep.add_argument("name", nargs="?", help="the study (mpiemu report --list)")
+    rep.add_argument("--list", action="store_true", help="list the studies and their seeds")
+    rep.add_argument("--all", action="store_true", help="regenerate every study")
+    rep.add_argument("--out", help="output directory (default results/<name>)")
+    rep.add_argument("extra", nargs=argparse.REMAINDER, help="arguments for the report")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (FileNotFoundError, ValueError) as exc:
+        if args.command == "run":
+            raise          # under MPI: the excepthook names the rank and aborts the job
+        from .config.errors import one_line  # noqa: PLC0415
+        sys.stderr.write(f"mpiemu {args.command}: error: {one_line(exc)}\n")
+        return 2
+
+
+def entry() -> None:
+    """The `mpiemu` command: `main`, and after an MPI run an end of the process that skips
+    the interpreter's teardown.
+
+    A rank that returned has closed its traces, written its share of the manifest and
+    flushed; tearing the interpreter down (every module of numpy, h5py and mpiemu) would
+    only add about 50 ms of CPU per rank, an eighth of an 8-rank timing-only run on two
+    cores. So: Python's exit handlers, stdio, MPI_Finalize (mpi4py leaves it to the
+    teardown), then the C library's `exit`, which still runs the C libraries' own exit
+    handlers (MPICH's: without them the launcher takes the rank for dead and kills the
+    ranks still finishing). Elsewhere, or if that fails, an ordinary exit. A `run`'s ranks
+    collect garbage at iteration ends, not on allocation counts (`_proc.manual_gc`; the
+    other commands, and tests calling `main` in-process, keep Python's policy)."""
+    if sys.argv[1:2] == ["run"]:
+        manual_gc()
+    rc = main()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+        raise SystemExit(rc)
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    mpi.Finalize()
+    try:
+        libc = ctypes.CDLL(None)
+    except OSError:
+        raise SystemExit(rc) from None
+    libc.exit(rc)
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,401 @@
+"""Workload configuration: TOML -> validated frozen dataclasses (Megatron-style __post_init__).
+
+Units live in key names (`bw_GBps`, `latency_ns`); every check raises a ConfigError naming the
+field, the value and what is allowed.
+"""
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from .._digest import sha256_hex
+from ..devices.caps import CapError, apply_overrides, check_path
+from ..devices.presets import PresetError, list_presets, load_device
+from ..devices.specs import DTYPE_BYTES, DeviceSpec
+from ..comm.cost import allowed_on
+from ..net import (ALGORITHMS, PROTOCOLS, TOPOLOGIES, Network, NetworkSpec, list_networks,
+                   load_network)
+from .errors import ConfigError
+from .overlap_section import OverlapSection, SublayersSection
+from ..model.pipeline_schedules import SCHEDULES
+from .sunway_section import SunwaySection
+from .sweep_section import LayerSweepSection
+from .train_section import ModelSection, OptimizerSection, TrainSection
+from .schema import apply_override, as_table, from_table, parse_override, parse_size
+
+KINDS = ("collectives", "train", "sublayers", "layer_sweep")
+COLLECTIVE_OPS = ("reduce_scatter", "all_gather", "all_reduce")
+
+
+@dataclass(frozen=True)
+class RunSection:
+    """What to run and how: kind, iterations, seed, real numerics or shapes only."""
+
+    kind: str = "collectives"
+    seed: int = 0
+    iterations: int = 1
+    numerics: str = "on"             # "on": real values; "off": shapes and timestamps only
+    numeric_dtype: str = "fp32"      # dtype of the real values when numerics are on
+    emulated_dtype: str = "fp16"     # dtype the timing and byte model charges
+    numerics_budget_tflop: float = 2.0   # real math a rank may do before a run is refused
+    fold: str = "auto"               # one MPI rank per stage when launched so (`run.fold`)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError("run.kind", self.kind, KINDS)
+        if self.fold not in ("auto", "on", "off"):
+            raise ConfigError("run.fold", self.fold, ("auto", "on", "off"))
+        if self.fold == "on" and self.numerics == "on":
+            raise ConfigError("run.fold", self.fold, "\"off\" or \"auto\" with run.numerics "
+                              "= \"on\" (folding mirrors timing only: set run.numerics = "
+                              "\"off\")")
+        if not self.numerics_budget_tflop > 0:
+            raise ConfigError("run.numerics_budget_tflop", self.numerics_budget_tflop,
+                              "a budget > 0 (TFLOP of real math per rank)")
+        if self.iterations < 1:
+            raise ConfigError("run.iterations", self.iterations, "an integer >= 1")
+        if self.numerics not in ("on", "off"):
+            raise ConfigError("run.numerics", self.numerics, ("on", "off"))
+        if self.numeric_dtype not in ("fp32", "fp64"):
+            raise ConfigError("run.numeric_dtype", self.numeric_dtype, ("fp32", "fp64"))
+        if self.emulated_dtype not in DTYPE_BYTES:
+            raise ConfigError("run.emulated_dtype", self.emulated_dtype, sorted(DTYPE_BYTES))
+
+
+@dataclass(frozen=True)
+class DeviceSection:
+    """Which hardware every rank plays (`rank_presets`: one preset per rank instead), and
+    `overrides` of its capabilities: every other key under [device] (`--set
+    device.gemm.efficiency=0.9`, `device.scale.compute=2`), a dotted field path of the device
+    spec (`mpiemu devices NAME` lists them) in its SI unit, or with a preset unit
+    (`device.dram_bw_GBps=2000`)."""
+
+    preset: str = "t3-gpu"
+    rank_presets: tuple[str, ...] = ()
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for i, name in enumerate((self.preset, *self.rank_presets)):
+            field = "device.preset" if i == 0 else f"device.rank_presets[{i - 1}]"
+            if not Path(name).suffix and name not in list_presets():
+                raise ConfigError(field, name, list_presets())
+        for path, value in self.overrides.items():
+            try:
+                check_path(DeviceSpec, path, value)
+            except CapError as exc:
+                raise ConfigError(exc.field, exc.value, exc.allowed) from None
+
+    def preset_of(self, rank: int) -> str:
+        return self.rank_presets[rank] if self.rank_presets else self.preset
+
+
+def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'gemm': {'efficiency': 0.9}} -> {'gemm.efficiency': 0.9}."""
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        if isinstance(v, Mapping):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def _gather_overrides(table: dict[str, Any], section: str, own: set[str]) -> None:
+    """Move every [section] key that is not a field of its section class into `overrides`."""
+    sec = table.get(section)
+    if not isinstance(sec, dict):
+        return
+    caps = {k: sec.pop(k) for k in [k for k in sec if k not in own]}
+    if caps:
+        sec["overrides"] = {**_flatten(sec.get("overrides", {})), **_flatten(caps)}
+
+
+@dataclass(frozen=True)
+class NetworkSection:
+    """Which network joins the devices (`preset`: a bundled network or a TOML path; "" = the
+    device preset's), how many devices share a node (`devices_per_node`: -1 = the preset's,
+    0 = one node) and `overrides` of its fields: every other key under [network]
+    (`--set network.intra.bw_GBps=75`, `network.scale.bw=2`; `mpiemu devices --network NAME`
+    lists them), in SI units or with a preset unit."""
+
+    preset: str = ""
+    devices_per_node: int = -1
+    topology: str = ""
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.preset and not Path(self.preset).suffix and self.preset not in list_networks():
+            raise ConfigError("network.preset", self.preset, list_networks())
+        if self.topology and self.topology not in TOPOLOGIES:
+            raise ConfigError("network.topology", self.topology, TOPOLOGIES)
+        if self.devices_per_node < -1:
+            raise ConfigError("network.devices_per_node", self.devices_per_node,
+                              "an integer >= 1 (0: one node; -1: the preset's)")
+        for path, value in self.overrides.items():
+            try:
+                check_path(NetworkSpec, path, value, root="network")
+            except CapError as exc:
+                raise ConfigError(exc.field, exc.value, exc.allowed) from None
+
+
+MAX_DEVICES = 1 << 17   # emulator limit: 131072 emulated devices, above any cluster's GPUs
+
+
+@dataclass(frozen=True)
+class ParallelSection:
+    """The TP x DP x PP grid (tp * dp * pp must equal the number of ranks) and the pipeline
+    schedule: `gpipe`, `1f1b` or `interleaved` with `virtual_stages` model chunks per
+    stage (Megatron-LM --num-layers-per-virtual-pipeline-stage = layers / (pp v))."""
+
+    tp: int = 1
+    dp: int = 1
+    pp: int = 1
+    sequence_parallel: bool = False  # RS after row-parallel, AG before column-parallel GEMMs
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "dp", "pp", "virtual_stages"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"parallel.{name}", getattr(self, name), "an integer >= 1")
+        if self.tp * self.dp * self.pp > MAX_DEVICES:
+            raise ConfigError("parallel.tp*parallel.dp*parallel.pp",
+                              f"{self.tp}*{self.dp}*{self.pp}={self.tp * self.dp * self.pp}",
+                              f"at most {MAX_DEVICES} emulated devices (a folded job still "
+                              "lists every device's place)")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError("parallel.schedule", self.schedule, SCHEDULES)
+        if self.schedule == "interleaved" and self.virtual_stages < 2:
+            raise ConfigError("parallel.virtual_stages", self.virtual_stages,
+                              "an integer >= 2 with parallel.schedule = 'interleaved'")
+        if self.schedule != "interleaved" and self.virtual_stages != 1:
+            raise ConfigError("parallel.virtual_stages", self.virtual_stages,
+                              "1 unless parallel.schedule = 'interleaved'")
+
+
+@dataclass(frozen=True)
+class CollectivesSection:
+    """A sweep of ring collectives over message sizes."""
+
+    ops: tuple[str, ...] = COLLECTIVE_OPS
+    sizes: tuple[str | int, ...] = ("1KiB", "64KiB", "1MiB", "16MiB")
+    bidirectional: bool = False
+    group: str = "tp"
+    algorithm: str = ""              # "" : the lowest predicted, as NCCL's tuner picks
+    protocol: str = ""
+
+    def __post_init__(self) -> None:
+        for i, op in enumerate(self.ops):
+            if op not in COLLECTIVE_OPS:
+                raise ConfigError(f"collectives.ops[{i}]", op, COLLECTIVE_OPS)
+        for i, s in enumerate(self.sizes):
+            if self.size_bytes[i] <= 0:
+                raise ConfigError(f"collectives.sizes[{i}]", s, "a size > 0, e.g. '64MiB'")
+        if self.group not in ("tp", "dp"):
+            raise ConfigError("collectives.group", self.group, ("tp", "dp"))
+        if self.algorithm and self.algorithm not in ALGORITHMS:
+            raise ConfigError("collectives.algorithm", self.algorithm, ALGORITHMS)
+        if self.protocol and self.protocol not in PROTOCOLS:
+            raise ConfigError("collectives.protocol", self.protocol, PROTOCOLS)
+
+    @property
+    def size_bytes(self) -> list[int]:
+        return [parse_size(f"collectives.sizes[{i}]", s) for i, s in enumerate(self.sizes)]
+
+
+FAIL_AT = ("start", "collective", "flush", "sigkill")
+
+
+@dataclass(frozen=True)
+class DebugSection:
+    """Fault injection for testing the job's failure behaviour."""
+
+    fail_rank: int = -1              # this rank fails ...
+    fail_iteration: int = 0          # ... when it reaches this iteration / sweep point ...
+    fail_at: str = "start"           # ... raising there, in its next message ("collective"),
+                                     # in a trace flush ("flush"), or by SIGKILL ("sigkill")
+
+    def __post_init__(self) -> None:
+        if self.fail_at not in FAIL_AT:
+            raise ConfigError("debug.fail_at", self.fail_at, FAIL_AT)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A whole experiment, as resolved from TOML plus `--set` overrides."""
+
+    name: str = "workload"
+    run: RunSection = field(default_factory=RunSection)
+    device: DeviceSection = field(default_factory=DeviceSection)
+    network: NetworkSection = field(default_factory=NetworkSection)
+    parallel: ParallelSection = field(default_factory=ParallelSection)
+    collectives: CollectivesSection = field(default_factory=CollectivesSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    optimizer: OptimizerSection = field(default_factory=OptimizerSection)
+    overlap: OverlapSection = field(default_factory=OverlapSection)
+    sublayers: SublayersSection = field(default_factory=SublayersSection)
+    sunway: SunwaySection = field(default_factory=SunwaySection)
+    layer_sweep: LayerSweepSection = field(default_factory=LayerSweepSection)
+    debug: DebugSection = field(default_factory=DebugSection)
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9._+-][A-Za-z0-9._+ -]{0,99}", self.name):
+            raise ConfigError("name", self.name, "1-100 letters, digits, '._+-' or spaces "
+                              "(it names the run directory)")
+
+    def check_world(self, world_size: int) -> None:
+        """tp * dp must equal the number of ranks the job was launched with."""
+        resolve_network(self, resolve_device(self, 0))      # its values first: any world
+        self._check_debug(world_size)
+        tp, dp, pp = self.parallel.tp, self.parallel.dp, self.parallel.pp
+        if tp * dp * pp != world_size:
+            raise ConfigError("parallel.tp*parallel.dp*parallel.pp",
+                              f"{tp}*{dp}*{pp}={tp * dp * pp}",
+                              f"must equal the {world_size} ranks of this job")
+        presets = self.device.rank_presets
+        if presets and len(presets) != world_size:
+            raise ConfigError("device.rank_presets", list(presets),
+                              f"one preset per rank: {world_size} entries")
+        kinds = {resolve_device(self, r).kind for r in range(len(presets))} if presets else set()
+        if len(kinds) > 1:
+            raise ConfigError("device.rank_presets", list(presets),
+                              "GPU and Sunway ranks cannot share a job: their collective rings "
+                              "would cross two interconnects that have no common link model; "
+                              "use presets of one kind")
+
+        self.network_of(world_size)
+
+    def _check_debug(self, world_size: int) -> None:
+        """An injected fault must name a rank of the job and a point the run reaches."""
+        d = self.debug
+        if d.fail_rank == -1:
+            return
+        if not 0 <= d.fail_rank < world_size:
+            raise ConfigError("debug.fail_rank", d.fail_rank,
+                              f"-1 (none) or a rank of this job, 0..{world_size - 1}")
+        points = {"train": self.run.iterations,
+                  "collectives": len(self.collectives.ops) * len(self.collectives.sizes)
+                  }.get(self.run.kind)
+        if d.fail_iteration < 0 or (points is not None and d.fail_iteration >= points):
+            allowed = f"0..{points - 1}" if points is not None else ">= 0"
+            raise ConfigError("debug.fail_iteration", d.fail_iteration,
+                              f"a point the run reaches: {allowed}")
+        if d.fail_at == "collective" and world_size == 1:
+            raise ConfigError("debug.fail_at", "collective", "needs a job of more than one "
+                              "rank (a single rank sends no message)")
+
+    def network_of(self, world_size: int, hosts: Sequence[str] = ()) -> Network:
+        """The job's network over its devices (rank 0's device names the default preset).
+
+        `hosts` (each rank's host name): a job that really spans several hosts, with no
+        `network.devices_per_node` in its config (the config wins when given), is emulated
+        on its real placement (`Network.placement`: the node of rank r is its host's index)
+        when the network is hierarchical and the hosts hold equal numbers of ranks."""
+        spec = resolve_network(self, resolve_device(self, 0))
+        g = spec.devices_per_node
+        try:
+            net = Network(spec, world_size, self._placement(spec.topology, hosts))
+        except ValueError as exc:
+            field = "network.devices_per_node" if g and world_size % g else "network.topology"
+            value = g if field.endswith("node") else spec.topology
+            raise ConfigError(field, value, str(exc).split("; ", 1)[-1]) from None
+        self._check_algorithm(net, world_size)
+        return net
+
+    def _placement(self, topology: str, hosts: Sequence[str]) -> tuple[int, ...]:
+        names = list(dict.fromkeys(hosts))
+        if self.network.devices_per_node != -1 or len(names) < 2 or \
+                topology != "hierarchical" or len({hosts.count(h) for h in names}) > 1:
+            return ()
+        return tuple(names.index(h) for h in hosts)
+
+    def _check_algorithm(self, net: Network, world_size: int) -> None:
+        """`collectives.algorithm` must run on every group that all-reduces with it."""
+        algo = self.collectives.algorithm
+        if not algo:
+            return
+        tp = self.parallel.tp
+        groups = {"tp": [list(range(d * tp, (d + 1) * tp)) for d in range(world_size // tp)],
+                  "dp": [list(range(t, world_size, tp)) for t in range(tp)]}
+        names = [self.collectives.group] if self.run.kind == "collectives" else ["tp", "dp"]
+        for name in names:
+            for devs in groups[name]:
+                ok = allowed_on(net, devs, "all_reduce")
+                if len(devs) > 1 and algo not in ok:
+                    raise ConfigError("collectives.algorithm", algo,
+                                      f"the {name} group {devs[:4]}{'...' if len(devs) > 4 else ''}"
+                                      f" on network {net.spec.name} can run {ok}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return as_table(self)  # type: ignore[no-any-return]
+
+    def config_hash(self) -> str:
+        blob = json.dumps(self.as_dict(), sort_keys=True).encode()
+        return sha256_hex(blob)[:16]
+
+
+def load_workload(path: str | Path | None, overrides: Sequence[str] = ()) -> Workload:
+    """Read a workload TOML (or start from defaults), apply `--set` overrides, validate."""
+    table: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            raise ConfigError("workload", str(path), "an existing .toml file")
+        if not p.is_file():
+            raise ConfigError("workload", str(path), "a .toml file (this is a directory)")
+        try:
+            with p.open("rb") as f:
+                table = tomllib.load(f)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError("workload", str(path), f"valid TOML ({exc})") from None
+        except UnicodeDecodeError:
+            raise ConfigError("workload", str(path), "a UTF-8 TOML file") from None
+        except (OSError, RecursionError) as exc:
+            raise ConfigError("workload", str(path),
+                              f"a readable TOML file ({type(exc).__name__})") from None
+        table.setdefault("name", p.stem)
+    for item in overrides:
+        keys, value = parse_override(item)
+        apply_override(table, keys, value)
+    _gather_overrides(table, "device", {f.name for f in fields(DeviceSection)})
+    _gather_overrides(table, "network", {f.name for f in fields(NetworkSection)})
+    return from_table(Workload, table, "")
+
+
+def resolve_device(w: Workload, rank: int = 0) -> DeviceSpec:
+    """The DeviceSpec a rank plays: its preset, the [device] overrides and scale knobs."""
+    name = w.device.preset_of(rank)
+    try:
+        return apply_overrides(load_device(name), w.device.overrides)  # type: ignore[no-any-return]
+    except PresetError as exc:
+        raise ConfigError("device.preset", name, str(exc)) from None
+    except CapError as exc:
+        raise ConfigError(exc.field, exc.value, exc.allowed) from None
+
+
+def resolve_network(w: Workload, device: DeviceSpec) -> NetworkSpec:
+    """The job's NetworkSpec: [network] preset (else the device's), node size, topology and
+    overrides applied."""
+    net = w.network
+    name = net.preset or device.network
+    if not name:
+        raise ConfigError("network.preset", "", f"device {device.name} names no network; "
+                          f"choose one of {list_networks()}")
+    try:
+        spec = load_network(name)
+        extra: dict[str, Any] = dict(net.overrides)
+        if net.devices_per_node >= 0:
+            extra["devices_per_node"] = net.devices_per_node
+        spec = apply_overrides(spec, extra, root="network")
+        return replace(spec, topology=net.topology) if net.topology else spec
+    except PresetError as exc:
+        raise ConfigError("network.preset", name, str(exc)) from None
+    except CapError as exc:
+        raise ConfigError(exc.field, exc.value, exc.allowed) from None
+    except ValueError as exc:
+        raise ConfigError("network", name, str(exc)) from None

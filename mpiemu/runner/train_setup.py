@@ -1,0 +1,224 @@
+"""Training workloads before they run: the resolved model and micro-batch sizes, every check of
+the configuration (grid divisibility, pipeline, memory fit, device kinds) and the memory a
+rank of each pipeline stage needs. Every refusal is one line naming the field, the value and
+what is allowed."""
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+from ..devices.presets import list_presets, load_device
+from ..devices.specs import dtype_bytes
+from ..model.config import ModelConfig, divisors
+from ..executors.gpu import Dims
+from ..training.grad_buffer import GradBuffer, megatron_optimizer
+from ..training.memory import GIB, Layout, MemoryReport, host_bytes, memory_report
+from ..model.stage import make_dims
+from ..overlap.api import STRATEGY_IMPLS
+from ..config.workload import Workload, resolve_device
+from ..config.errors import ConfigError
+from ..config.overlap_check import check_overlap_devices
+
+HOST_MEMORY_SHARE = 0.8    # a numerics run may use this share of the host's memory
+
+
+def _fmt(xs: list[int]) -> str:
+    return "{" + ", ".join(str(x) for x in xs) + "}"
+
+
+def resolve(w: Workload) -> tuple[ModelConfig, int, Dims]:
+    """The padded model, the global batch and one micro-batch's local sizes."""
+    tp, dp = w.parallel.tp, w.parallel.dp
+    cfg = w.model.resolve().for_tp(tp)
+    gb = w.train.global_batch or w.model.preset_global_batch()
+    mb = w.train.micro_batch or max(gb // dp, 1)
+    return cfg, gb, make_dims(cfg, tp, mb, w.parallel.sequence_parallel)
+
+
+def micro_batches(w: Workload) -> int:
+    """Micro-batches per DP rank per step: global batch / (micro-batch x DP)."""
+    _, gb, dims = resolve(w)
+    return _micro_count(w, gb, dims)
+
+
+def _micro_count(w: Workload, global_batch: int, dims: Dims) -> int:
+    return max(global_batch // (w.parallel.dp * dims.batch), 1)
+
+
+def validate(w: Workload, world_size: int) -> None:
+    """Divisibility of the model by the grid, memory fit, strategy: before any message."""
+    tp, dp, sp = w.parallel.tp, w.parallel.dp, w.parallel.sequence_parallel
+    cfg = w.model.resolve()
+    ok_tp = [t for t in divisors(cfg.heads) if cfg.ffn_hidden % t == 0]
+    if cfg.heads % tp:
+        raise ConfigError("parallel.tp", tp, f"does not divide model.heads={cfg.heads}; "
+                          f"choose tp in {_fmt(ok_tp)}")
+    if cfg.hidden % tp or cfg.ffn_hidden % tp:
+        raise ConfigError("parallel.tp", tp, f"does not divide model.hidden={cfg.hidden} and "
+                          f"model.ffn_hidden={cfg.ffn_hidden}; choose tp in {_fmt(ok_tp)}")
+    if sp and cfg.seq_len % tp:
+        raise ConfigError("model.seq_len", cfg.seq_len, f"is not divisible by parallel.tp={tp} "
+                          "under parallel.sequence_parallel; choose tp in "
+                          f"{_fmt([t for t in ok_tp if cfg.seq_len % t == 0])} or a seq_len "
+                          f"that is a multiple of {tp}")
+    gb = w.train.global_batch or w.model.preset_global_batch()
+    if gb % dp:
+        raise ConfigError("train.global_batch", gb, f"is not divisible by parallel.dp={dp}; "
+                          f"choose dp in {_fmt(divisors(gb))} or a global batch that is a "
+                          f"multiple of {dp}")
+    _validate_pipeline(w, cfg.layers, gb)
+    if w.train.check_reference and w.run.numerics != "on":
+        raise ConfigError("train.check_reference", True, "needs run.numerics='on' (real values)")
+    if w.overlap.strategy not in STRATEGY_IMPLS:
+        raise ConfigError("overlap.strategy", w.overlap.strategy, sorted(STRATEGY_IMPLS))
+    _validate_sunway(w)
+    _validate_kernels(w)
+    _validate_update_unit(w)
+    if resolve_device(w).kind == "gpu":
+        check_overlap_devices(w, [w.overlap.strategy], "overlap.strategy")
+    _validate_memory(w, world_size)
+
+
+def _validate_pipeline(w: Workload, layers: int, gb: int) -> None:
+    """Stages split the layers evenly; micro-batches split each DP rank's batch; the
+    interleaved schedule runs micro-batches in groups of pp (Megatron-LM's requirement)."""
+    par, mb = w.parallel, w.train.micro_batch
+    pp, v = par.pp, par.virtual_stages
+    if layers % pp:
+        raise ConfigError("parallel.pp", pp, f"does not divide model.layers={layers}; "
+                          f"choose pp in {_fmt(divisors(layers))}")
+    if layers % (pp * v):
+        ok = [x for x in divisors(layers // pp) if x > 1]
+        raise ConfigError("parallel.virtual_stages", v, f"pp x virtual_stages = {pp * v} "
+                          f"does not divide model.layers={layers}; " +
+                          (f"choose virtual_stages in {_fmt(ok)}" if ok else
+                           f"{layers // pp} layer(s) per stage cannot be split; use "
+                           "parallel.schedule='1f1b'"))
+    per_dp = gb // par.dp
+    if mb and per_dp % mb:
+        raise ConfigError("train.micro_batch", mb, f"does not divide the {per_dp} sequences "
+                          f"of each DP rank (global batch {gb} / dp {par.dp}); choose one of "
+                          f"{_fmt(divisors(per_dp))}")
+    m = per_dp // (mb or per_dp)
+    if par.schedule == "interleaved" and (m % pp or m < pp):
+        ok = [b for b in divisors(per_dp) if (per_dp // b) % pp == 0]
+        raise ConfigError("train.micro_batch", mb, f"gives {m} micro-batches per DP rank; the "
+                          f"interleaved schedule needs a multiple of parallel.pp={pp}; choose "
+                          f"micro_batch in {_fmt(ok)}")
+    if resolve_device(w).kind == "sunway" and w.train.recompute == "selective":
+        raise ConfigError("train.recompute", "selective", "Sunway ranks charge a layer as one "
+                          "CG schedule; use 'none' or 'full'")
+
+
+def _validate_sunway(w: Workload) -> None:
+    """Sunway ranks: a matching preset, all-reduce TP (SWA 3.1) and no GPU overlap model."""
+    spec = resolve_device(w)
+    if spec.kind != "sunway":
+        return
+    w.sunway.check_device(spec.kind, spec.compute_units)
+    if w.parallel.sequence_parallel:
+        raise ConfigError("parallel.sequence_parallel", True, "Sunway ranks model Megatron TP "
+                          "with all-reduces (SWattention / SwFormer); set it to false")
+    if w.overlap.strategy != "sequential":
+        raise ConfigError("overlap.strategy", w.overlap.strategy, "Sunway ranks run GEMM and "
+                          "all-reduce in sequence (T3 is a GPU memory-system design); use "
+                          "'sequential'")
+
+
+def _validate_kernels(w: Workload) -> None:
+    """Fused epilogues ride on the plain GEMM; the overlapped all-gather GEMM (SP) has none."""
+    if w.train.fuse_epilogues and w.parallel.sequence_parallel and w.parallel.tp > 1:
+        raise ConfigError("train.fuse_epilogues", True, "needs parallel.sequence_parallel="
+                          "false (the all-gather -> GEMM of SP has no epilogue model)")
+    if resolve_device(w).kind == "sunway" and (w.train.fuse_epilogues or
+                                                w.model.resolve().attention in ("sd", "sdf")):
+        raise ConfigError("model.attention" if not w.train.fuse_epilogues
+                          else "train.fuse_epilogues", w.model.resolve().attention
+                          if not w.train.fuse_epilogues else True,
+                          "GPU kernels; Sunway ranks use [sunway] attention and scheduling")
+
+
+def _validate_update_unit(w: Workload) -> None:
+    """optimizer.on = "nmc" needs near-bank compute ([nmc]) on every rank's device."""
+    if w.optimizer.on != "nmc":
+        return
+    for r in range(len(w.device.rank_presets) or 1):
+        spec = resolve_device(w, r)
+        if spec.nmc is None:
+            have = [n for n in list_presets() if load_device(n).nmc is not None]
+            raise ConfigError("optimizer.on", "nmc", f"needs near-bank compute: device "
+                              f"{spec.name} has no [nmc] section (presets with one: "
+                              f"{', '.join(have)})")
+
+
+def grad_buffer(w: Workload, kind: str) -> GradBuffer | None:
+    """Megatron-LM's `main_grad` buffer, where a GPU rank (`kind`) trains as Megatron's
+    mixed-precision stack (`training.grad_buffer`); Sunway ranks and the thesis's LAMB keep none."""
+    if kind == "sunway" or not megatron_optimizer(w.optimizer):
+        return None
+    return GradBuffer.megatron(w.run.emulated_dtype, w.train.grad_accumulation_fusion)
+
+
+def layout(w: Workload, stage: int, micro: int | None = None) -> Layout:
+    """The memory-relevant placement and step of a rank of pipeline stage `stage`
+    (`micro`: the micro-batch count, when the caller has it)."""
+    par = w.parallel
+    return Layout(pp=par.pp, stage=stage, chunks=par.virtual_stages, schedule=par.schedule,
+                  micro_batches=micro or micro_batches(w), recompute=w.train.recompute,
+                  dp=par.dp, distributed=w.optimizer.distributed)
+
+
+def stage_memories(w: Workload, capacity_bytes: float, stages: Sequence[int]
+                   ) -> list[MemoryReport]:
+    """The memory of a rank of each of these pipeline stages (the model resolved once)."""
+    cfg, gb, dims = resolve(w)
+    micro = _micro_count(w, gb, dims)
+    e = dtype_bytes(w.run.emulated_dtype)
+    buf = grad_buffer(w, resolve_device(w).kind)      # gradients kept in its dtype, if any
+    grad_bytes = buf.main if buf is not None else 0
+    return [memory_report(cfg, dims, e, capacity_bytes,
+                          layout(w, s, micro)._replace(grad_bytes=grad_bytes)) for s in stages]
+
+
+def train_memory(w: Workload, capacity_bytes: float, stage: int) -> MemoryReport:
+    return stage_memories(w, capacity_bytes, [stage])[0]
+
+
+def _validate_memory(w: Workload, world_size: int) -> None:
+    cfg, gb, dims = resolve(w)
+    spec = resolve_device(w)
+    reps = stage_memories(w, spec.dram_capacity_bytes, range(w.parallel.pp))
+    stage = max(range(len(reps)), key=lambda s: reps[s].total_bytes)
+    if not reps[stage].fits and w.train.memory_check == "error":
+        where = f" (pipeline stage {stage}, the fullest)" if w.parallel.pp > 1 else ""
+        raise ConfigError("model.preset", w.model.preset,
+                          f"does not fit on {spec.name} at tp={w.parallel.tp}, "
+                          f"pp={w.parallel.pp}: {reps[stage].line()} per rank{where}; raise "
+                          "parallel.tp or parallel.pp, lower train.micro_batch, set "
+                          "parallel.sequence_parallel=true, train.recompute, "
+                          "optimizer.distributed=true or model.attention='flash', or "
+                          "train.memory_check='warn' to emulate it anyway")
+    if w.run.numerics == "on":
+        item = 8 if w.run.numeric_dtype == "fp64" else 4
+        micro = _micro_count(w, gb, dims)
+        per_stage = [host_bytes(cfg, dims, item, layout(w, s, micro))
+                     for s in range(w.parallel.pp)]
+        need = sum(per_stage) * world_size / w.parallel.pp
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * HOST_MEMORY_SHARE
+        if need > have:
+            raise ConfigError("run.numerics", "on", f"needs ~{need / GIB:.1f} GiB of host "
+                              f"memory for {world_size} ranks, this host has {have / GIB:.1f} "
+                              "GiB to spare; use run.numerics='off' (timing only) or a "
+                              "smaller model")
+
+
+def reference_tolerance(w: Workload) -> float:
+    """The check's relative tolerance: given, or by the numeric dtype.
+
+    fp32: Adam / LAMB normalize gradients, so a gradient that is pure rounding noise (the key
+    bias: softmax is shift invariant) still moves its weight by up to lr; those moves differ
+    between orders of summation at ~1e-4 of the fused QKV bias' scale.
+    """
+    if w.train.reference_rtol:
+        return w.train.reference_rtol
+    return 1e-10 if w.run.numeric_dtype == "fp64" else 1e-3

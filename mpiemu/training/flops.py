@@ -1,0 +1,44 @@
+"""Model and hardware FLOPs of one training iteration, as the Megatron-LM papers count them.
+
+Only GEMMs count (Korthikanti et al. 2022, Appendix A; Narayanan et al. 2021, 5.1): per
+token and layer the forward runs 2(3h h + h h + 2 h f) for QKV, projection and the MLP and
+2(2 s h) for the scores and the attention over V (no causal discount), plus 2 h V for the
+logits; backward costs twice the forward. With f = 4h this is Eq. 7,
+72 B s L h^2 (1 + s/(6h) + V/(12 h L)). Hardware FLOPs add what recomputation runs again,
+as the papers count it: selective, Eq. 8, 72 B s L h^2 (1 + s/(3h) + V/(12 h L)), i.e.
+three times the attention core's forward GEMMs more (the recomputed forward GEMMs alone
+are one time: Eq. 8 is what Megatron's HFU figures use, so we follow it); full, every
+layer's forward again (Narayanan et al. 2021 Eq. 3, 96 B s L h^2 (1 + s/(6h) +
+V/(16 h L))). MFU = model FLOPs / (time x devices x peak), HFU the same with hardware FLOPs.
+"""
+from __future__ import annotations
+
+from ..model.config import ModelConfig
+
+
+def layer_forward_flops(cfg: ModelConfig, tokens: int) -> tuple[float, float]:
+    """(GEMM FLOPs of one layer's forward, of which the attention core) for `tokens`."""
+    h, f, s = cfg.hidden, cfg.ffn_hidden, cfg.seq_len
+    core = 2.0 * 2 * s * h * tokens
+    return 2.0 * (4 * h * h + 2 * h * f) * tokens + core, core
+
+
+def model_flops(cfg: ModelConfig, global_batch: int) -> float:
+    """Forward + backward GEMM FLOPs of one iteration (Korthikanti et al. 2022 Eq. 7)."""
+    tokens = global_batch * cfg.seq_len
+    layer, _ = layer_forward_flops(cfg, tokens)
+    return 3.0 * (cfg.layers * layer + 2.0 * cfg.hidden * cfg.padded_vocab * tokens)
+
+
+def hardware_flops(cfg: ModelConfig, global_batch: int, recompute: str) -> float:
+    """Model FLOPs plus what recomputation runs again (Korthikanti Eq. 8; Narayanan Eq. 3)."""
+    tokens = global_batch * cfg.seq_len
+    layer, core = layer_forward_flops(cfg, tokens)
+    extra = {"none": 0.0, "selective": 3.0 * core, "full": layer}[recompute]
+    return model_flops(cfg, global_batch) + cfg.layers * extra
+
+
+def utilization(flops: float, iteration_s: float, devices: int, peak_flops_per_s: float
+                ) -> float:
+    """Achieved share of the devices' peak: flops / (time x devices x peak)."""
+    return flops / (iteration_s * devices * peak_flops_per_s)

@@ -1,0 +1,191 @@
+"""Per-rank memory in the emulated dtype: parameters, gradients, optimizer, activations.
+
+Activations are counted from what the layers actually keep for backward (`layers.py`,
+`attention.py`, `model.py`): a test checks these counts against the arrays a numerics run
+stores. Per layer that is Korthikanti et al. 2022's Table 2 (2-byte values) plus the fp32
+LayerNorm statistics: sbh(10 + 24/t + 5as/(ht)) with TP, sbh/t (34 + 5as/h) with TP + SP
+(the column-parallel inputs are kept as sequence shards and gathered again in backward),
+34 sbh/t with selective recomputation (no S x S tensors) and the layer input alone, 2sbh/t,
+with full recomputation. A pipeline stage holds one such set per micro-batch in flight, as
+many as its schedule has run forwards ahead of backwards (`model.pipeline_schedules.in_flight`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+from ..model.config import ModelConfig
+from ..executors.gpu import Dims
+from ..model.ops import MASK_BYTES, STAT_BYTES
+from .optimizer import state_bytes_per_param
+from ..model.pipeline_schedules import order
+from ..model.stage import edge_names
+from ..model.shard import local_params
+
+GIB = 2.0**30
+
+
+@dataclass(frozen=True)
+class Stored:
+    """Elements kept for backward: activations (emulated dtype), fp32 statistics, masks."""
+
+    act: int = 0
+    stats: int = 0
+    masks: int = 0
+
+    def __add__(self, o: "Stored") -> "Stored":
+        return Stored(self.act + o.act, self.stats + o.stats, self.masks + o.masks)
+
+    def bytes(self, e: int) -> int:
+        return self.act * e + self.stats * STAT_BYTES + self.masks * MASK_BYTES
+
+
+def layer_stored(cfg: ModelConfig, d: Dims, recompute: str = "none") -> Stored:
+    """What one layer keeps (pre- or post-LN alike): per sub-layer LN input and statistics,
+    the input of the column-parallel GEMM (a sequence shard under SP), and the sub-layer's
+    own tensors; under `full` recomputation only the layer's input."""
+    t, ts, h, w = d.rows, d.shard_rows, d.hidden, d.attn_width
+    if recompute == "full":
+        return Stored(act=ts * h)
+    scores = d.batch * d.heads * d.seq * d.seq
+    drop = cfg.hidden_dropout > 0
+    s = Stored(act=4 * ts * h, stats=4 * ts, masks=2 * ts * h if drop else 0)
+    s += Stored(act=3 * t * w + t * w)                        # q, k, v and the context
+    if cfg.attention == "flash":
+        s += Stored(stats=d.batch * d.heads * d.seq)          # row log-sum-exp only
+    elif recompute == "none":                                  # baseline, sd, sdf keep y
+        pdrop = cfg.attention_dropout > 0
+        s += Stored(act=scores * (2 if pdrop else 1), masks=scores if pdrop else 0)
+    return s + Stored(act=2 * t * d.ffn)                      # GeLU input and output
+
+
+def embed_stored(cfg: ModelConfig, d: Dims) -> Stored:
+    """What the first virtual stage keeps per micro-batch (post-LN norm; dropout mask)."""
+    ts, h = d.shard_rows, d.hidden
+    s = Stored(act=ts * h, stats=2 * ts) if cfg.norm == "post" else Stored()
+    return s + (Stored(masks=ts * h) if cfg.hidden_dropout > 0 else Stored())
+
+
+def head_stored(cfg: ModelConfig, d: Dims) -> Stored:
+    """What the last virtual stage keeps per micro-batch: final norm (pre-LN), the head's
+    input (a sequence shard under SP), logits and their log-sum-exp."""
+    t, ts, h = d.rows, d.shard_rows, d.hidden
+    s = Stored(act=ts * h, stats=2 * ts) if cfg.norm == "pre" else Stored()
+    return s + Stored(act=ts * h + t * d.vocab, stats=t)
+
+
+def edge_stored(cfg: ModelConfig, d: Dims) -> Stored:
+    """Embedding plus LM head: what a one-stage model keeps beside its layers."""
+    return embed_stored(cfg, d) + head_stored(cfg, d)
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Bytes per rank against the device's capacity."""
+
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    capacity_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes \
+            + self.activations_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.capacity_bytes
+
+    def line(self) -> str:
+        unit, scale = ("GiB", GIB) if self.total_bytes >= GIB / 10 else ("MiB", 2.0**20)
+        g = [x / scale for x in (self.params_bytes, self.grads_bytes, self.optimizer_bytes,
+                                 self.activations_bytes, self.total_bytes)]
+        return (f"params {g[0]:.3g} + grads {g[1]:.3g} + optimizer {g[2]:.3g} + activations "
+                f"{g[3]:.3g} = {g[4]:.3g} {unit} of {self.capacity_bytes / GIB:.3g} GiB "
+                f"({'fits' if self.fits else 'does NOT fit'})")
+
+
+class Layout(NamedTuple):
+    """Where a rank sits in the pipeline and how its step runs: what its memory depends on
+    beyond the shapes."""
+
+    pp: int = 1
+    stage: int = 0
+    chunks: int = 1
+    schedule: str = "1f1b"
+    micro_batches: int = 1
+    recompute: str = "none"
+    dp: int = 1
+    distributed: bool = False       # ZeRO-1: fp32 master weights and states sharded over DP
+    grad_bytes: int = 0             # a gradient element (Megatron's buffer); 0: the dtype's
+
+
+def local_param_count(cfg: ModelConfig, tp: int, lay: Layout = Layout()) -> int:
+    """Elements a rank of stage `lay.stage` holds: one layer's count times its layers, plus
+    its embedding / head tensors (the cost grows with neither the layers nor the stages)."""
+    params = list(local_params(replace(cfg, layers=1), tp))
+    edge = edge_names(lay.pp, lay.stage)
+    per_layer = sum(lp.size for lp in params if lp.layer == 0)
+    edges = sum(lp.size for lp in params if lp.layer == -1 and lp.name in edge)
+    return edges + per_layer * cfg.layers // lay.pp
+
+
+def stage_activations(cfg: ModelConfig, d: Dims, e: int, lay: Layout = Layout()) -> Stored:
+    """What the stage keeps at its peak: every chunk's micro-batches in flight under the
+    schedule (1F1B stage i: p - i; GPipe: all m), each with its layers (and embedding or
+    head on the first or last virtual stage)."""
+    per_layer = layer_stored(cfg, d, lay.recompute)
+    n = cfg.layers // (lay.pp * lay.chunks)
+    chunk = []
+    for c in range(lay.chunks):
+        s = Stored(n * per_layer.act, n * per_layer.stats, n * per_layer.masks)
+        if c == 0 and lay.stage == 0:
+            s += embed_stored(cfg, d)
+        if c == lay.chunks - 1 and lay.stage == lay.pp - 1:
+            s += head_stored(cfg, d)
+        chunk.append(s)
+    # plain ints in the loop (a 512-micro-batch schedule of 64 stages is 65k steps)
+    sizes = [(x.act, x.stats, x.masks, x.bytes(e)) for x in chunk]
+    act = stats = masks = live = 0
+    peak, peak_bytes = Stored(), 0
+    for ps in order(lay.schedule, lay.pp, lay.stage, lay.micro_batches, lay.chunks):
+        da, ds, dm, db = sizes[ps.chunk]
+        sign = 1 if ps.kind == "F" else -1
+        act, stats, masks = act + sign * da, stats + sign * ds, masks + sign * dm
+        live += sign * db
+        if live > peak_bytes:
+            peak, peak_bytes = Stored(act, stats, masks), live
+    return peak
+
+
+def memory_report(cfg: ModelConfig, d: Dims, e: int, capacity_bytes: float,
+                  lay: Layout = Layout()) -> MemoryReport:
+    """Parameters and gradients in the emulated dtype, fp32 master + Adam/LAMB states
+    (sharded over DP by the distributed optimizer), activations at the stage's peak."""
+    n = local_param_count(cfg, d.tp, lay)
+    states = n * state_bytes_per_param(e) / (lay.dp if lay.distributed else 1)
+    acts = stage_activations(cfg, d, e, lay).bytes(e)
+    return MemoryReport(n * e, n * (lay.grad_bytes or e), states, acts, capacity_bytes)
+
+
+# Host memory of a numerics run beyond what it stores: the process itself (Python, numpy,
+# mpi4py, h5py: 63 MiB measured) and backward's transient arrays, about TRANSIENT_ROWS
+# [rows, hidden] tensors plus TRANSIENT_SCORES score-sized ones (scores, probabilities and
+# their gradient; none with flash attention). CALIBRATED: the two counts were fitted on
+# the peak RSS of three tiny-GPT runs (tp=2, fp64: H 512 / 1024 / 2048, seq 256 / 512 / 512)
+# and are judged on other shapes in tests/test_nn_memory.py::test_host_estimate_*.
+PROCESS_BYTES = 63 * 2**20
+TRANSIENT_ROWS = 10
+TRANSIENT_SCORES = 3
+
+
+def host_bytes(cfg: ModelConfig, d: Dims, itemsize: int, lay: Layout = Layout()) -> float:
+    """Host memory a numerics run of this rank needs at its peak: weights, grads, m, v,
+    stored activations, backward's transients and the process itself."""
+    n = local_param_count(cfg, d.tp, lay)
+    stored = stage_activations(cfg, d, itemsize, lay).act
+    scores = 0 if cfg.attention == "flash" else d.batch * d.heads * d.seq * d.seq
+    transient = TRANSIENT_ROWS * d.rows * d.hidden + TRANSIENT_SCORES * scores
+    return (4 * n + stored + transient) * itemsize + PROCESS_BYTES

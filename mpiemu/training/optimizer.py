@@ -1,0 +1,207 @@
+"""Adam and LAMB on a rank's parameter shards, fp32 master weights and states.
+
+Each rank updates only its shard (thesis 4.5.1: LAMB work splits evenly under TP). Norms
+that span a tensor split over TP ranks are partial sums all-reduced over TP: the global
+gradient norm (clipping, and LAMB, thesis 4.2.3: it must finish before any update) and
+LAMB's per-tensor ||w|| and ||update|| (trust ratio, You et al. 2020). Replicated tensors
+count once (on TP rank 0) in the global norm. Charged per layer as fused multi-tensor
+kernels; bytes follow thesis 4.3 / Fig. 6.2 (LAMB touches 13 values per parameter).
+With `optimizer.on = "nmc"` the same math is charged as near-bank compute (`devices/nmc.py`,
+thesis ch. 6): the global gradient norm stays on the GPU, every other phase runs on the
+DRAM banks' ALUs (`optim.nmc.<phase>`), LAMB's per-tensor norms end with one GPU reduction
+of the banks' partial sums (`optim.nmc.norms.reduce`).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Callable, Iterator
+
+import numpy as np
+
+from ..comm.collectives import all_reduce_scalars
+from ..comm.p2p import TimedComm
+from ..devices import nmc
+from .adam import (LAMB1_FLOPS, MASTER_BYTES, adam_cost, adam_direction, charge_passes,
+                   clip_coeff, mixed_precision_passes)
+from .buckets import GradBuckets
+from ..model.config import OptimizerConfig
+from ..executors.gpu import Engine
+from .grad_buffer import megatron_optimizer
+from ..model.layers import Params
+from ..model.ops import Cost
+from ..model.shard import LocalParam
+from .distributed_optimizer import DistributedAdam
+
+
+
+def _arrays(d: Params) -> dict[str, np.ndarray]:
+    """The real arrays of a numerics run (empty on shapes alone)."""
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def state_bytes_per_param(e: int) -> int:
+    """fp32 master copy (when the emulated dtype is narrower) plus Adam/LAMB m and v."""
+    return (MASTER_BYTES if e < MASTER_BYTES else 0) + 2 * MASTER_BYTES
+
+
+class ShardedOptimizer:
+    """One optimizer step over a rank's local parameters (numerics and charges)."""
+
+    def __init__(self, opt: OptimizerConfig, specs: list[LocalParam], eng: Engine,
+                 tp_rank: int, P: Params, norm: TimedComm | None = None,
+                 counted: Callable[[LocalParam], bool] | None = None,
+                 buckets: GradBuckets | None = None) -> None:
+        self.opt, self.specs, self.E, self.tp_rank = opt, specs, eng, tp_rank
+        # the global gradient norm: summed over one model replica (TP x PP ranks), every
+        # tensor once (replicated ones on TP rank 0, the tied table on the first stage)
+        self.norm_comm = norm if norm is not None else eng.tp
+        self.counted = counted or (lambda lp: lp.tp_split or tp_rank == 0)
+        self.zero: DistributedAdam | None = None
+        if opt.distributed and buckets is not None and buckets.dp.size > 1:
+            self.zero = DistributedAdam(opt, specs, eng, buckets, self.norm_of, self.counted)
+        self.m = {n: None if w is None else np.zeros_like(w) for n, w in P.items()}
+        self.v = {n: None if w is None else np.zeros_like(w) for n, w in P.items()}
+        self.steps = 0
+        self.by_layer: dict[int, list[LocalParam]] = defaultdict(list)
+        for lp in specs:
+            self.by_layer[lp.layer].append(lp)
+        self.on_nmc = opt.on == "nmc"
+        # Adam on the GPU runs as Megatron-LM's mixed-precision optimizer: fp32 gradients,
+        # with the memory passes around the update (`adam.mixed_precision_passes`)
+        self.fp32_grads = megatron_optimizer(opt)
+        e = eng.e
+        self.accesses = nmc.update_accesses(opt.name, e, e if e < MASTER_BYTES else 0)
+
+    def _charge(self, phase: str, lps: list[LocalParam], cost: Cost) -> None:
+        """One phase of one layer: a GPU kernel, or NMC work on the banks (thesis ch. 6)."""
+        E = self.E
+        if not self.on_nmc:
+            E.kernel(f"optim.{self.opt.name}" + ("" if phase == "adam" else f".{phase}"), cost)
+            return
+        t = nmc.phase_s(E.model.spec, self.accesses, phase, [lp.size for lp in lps])
+        E.t = E.tl.reserve(f"optim.nmc.{phase}", ["compute"], t, E.t, flops=cost.flops).t_end
+
+    def _reduce_partial_sums(self) -> None:
+        """NMC: the GPU reduces the banks' partial sums of LAMB's per-tensor norms (6.3)."""
+        if self.on_nmc:
+            t, nbytes = nmc.partial_sums(self.E.model.spec, 2 * len(self.specs))
+            self.E.t = self.E.tl.reserve("optim.nmc.norms.reduce", ["compute"], t, self.E.t,
+                                         dram_bytes=nbytes).t_end
+
+    def _layers(self) -> Iterator[tuple[int, list[LocalParam], int]]:
+        for layer in sorted(self.by_layer):
+            lps = self.by_layer[layer]
+            with self.E.tl.labelled(layer=layer):
+                yield layer, lps, sum(lp.size for lp in lps)
+
+    def step(self, P: Params, G: Params) -> None:
+        """Clip by the global gradient norm if asked, then Adam or LAMB on every shard."""
+        self.steps += 1
+        if self.zero is not None:          # ZeRO-1: this DP rank's shares of the buckets
+            self.zero.step(P)
+            return
+        before, after = mixed_precision_passes([lp.size for lp in self.specs], self.E.e,
+                                               self.E.dtype) if self.fp32_grads else ([], [])
+        charge_passes(self.E, before)
+        if self.opt.needs_global_norm or self.opt.name == "lamb":
+            self._clip(G, self._global_norm(G))
+        if self.opt.name == "adam":
+            self._adam(_arrays(P), _arrays(G))
+        else:
+            self._lamb(_arrays(P), _arrays(G))
+        charge_passes(self.E, after)
+
+    def _global_norm(self, G: Params) -> float:
+        n = sum(lp.size for lp in self.specs)
+        sq = None
+        if self.E.on:     # TP-split tensors on every rank, replicated ones counted once
+            own = [G[lp.name] for lp in self.specs if self.counted(lp)]
+            sq = np.array([sum(float((g * g).sum()) for g in own if g is not None)])
+        return self.norm_of(sq, n)
+
+    def norm_of(self, sq: np.ndarray | None, n: int) -> float:
+        """The global norm from this rank's sum of squares over its n gradient elements: the
+        squaring kernel (over Adam's fp32 gradients, `mixed_precision_passes`; LAMB's as the
+        model holds them), then sqrt of the sums over the norm group (one fp32 all-reduce)."""
+        E = self.E
+        grad_bytes = MASTER_BYTES if self.fp32_grads else E.e
+        E.kernel("optim.grad_norm", Cost(2 * n, n * grad_bytes, MASTER_BYTES), None)
+        if self.norm_comm.size == 1:
+            return float(np.sqrt(sq[0])) if sq is not None else 0.0
+        total, span = all_reduce_scalars(self.norm_comm, sq, after=E.t, count=1,
+                                         wire_itemsize=MASTER_BYTES,
+                                         label="optim.grad_norm.ar")
+        E.t = span.t_end
+        return float(np.sqrt(total[0])) if total is not None else 0.0
+
+    def _clip(self, G: Params, norm: float) -> None:
+        if self.opt.clip_grad_norm <= 0 or not self.E.on:
+            return
+        coeff = clip_coeff(self.opt, norm)
+        if coeff < 1.0:
+            for k, g in G.items():
+                if g is not None:
+                    G[k] = g * coeff
+
+    def _moments(self, name: str, w: np.ndarray, g: np.ndarray, decay: bool) -> np.ndarray:
+        """Adam's bias-corrected step (plus decoupled weight decay), as the reference."""
+        o = self.opt
+        m, v = self.m[name], self.v[name]
+        assert m is not None and v is not None
+        step = adam_direction(o, self.steps, m, v, g)
+        if decay and o.weight_decay > 0:
+            step = step + o.weight_decay * w
+        return step
+
+    def _adam(self, P: dict[str, np.ndarray], G: dict[str, np.ndarray]) -> None:
+        E = self.E
+        for _, lps, n in self._layers():
+            if E.on:
+                for lp in lps:
+                    w = P[lp.name]
+                    w -= self.opt.lr * self._moments(lp.name, w, G[lp.name], lp.decay)
+            self._charge("adam", lps, adam_cost(n))
+
+    def _parts(self, lp: LocalParam, a: np.ndarray) -> list[np.ndarray]:
+        """The pieces of a local tensor that belong to distinct full tensors (Wq|Wk|Wv)."""
+        return np.split(a, 3, axis=-1) if lp.kind == "qkv" else [a]
+
+    def _lamb(self, P: dict[str, np.ndarray], G: dict[str, np.ndarray]) -> None:
+        E, e = self.E, self.E.e
+        copy = e if e < MASTER_BYTES else 0
+        steps: dict[str, np.ndarray] = {}
+        for _, lps, n in self._layers():                            # stage 1: the update u
+            if E.on:
+                for lp in lps:
+                    steps[lp.name] = self._moments(lp.name, P[lp.name], G[lp.name], lp.decay)
+            self._charge("stage1", lps, Cost(LAMB1_FLOPS * n, n * (e + 3 * MASTER_BYTES),
+                                             3 * n * MASTER_BYTES))
+        split = [(lp, j) for lp in self.specs if lp.tp_split
+                 for j in range(3 if lp.kind == "qkv" else 1)]
+        for _, lps, n in self._layers():                            # per-tensor norms
+            self._charge("norms", lps, Cost(4 * n, 2 * n * MASTER_BYTES, 0))
+        self._reduce_partial_sums()
+        sq = None
+        if E.on:
+            sq = np.array([float((x * x).sum()) for lp, j in split
+                           for x in (self._parts(lp, P[lp.name])[j],
+                                     self._parts(lp, steps[lp.name])[j])])
+        sq = E.tp_sum("optim.lamb_norms", sq, 2 * len(split), MASTER_BYTES)
+        full_sq = {(lp.name, j): (sq[2 * i], sq[2 * i + 1]) for i, (lp, j) in enumerate(split)} \
+            if sq is not None else {}
+        for _, lps, n in self._layers():                            # stage 2: apply
+            if E.on:
+                for lp in lps:
+                    self._lamb_apply(lp, P[lp.name], steps[lp.name], full_sq)
+            self._charge("stage2", lps, Cost(2 * n, 2 * n * MASTER_BYTES,
+                                             n * (MASTER_BYTES + copy)))
+
+    def _lamb_apply(self, lp: LocalParam, w: np.ndarray, step: np.ndarray,
+                    full_sq: dict[tuple[str, int], tuple[float, float]]) -> None:
+        for j, (wp, sp) in enumerate(zip(self._parts(lp, w), self._parts(lp, step))):
+            if lp.tp_split:
+                wsq, ssq = full_sq[(lp.name, j)]
+            else:
+                wsq, ssq = float((wp * wp).sum()), float((sp * sp).sum())
+            wn, sn = float(np.sqrt(wsq)), float(np.sqrt(ssq))
+            wp -= self.opt.lr * (sp * (wn / sn if wn > 0 and sn > 0 else 1.0))

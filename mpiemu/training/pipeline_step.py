@@ -1,0 +1,79 @@
+"""One training step of a pipeline stage: the schedule's passes, with activations and their
+gradients sent between stage ranks as real point-to-point messages.
+
+Virtual stage vs = chunk * p + stage sends its forward output to vs + 1 (stage + 1, or the
+next chunk of stage 0 after the last stage) and its input gradient to vs - 1. Sends are
+non-blocking (the sender's egress port is reserved from when the output exists; compute goes
+on, as Megatron-LM's isend), receives wait for the message's arrival (its timestamp). With
+numerics on the payload is the real [rows / tp under SP, H] tensor; otherwise the header
+alone carries its timing (SimGrid: payload apart from cost). Tags: 2 x (receiving chunk) for
+activations, + 1 for gradients, so each (sender, receiver, tag) stream is FIFO in
+micro-batch order on both sides.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..comm.p2p import SendHandle, TimedComm
+from ..executors.gpu import Array
+from ..model.pipeline_schedules import Pass, order
+
+# emulator detail: a stage waits long for its neighbour (warm-up, bubbles, and on an
+# oversubscribed host every other stage's turn), so it tests at most every 10 ms instead of
+# every 1 ms (comm.p2p.wait_all): 64 stages on 2 cores spent a third of the CPU polling
+STAGE_MAX_SLEEP_S = 10e-3
+
+
+class PipelineStep:
+    """Runs one stage's passes in schedule order around a `ShardedModel`."""
+
+    def __init__(self, model: Any, pp: TimedComm | None, schedule: str, micro_batches: int,
+                 np_dtype: type) -> None:
+        self.model, self.pp, self.np_dtype = model, pp, np_dtype
+        self.p, self.s, self.v = model.pp, model.pp_rank, model.chunks
+        self.passes: list[Pass] = order(schedule, self.p, self.s, micro_batches, self.v)
+        d = model.d
+        self.shape = (d.shard_rows, d.hidden)
+        self.nbytes = d.shard_rows * d.hidden * model.E.e
+
+    def run(self, iteration: int) -> float:
+        """Every pass of the step, then the gradient reductions; this rank's loss share."""
+        m = self.model
+        m.begin_step(iteration)
+        sends: list[SendHandle] = []
+        for ps in self.passes:
+            vs = ps.chunk * self.p + self.s
+            if ps.kind == "F":
+                x = self._recv(vs - 1, ps, "F") if vs > 0 else None
+                y = m.forward(ps, x)
+                if vs < self.p * self.v - 1:
+                    sends.append(self._send(y, vs + 1, ps, "F"))
+            else:
+                dy = self._recv(vs + 1, ps, "B") if vs < self.p * self.v - 1 else None
+                dx = m.backward(ps, dy)
+                if vs > 0:
+                    sends.append(self._send(dx, vs - 1, ps, "B"))
+        for h in sends:           # every payload is out before its buffer is released
+            h.wait()
+        return float(m.finish_step())
+
+    def _tag(self, to_vs: int, kind: str) -> int:
+        return 2 * (to_vs // self.p) + (kind == "B")
+
+    def _send(self, buf: Array, to_vs: int, ps: Pass, kind: str) -> SendHandle:
+        assert self.pp is not None
+        E = self.model.E
+        return self.pp.isend(None if buf is None else np.ascontiguousarray(buf),
+                             to_vs % self.p, self._tag(to_vs, kind), self.nbytes, E.t,
+                             label=f"pp.send.{kind}{ps.micro}.{ps.chunk}")
+
+    def _recv(self, from_vs: int, ps: Pass, kind: str) -> Array:
+        assert self.pp is not None
+        E = self.model.E
+        my_vs = ps.chunk * self.p + self.s
+        buf = np.empty(self.shape, self.np_dtype) if E.on else None
+        h = self.pp.irecv(buf, from_vs % self.p, self._tag(my_vs, kind), E.t)
+        E.t = h.wait(STAGE_MAX_SLEEP_S)
+        return buf
