@@ -18,8 +18,9 @@ from _emit import emit  # benchmarks/ is the script's directory
 
 from mpiemu.net import Network, load_network
 from mpiemu.comm.p2p import TimedComm
+from mpiemu.comm.ring import Reduction
 from mpiemu.comm.collectives import all_gather, all_reduce, chunk_bounds, reduce_scatter
-from mpiemu.devices import load_device, model_for
+from mpiemu.devices import load_device, device_cost
 from mpiemu.config.schema import parse_size
 from mpiemu.sim.timeline import Timeline
 
@@ -36,8 +37,8 @@ def best_time(comm: MPI.Comm, fn: Callable[[], object], reps: int) -> float:
     return best
 
 
-def cases(comm: MPI.Comm, tc: TimedComm, n: int) -> dict[str, tuple[Callable[[], object],
-                                                                     Callable[[], object]]]:
+def cases(comm: MPI.Comm, tc: TimedComm, red: Reduction, n: int
+          ) -> dict[str, tuple[Callable[[], object], Callable[[], object]]]:
     """(ours, native) callables per op for n float32 elements."""
     x = np.random.default_rng(comm.rank).standard_normal(n).astype(np.float32)
     counts = [hi - lo for lo, hi in chunk_bounds(n, comm.size)]
@@ -46,11 +47,11 @@ def cases(comm: MPI.Comm, tc: TimedComm, n: int) -> dict[str, tuple[Callable[[],
         np.empty_like(x)
     mine = x[lo:hi].copy()
     return {
-        "reduce_scatter": (lambda: reduce_scatter(tc, x, out=rs_out),
+        "reduce_scatter": (lambda: reduce_scatter(tc, x, reduce_s=red, out=rs_out),
                            lambda: comm.Reduce_scatter(x, rs_out, recvcounts=counts)),
         "all_gather": (lambda: all_gather(tc, mine, total=n, out=ag_out),
                        lambda: comm.Allgatherv(mine, [ag_out, counts])),
-        "all_reduce": (lambda: all_reduce(tc, x, out=ar_out),
+        "all_reduce": (lambda: all_reduce(tc, x, reduce_s=red, out=ar_out),
                        lambda: comm.Allreduce(x, ar_out)),
     }
 
@@ -63,8 +64,8 @@ def main() -> None:
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
     spec = load_device("t3-gpu")
-    tc = TimedComm(comm, Timeline(), Network(load_network(spec.network), comm.size),
-                         model_for(spec), "bench")
+    tc = TimedComm(comm, Timeline(), Network(load_network(spec.network), comm.size), "bench")
+    red = device_cost(spec).reduction_s
     lines = [f"ring collectives vs {MPI.Get_library_version().split(chr(10))[0].strip()}, "
              f"{comm.size} ranks, float32, wall time (best of reps)", "",
              "| op | bytes | ours (ms) | native (ms) | bandwidth ratio ours/native |",
@@ -73,7 +74,7 @@ def main() -> None:
     while size <= parse_size("--max-size", args.max_size):
         n = size // 4
         reps = 20 if size <= 1 << 20 else 8
-        for op, (ours, native) in cases(comm, tc, n).items():
+        for op, (ours, native) in cases(comm, tc, red, n).items():
             t_ours = best_time(comm, ours, reps)
             t_native = best_time(comm, native, reps)
             lines.append(f"| {op} | {size} | {t_ours * 1e3:.3f} | {t_native * 1e3:.3f} | "

@@ -18,7 +18,7 @@ from _emit import emit  # benchmarks/ is the script's directory
 
 from mpiemu.net import Network, load_network
 from mpiemu.comm.p2p import TimedComm
-from mpiemu.devices import load_device, model_for
+from mpiemu.devices import load_device, device_cost
 from mpiemu.overlap.api import GemmShape, gather_then_gemm, gemm_then_reduce
 from mpiemu.overlap.strategy import Overlap
 from mpiemu.sim.timeline import Timeline
@@ -57,22 +57,26 @@ def cases(comm: MPI.Comm, m: int, h: int, bidirectional: bool
     xs = rng.standard_normal((rows, h)).astype(np.float32)
     wc = rng.standard_normal((h, k)).astype(np.float32)
 
+    cost = device_cost(spec)
+
     def tc() -> TimedComm:
         return TimedComm(comm, Timeline(), Network(load_network(spec.network), comm.size),
-                         model_for(spec), "bench")
+                         "bench")
 
     def ov(s: str) -> Overlap:
         return Overlap(s, bidirectional)
 
     return {
         "GEMM -> reduce-scatter": lambda s: gemm_then_reduce(
-            tc(), x, w, shape=GemmShape(m, h, k), mode="reduce_scatter", dtype="fp16",
+            tc(), x, w, cost=cost, shape=GemmShape(m, h, k), mode="reduce_scatter", dtype="fp16",
             after=0.0, overlap=ov(s)),
         "GEMM -> all-reduce": lambda s: gemm_then_reduce(
-            tc(), x, w, shape=GemmShape(m, h, k), mode="all_reduce", dtype="fp16", after=0.0,
+            tc(), x, w, cost=cost, shape=GemmShape(m, h, k), mode="all_reduce", dtype="fp16",
+            after=0.0,
             overlap=ov(s)),
         "all-gather -> GEMM": lambda s: gather_then_gemm(
-            tc(), xs, wc, shape=GemmShape(rows * comm.size, k, h), dtype="fp16", after=0.0,
+            tc(), xs, wc, cost=cost, shape=GemmShape(rows * comm.size, k, h), dtype="fp16",
+            after=0.0,
             overlap=ov(s)),
     }
 

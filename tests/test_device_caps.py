@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from mpiemu.devices import load_device, model_for
+from mpiemu.devices import load_device, device_cost
 from mpiemu.devices.caps import walk
 from mpiemu.devices.presets import PresetError, list_presets
-from mpiemu.devices.sunway import AttnShape, SunwayModel
+from mpiemu.devices.sunway import AttnShape, SunwayCost
 from mpiemu.cli import main
 from mpiemu.config.workload import load_workload, resolve_device
 from mpiemu.config.listing import format_devices
@@ -58,9 +58,9 @@ def test_preset_units_work_in_overrides_too() -> None:
 
 
 def test_scale_knobs_speed_up_compute_or_memory_alone() -> None:
-    base = model_for(spec_with("mi210"))
-    fast = model_for(spec_with("mi210", "device.scale.compute=2"))
-    wide = model_for(spec_with("mi210", "device.scale.memory_bw=2"))
+    base = device_cost(spec_with("mi210"))
+    fast = device_cost(spec_with("mi210", "device.scale.compute=2"))
+    wide = device_cost(spec_with("mi210", "device.scale.memory_bw=2"))
     big = dict(m=8192, n=8192, k=8192)
     assert fast.gemm(**big).time_s == pytest.approx(base.gemm(**big).time_s / 2, rel=0.02)
     stream = (1e9, 1e9)                      # a memory-bound kernel
@@ -83,9 +83,9 @@ def test_a_base_clock_lock_slows_the_sms_and_unthrottles_the_matrix_units() -> N
     assert lock.dram_bw_bytes_per_s == spec.dram_bw_bytes_per_s
     assert lock.gemm.efficiency == spec.gemm.unthrottled_efficiency > spec.gemm.efficiency
     big = dict(m=8192, n=8192, k=8192)
-    expect = model_for(spec).gemm(**big).time_s / ratio \
+    expect = device_cost(spec).gemm(**big).time_s / ratio \
         * spec.gemm.efficiency / spec.gemm.unthrottled_efficiency
-    assert model_for(lock).gemm(**big).time_s == pytest.approx(expect, rel=0.03)
+    assert device_cost(lock).gemm(**big).time_s == pytest.approx(expect, rel=0.03)
     assert lock.at_base_clock().gemm == lock.gemm
     with pytest.raises(ValueError, match="base_clock_hz=0.0; a clock lock needs"):
         load_device("t3-gpu").at_base_clock()
@@ -126,12 +126,12 @@ def test_a_custom_presets_sunway_section_is_honoured(tmp_path: Path) -> None:
     path = tmp_path / "my-sunway.toml"
     path.write_text(slow)
     shape = AttnShape(1, 8, 2048, 128)
-    mine, ref = (model_for(load_device(p)) for p in (str(path), "sw26010pro"))
-    assert isinstance(mine, SunwayModel) and isinstance(ref, SunwayModel)
+    mine, ref = (device_cost(load_device(p)) for p in (str(path), "sw26010pro"))
+    assert isinstance(mine, SunwayCost) and isinstance(ref, SunwayCost)
     assert mine.sw.exp_cycles == 48.0
     assert mine.attention("fwd", shape).time_s > ref.attention("fwd", shape).time_s
     by_override = spec_with("sw26010pro", "device.sunway.exp_cycles=48")
-    assert model_for(by_override).attention("fwd", shape).time_s == \
+    assert device_cost(by_override).attention("fwd", shape).time_s == \
         mine.attention("fwd", shape).time_s  # type: ignore[attr-defined]
 
 

@@ -10,8 +10,9 @@ import pytest
 
 from mpiemu.analysis import load
 from mpiemu.analysis.unfold import timeline_differences
-from mpiemu.comm.mirror import Fold, FoldError, Mirror
-from mpiemu.comm.grid import GridShape
+from mpiemu.comm.mirror import FoldError, Mirror
+from mpiemu.comm.shape import Fold
+from mpiemu.comm.shape import GridShape
 from mpiemu.config.errors import ConfigError
 from mpiemu.runner.fold_plan import plan_fold
 from mpiemu.runner.job import validate

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from mpiemu.net import load_network
-from mpiemu.devices import gemm, list_presets, load_device, model_for, read_preset
+from mpiemu.devices import gemm, list_presets, load_device, device_cost, read_preset
 from mpiemu.devices.presets import all_quantities
 
 GPU_PRESETS = ["t3-gpu", "mi210", "a100-sxm4-80gb", "h100-sxm5"]
@@ -42,7 +42,7 @@ def test_unknown_preset_names_the_choices() -> None:
 
 def test_stage_count_follows_tiles_and_compute_units() -> None:
     d = load_device("t3-gpu")
-    g = model_for(d).gemm(4096, 3072, 384)
+    g = device_cost(d).gemm(4096, 3072, 384)
     tiles = math.ceil(4096 / d.gemm.tile_m) * math.ceil(3072 / d.gemm.tile_n)
     assert g.n_stages == math.ceil(tiles / (d.compute_units * d.gemm.wgs_per_cu))
     assert sum(s.tiles for s in g.stages) == tiles
@@ -50,7 +50,7 @@ def test_stage_count_follows_tiles_and_compute_units() -> None:
 
 def test_slicing_in_k_keeps_tiles_and_stages() -> None:
     """Thesis Fig. 8.3: a K-sliced GEMM has the same output, tiles and stages."""
-    m = model_for(load_device("t3-gpu"))
+    m = device_cost(load_device("t3-gpu"))
     full, sliced = m.gemm(16384, 3072, 3072), m.gemm(16384, 3072, 3072 // 8)
     assert full.n_stages == sliced.n_stages
     assert [s.tiles for s in full.stages] == [s.tiles for s in sliced.stages]
@@ -59,7 +59,7 @@ def test_slicing_in_k_keeps_tiles_and_stages() -> None:
 
 def test_partial_last_wave_underuses_the_device() -> None:
     d = load_device("t3-gpu")
-    m = model_for(d)
+    m = device_cost(d)
     wave = d.compute_units * d.gemm.wgs_per_cu
     n = d.gemm.tile_n
     one = m.gemm(wave * d.gemm.tile_m, n, 4096)
@@ -73,7 +73,7 @@ def test_partial_last_wave_underuses_the_device() -> None:
 
 def test_cache_resident_gemm_reads_inputs_once() -> None:
     d = load_device("t3-gpu")
-    m = model_for(d)
+    m = device_cost(d)
     small = m.gemm(16384, 3072, 384)      # 12.6 MB + 2.4 MB of fp16 inputs < 16 MB LLC
     inputs = (16384 * 384 + 384 * 3072) * 2
     assert small.dram_read_bytes == pytest.approx(inputs, rel=0.05)
@@ -82,7 +82,7 @@ def test_cache_resident_gemm_reads_inputs_once() -> None:
 
 
 def test_llc_bypass_of_outputs_helps_cache_sensitive_gemms() -> None:
-    m = model_for(load_device("t3-gpu"))
+    m = device_cost(load_device("t3-gpu"))
     cached = m.gemm(16384, 3072, 1536)   # two waves' panels (15 MB) fit only without outputs
     bypass = m.gemm(16384, 3072, 1536, bypass_llc_output=True)
     assert bypass.dram_read_bytes < 0.8 * cached.dram_read_bytes
@@ -90,7 +90,7 @@ def test_llc_bypass_of_outputs_helps_cache_sensitive_gemms() -> None:
 
 def test_elementwise_is_bandwidth_plus_launch() -> None:
     d = load_device("t3-gpu")
-    t = model_for(d).elementwise_s(1e9, 1e9)
+    t = device_cost(d).elementwise_s(1e9, 1e9)
     assert t == pytest.approx(2e9 / d.dram_stream_bw + d.kernel_launch_s)
 
 
@@ -98,13 +98,13 @@ def test_elementwise_is_bandwidth_plus_launch() -> None:
 def test_weight_gradient_costs_as_its_m_n_swapped_twin(preset: str) -> None:
     """A wave's working set is K-blocked: a 1.7B model's FC-1 weight gradient (K = tokens)
     is not charged twice its M<->N-swapped twin (the old whole-panel LLC bug)."""
-    m = model_for(load_device(preset))
+    m = device_cost(load_device(preset))
     wgrad, twin = m.gemm(2304, 9216, 16384), m.gemm(9216, 2304, 16384)
     assert wgrad.time_s == pytest.approx(twin.time_s, rel=0.05)
 
 
 def test_tile_choice_and_split_k_follow_the_shape() -> None:
-    m = model_for(load_device("h100-sxm5"))
+    m = device_cost(load_device("h100-sxm5"))
     big, skinny = m.gemm(8192, 8192, 8192), m.gemm(512, 512, 16384)
     assert (big.tile_m * big.tile_n, big.split_k) == (128 * 256, 1)
     assert skinny.split_k > 1                   # too few output tiles to fill 132 SMs
@@ -137,6 +137,6 @@ def test_skipping_candidates_by_their_floor_keeps_the_exhaustive_choice(preset: 
 
 
 def test_tf32_runs_on_tensor_cores_and_fp32_on_cuda_cores() -> None:
-    m = model_for(load_device("a100-sxm4-80gb"))
+    m = device_cost(load_device("a100-sxm4-80gb"))
     tf32, fp32 = m.gemm(8192, 8192, 8192, dtype="tf32"), m.gemm(8192, 8192, 8192, dtype="fp32")
     assert 100 < tf32.tflops < 156 and fp32.tflops < 19.5

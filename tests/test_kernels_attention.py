@@ -10,7 +10,7 @@ from mpiemu.analysis import load
 from mpiemu.analysis.compare import compare_lines
 from mpiemu.devices import attention_gpu as ag
 from mpiemu.devices import kernels as hk
-from mpiemu.devices.cost import model_for
+from mpiemu.devices.cost import device_cost
 from mpiemu.devices.presets import load_device
 from mpiemu.model import attention as attn
 from mpiemu.model.softmax_recompose import attention_sdf, softmax_sd
@@ -76,7 +76,7 @@ def test_flash_equals_dense_attention_within_1e10_in_float64(block: int, causal:
 
 
 def _traffic(variant: str, backward: bool = False) -> dict[str, float]:
-    m = model_for(load_device("a100-pcie-40gb"))
+    m = device_cost(load_device("a100-pcie-40gb"))
     a = ag.AttnShape(16, 4096, 4096, 64, 2)
     return {s.name: ag.step_cost(m, s, "fp16")[2]
             for s in ag.steps(m, a, variant, "fused", "fp16", backward)}
@@ -94,7 +94,7 @@ def test_score_matrix_traffic_is_4s_6s_2s_and_none() -> None:
 
 
 def test_sdf_pays_its_epilogue_on_the_score_gemm() -> None:
-    m = model_for(load_device("a100-pcie-40gb"))
+    m = device_cost(load_device("a100-pcie-40gb"))
     a = ag.AttnShape(16, 4096, 4096, 64, 2)
     t = {v: {s.name: ag.step_cost(m, s, "fp16")[0] for s in ag.steps(m, a, v, "fused", "fp16")}
          for v in ("baseline", "sdf")}

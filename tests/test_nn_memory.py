@@ -9,37 +9,41 @@ import pytest
 from mpi4py import MPI
 
 from tests.timed import timed_comm
-from mpiemu.devices import load_device
+from mpiemu.devices import device_cost, load_device
+from mpiemu.executors.gpu import GpuExecutor
+from mpiemu.executors.registry import ExecutorSetup
 from mpiemu.model.config import ModelConfig
-from mpiemu.executors.gpu import Engine
-from mpiemu.training.memory import (Layout, edge_stored, embed_stored, head_stored, layer_stored,
-                              memory_report, stage_activations)
-from mpiemu.model.stage import ShardedModel, make_dims
+from mpiemu.model.dims import make_dims
 from mpiemu.model.ops import stored_elements
 from mpiemu.model.presets import load_model_preset
+from mpiemu.model.stage import StageModel
 from mpiemu.overlap.strategy import Overlap
+from mpiemu.training.gradients import StageGradients
+from mpiemu.training.memory import (Layout, edge_stored, embed_stored, head_stored,
+                                    layer_stored, memory_report, stage_activations)
 from mpiemu.training.pipeline_step import PipelineStep
 
 TINY = load_model_preset("tiny").config
 
 
 def one_step(cfg: ModelConfig, comm: MPI.Comm, sp: bool, recompute: str = "none"
-             ) -> ShardedModel:
+             ) -> StageModel:
     """A numerics step of the tiny model, TP over `comm`, keeping what forward stored."""
     tp = timed_comm(comm)
-    tl = tp.tl
     dp = tp.sibling(MPI.COMM_SELF, "dp")
     cfg = cfg.for_tp(comm.size)
     dims = make_dims(cfg, comm.size, 8, sp)
-    eng = Engine(tl, tp, dtype="fp16", numerics=True, overlap=Overlap(), sp=dims.sp)
-    m = ShardedModel(cfg, eng, dims, tp_rank=comm.rank, dp_rank=0, seed=0, global_batch=8,
-                     dp=dp, bucket_bytes=1e9, np_dtype=np.float64, recompute=recompute)
+    ex = GpuExecutor(ExecutorSetup(tp.tl, device_cost(load_device("t3-gpu")), tp, dims,
+                                   "fp16", True, Overlap()))
+    m = StageModel(cfg, ex, dims, tp_rank=comm.rank, dp_rank=0, seed=0, global_batch=8,
+                   np_dtype=np.float64, recompute=recompute)
+    grads = StageGradients(m, ex, dp, grad_buffer=None, bucket_bytes=1e9, bidirectional=False)
     m.keep_caches = True
-    PipelineStep(m, None, "1f1b", 1, np.float64).run(0)
+    PipelineStep(m, grads, None, "1f1b", 1, np.float64).run(0)
     return m
 
 
-def assert_accounting_matches(m: ShardedModel) -> None:
+def assert_accounting_matches(m: StageModel) -> None:
     assert m.last_caches is not None
     c_emb, layers, c_head = m.last_caches
     for c in layers:

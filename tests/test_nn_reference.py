@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from mpiemu.model import seeded
-from mpiemu.model.config import ModelConfig, OptimizerConfig
-from mpiemu.executors.gpu import Dims
+from mpiemu.model.config import ModelConfig
+from mpiemu.training.config import OptimizerConfig
+from mpiemu.model.dims import Dims
 from mpiemu.model.masks import Masks
 from mpiemu.model.presets import list_model_presets, load_model_preset
 from mpiemu.training.reference import Reference

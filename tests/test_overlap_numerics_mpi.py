@@ -16,7 +16,7 @@ from mpi4py import MPI
 from mpiemu.net import Network, load_network
 from mpiemu.comm.p2p import TimedComm
 from mpiemu.comm.lanes import chunk_bounds
-from mpiemu.devices import load_device, model_for
+from mpiemu.devices import DeviceCost, device_cost, load_device
 from mpiemu.overlap.api import GemmShape, gather_then_gemm, gemm_then_reduce
 from mpiemu.overlap.reference import ag_gemm_reference, gemm_rs_reference
 from mpiemu.overlap.strategy import STRATEGIES, Overlap
@@ -27,13 +27,20 @@ M, N, K = 37, 11, 6
 FUSED = ["sw-overlap", "t3", "t3-mca"]
 
 
-def small_tiles_comm(comm: MPI.Comm) -> TimedComm:
+def small_tiles() -> DeviceCost:
     """t3-gpu with 8x8 tiles on 4 CUs: a few dozen rows already take several stages."""
     spec = load_device("t3-gpu")
-    spec = dataclasses.replace(spec, compute_units=4, gemm=dataclasses.replace(
-        spec.gemm, tile_m=8, tile_n=8, tile_min=8, wgs_per_cu=1))
-    return TimedComm(comm, Timeline(), Network(load_network(spec.network), MPI.COMM_WORLD.size),
-                     model_for(spec), "tp")
+    return device_cost(dataclasses.replace(spec, compute_units=4, gemm=dataclasses.replace(
+        spec.gemm, tile_m=8, tile_n=8, tile_min=8, wgs_per_cu=1)))
+
+
+SMALL = small_tiles()
+
+
+def small_tiles_comm(comm: MPI.Comm) -> TimedComm:
+    """A TP communicator on t3-gpu's network, fresh timeline (its device: SMALL)."""
+    net = Network(load_network(SMALL.spec.network), MPI.COMM_WORLD.size)
+    return TimedComm(comm, Timeline(), net, "tp")
 
 
 def groups() -> Iterator[MPI.Comm]:
@@ -64,7 +71,7 @@ def run_rs(comm: MPI.Comm, ov: Overlap, mode: str, xs: list, ws: list) -> np.nda
     tc = small_tiles_comm(comm)
     r = comm.rank
     x, w = (xs[r], ws[r]) if xs else (None, None)
-    out, _ = gemm_then_reduce(tc, x, w, shape=GemmShape(M, N, K), mode=mode, dtype="fp16",
+    out, _ = gemm_then_reduce(tc, x, w, cost=SMALL, shape=GemmShape(M, N, K), mode=mode, dtype="fp16",
                               after=0.0, overlap=ov, name="t")
     return out
 
@@ -120,7 +127,7 @@ def test_ag_gemm_is_bitwise_equal_to_the_block_reference(strategy: str,
         w = rng.standard_normal((K, N)).astype(np.float32) + comm.rank
         shards = [x[lo:hi] for lo, hi in chunk_bounds(M, comm.size)]
         ov = overlap(strategy, bidirectional)
-        y, _ = gather_then_gemm(small_tiles_comm(comm), shards[comm.rank].copy(), w,
+        y, _ = gather_then_gemm(small_tiles_comm(comm), shards[comm.rank].copy(), w, cost=SMALL,
                                 shape=GemmShape(M, N, K), dtype="fp16", after=0.0,
                                 overlap=ov, name="g")
         ref = ag_gemm_reference(shards, w, bidirectional=bidirectional,
@@ -141,7 +148,7 @@ def test_timing_only_runs_the_same_schedule(strategy: str) -> None:
             tc = small_tiles_comm(comm)
             r = comm.rank
             x, w = (data[0][r], data[1][r]) if data[0] else (None, None)
-            _, span = gemm_then_reduce(tc, x, w, shape=GemmShape(M, N, K), mode="all_reduce",
+            _, span = gemm_then_reduce(tc, x, w, cost=SMALL, shape=GemmShape(M, N, K), mode="all_reduce",
                                        dtype="fp16", after=1e-6, overlap=ov, name="t")
             spans.append(span)
         assert spans[0] == spans[1]
@@ -152,9 +159,9 @@ def test_timing_only_runs_the_same_schedule(strategy: str) -> None:
 def test_a_single_rank_just_multiplies(strategy: str, mode: str) -> None:
     xs, ws = operands(1)
     tc = small_tiles_comm(MPI.COMM_SELF)
-    out, span = gemm_then_reduce(tc, xs[0], ws[0], shape=GemmShape(M, N, K), mode=mode,
+    out, span = gemm_then_reduce(tc, xs[0], ws[0], cost=SMALL, shape=GemmShape(M, N, K), mode=mode,
                                  dtype="fp16", after=0.0, overlap=overlap(strategy), name="t")
     np.testing.assert_array_equal(out, xs[0] @ ws[0])
-    y, _ = gather_then_gemm(tc, xs[0], ws[0], shape=GemmShape(M, N, K), dtype="fp16",
+    y, _ = gather_then_gemm(tc, xs[0], ws[0], cost=SMALL, shape=GemmShape(M, N, K), dtype="fp16",
                             after=span.t_end, overlap=overlap(strategy), name="g")
     np.testing.assert_array_equal(y, xs[0] @ ws[0])

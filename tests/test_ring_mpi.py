@@ -6,7 +6,9 @@ import pytest
 from mpi4py import MPI
 
 from mpiemu.comm.collectives import all_gather, all_reduce, chunk_bounds, reduce_scatter
-from tests.timed import timed_comm
+from tests.timed import reducer, timed_comm
+
+T3 = reducer("t3-gpu")
 
 DTYPES = [np.int32, np.int64, np.float32, np.float64]
 
@@ -39,7 +41,7 @@ def test_reduce_scatter_equals_mpi(dtype: type, bidirectional: bool) -> None:
     tc = timed_comm(comm)
     for count in lengths(comm.size):
         x = data(comm.rank, count, dtype)
-        ours, _ = reduce_scatter(tc, x, bidirectional=bidirectional)
+        ours, _ = reduce_scatter(tc, x, reduce_s=T3, bidirectional=bidirectional)
         counts = [hi - lo for lo, hi in chunk_bounds(count, comm.size)]
         ref = np.empty(counts[comm.rank], dtype)
         comm.Reduce_scatter(x, ref, recvcounts=counts, op=MPI.SUM)
@@ -71,7 +73,7 @@ def test_all_reduce_equals_mpi(dtype: type, bidirectional: bool) -> None:
     tc = timed_comm(comm)
     for count in lengths(comm.size):
         x = data(comm.rank, count, dtype)
-        ours, _ = all_reduce(tc, x, bidirectional=bidirectional)
+        ours, _ = all_reduce(tc, x, reduce_s=T3, bidirectional=bidirectional)
         ref = np.empty_like(x)
         comm.Allreduce(x, ref, op=MPI.SUM)
         check(ours, ref)
@@ -83,7 +85,7 @@ def test_all_reduce_keeps_shape_and_leaves_input_alone() -> None:
     tc = timed_comm(comm)
     x = data(comm.rank, 6 * 5, np.float64).reshape(6, 5)
     before = x.copy()
-    ours, _ = all_reduce(tc, x)
+    ours, _ = all_reduce(tc, x, reduce_s=T3)
     assert ours.shape == (6, 5)
     np.testing.assert_array_equal(x, before)
 
@@ -93,8 +95,8 @@ def test_timing_only_collectives_match_numeric_times() -> None:
     comm = MPI.COMM_WORLD
     count = 1000 * comm.size + 7
     x = data(comm.rank, count, np.float32)
-    t_real = all_reduce(timed_comm(comm), x, wire_itemsize=2)[1]
-    t_shape = all_reduce(timed_comm(comm), None, count=count, wire_itemsize=2)[1]
+    t_real = all_reduce(timed_comm(comm), x, reduce_s=T3, wire_itemsize=2)[1]
+    t_shape = all_reduce(timed_comm(comm), None, reduce_s=T3, count=count, wire_itemsize=2)[1]
     assert t_real == t_shape
 
 
@@ -108,7 +110,7 @@ def test_two_dim_arrays_are_scattered_and_gathered_by_whole_rows(bidirectional: 
     total = np.empty_like(x)
     comm.Allreduce(x, total)
     lo, hi = chunk_bounds(rows, comm.size)[comm.rank]
-    mine, _ = reduce_scatter(tc, x, bidirectional=bidirectional)
+    mine, _ = reduce_scatter(tc, x, reduce_s=T3, bidirectional=bidirectional)
     assert mine.shape == (hi - lo, width)
     np.testing.assert_allclose(mine, total[lo:hi], rtol=1e-12, atol=1e-12)
     back, _ = all_gather(tc, mine, total=rows * width, bidirectional=bidirectional)

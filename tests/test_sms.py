@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mpiemu.devices import load_device, model_for
+from mpiemu.devices import load_device, device_cost
 from mpiemu.net import load_network
 from mpiemu.sim import charge as ops
 from mpiemu.sim.sms import SmShare
@@ -49,7 +49,7 @@ def test_overlapping_kernels_hold_their_sum() -> None:
 
 def test_a_gemm_under_a_collective_runs_on_the_sms_left() -> None:
     spec = load_device("a100-sxm4-80gb")
-    model, net = model_for(spec), load_network("dgx-a100")
+    model, net = device_cost(spec), load_network("dgx-a100")
     blocks = net.kernel_blocks("ring", "simple", 100e6, 8)
     assert blocks == net.channels == 24            # a large call runs every channel
     assert net.kernel_blocks("ring", "ll", 1024, 8) < blocks

@@ -6,9 +6,9 @@ import math
 import pytest
 
 from mpiemu.net.presets import preset_dir
-from mpiemu.devices import load_device, model_for, read_preset
+from mpiemu.devices import load_device, device_cost, read_preset
 from mpiemu.devices.presets import all_quantities
-from mpiemu.devices.sunway import (AttnShape, SunwayModel, SunwayOutOfMemory, SunwaySpec, ldm_bytes,
+from mpiemu.devices.sunway import (AttnShape, SunwayCost, SunwayOutOfMemory, SunwaySpec, ldm_bytes,
                               pad_free_tilings, paper_blocks)
 from mpiemu.studies.sunway_rows import attention_rows, seed_rows
 from mpiemu.config.listing import format_devices
@@ -19,9 +19,9 @@ PRESETS = ["sw26010pro", "sw26010pro-cg"]
 
 
 @pytest.fixture(scope="module")
-def model() -> SunwayModel:
-    m = model_for(load_device("sw26010pro"))
-    assert isinstance(m, SunwayModel)
+def model() -> SunwayCost:
+    m = device_cost(load_device("sw26010pro"))
+    assert isinstance(m, SunwayCost)
     return m
 
 
@@ -63,8 +63,8 @@ def test_devices_command_lists_sunway_numbers_with_sources() -> None:
 
 
 def test_single_cg_mode_is_one_cg_with_16_gb_and_the_same_head_time() -> None:
-    cg = model_for(load_device("sw26010pro-cg"))
-    full = model_for(load_device("sw26010pro"))
+    cg = device_cost(load_device("sw26010pro-cg"))
+    full = device_cost(load_device("sw26010pro"))
     assert cg.sw.core_groups == 1 and cg.sw.dram_capacity_bytes == 16e9
     shape = AttnShape(1, 1, 2048, 128)
     assert cg.attention("fwd", shape).head.time_s == pytest.approx(
@@ -81,7 +81,7 @@ def test_ldm_equations_give_the_papers_kilobytes(pass_: str, br: int, bc: int, h
     assert ldm_bytes(pass_, br, bc, h, dtype) == kib * 1024
 
 
-def test_block_sizes_fit_the_usable_ldm_and_search_respects_it(model: SunwayModel) -> None:
+def test_block_sizes_fit_the_usable_ldm_and_search_respects_it(model: SunwayCost) -> None:
     for pass_ in ("fwd", "bwd"):
         for dtype in ("fp32", "fp16"):
             for h in (64, 128):
@@ -91,13 +91,13 @@ def test_block_sizes_fit_the_usable_ldm_and_search_respects_it(model: SunwayMode
         assert ldm_bytes(pass_, b.br, b.bc, 128, "fp32") <= model.sw.ldm_usable_bytes
 
 
-def test_gemm_tilings_are_pad_free(model: SunwayModel) -> None:
+def test_gemm_tilings_are_pad_free(model: SunwayCost) -> None:
     tilings = pad_free_tilings(8192, 1536, 4096, "fp32", model.sw)
     assert 50 <= len(tilings) <= 110                     # SWF A.2: 50-100 valid tilings
     assert all(8192 % t.m_div == 0 and 1536 % t.n_div == 0 for t in tilings)
 
 
-def test_gemm_stages_are_waves_over_the_cgs_with_a_visible_tail(model: SunwayModel) -> None:
+def test_gemm_stages_are_waves_over_the_cgs_with_a_visible_tail(model: SunwayCost) -> None:
     g = model.gemm(8192, 2048, 4096, dtype="fp32")
     assert g.n_stages == math.ceil(g.tiling.tiles / 6)
     assert sum(s.tiles for s in g.stages) == g.tiling.tiles
@@ -106,7 +106,7 @@ def test_gemm_stages_are_waves_over_the_cgs_with_a_visible_tail(model: SunwayMod
     assert fewer.time_s > g.time_s and max(s.tiles for s in fewer.stages) <= 3
 
 
-def test_swattention_takes_one_head_time_per_round_of_six_cgs(model: SunwayModel) -> None:
+def test_swattention_takes_one_head_time_per_round_of_six_cgs(model: SunwayCost) -> None:
     c24 = model.attention("fwd", AttnShape(3, 8, 2048, 128))
     c25 = model.attention("fwd", AttnShape(5, 5, 2048, 128))
     launch = model.spec.kernel_launch_s
@@ -116,21 +116,21 @@ def test_swattention_takes_one_head_time_per_round_of_six_cgs(model: SunwayModel
 
 
 def test_standard_attention_runs_out_of_memory_at_16k_and_swattention_does_not(
-        model: SunwayModel) -> None:
+        model: SunwayCost) -> None:
     model.attention("fwd", AttnShape(3, 8, 8192, 128), kernel="standard")
     with pytest.raises(SunwayOutOfMemory, match="96 GB"):
         model.attention("fwd", AttnShape(3, 8, 16384, 128), kernel="standard")
     assert model.attention("bwd", AttnShape(3, 8, 16384, 128)).footprint_bytes < 2e9
 
 
-def test_asynchronous_dma_is_never_slower_than_blocking(model: SunwayModel) -> None:
+def test_asynchronous_dma_is_never_slower_than_blocking(model: SunwayCost) -> None:
     for p in ("fwd", "bwd"):
         shape = AttnShape(3, 4, 2048, 128)
         assert model.attention(p, shape).time_s < model.attention(p, shape,
                                                                   async_dma=False).time_s
 
 
-def test_required_speedups_lie_within_20_percent_of_the_seed(model: SunwayModel) -> None:
+def test_required_speedups_lie_within_20_percent_of_the_seed(model: SunwayCost) -> None:
     """SWA 4.2's FP32 forward/backward and FP16 forward means, from the model alone."""
     rows = seed_rows(model, attention_rows(model, (1024, 2048, 4096, 8192)))
     required = [r for r in rows if r["required"]]
@@ -149,16 +149,16 @@ def test_sunway_section_refuses_unknown_values_and_mismatched_presets() -> None:
     SunwaySection(mode="single-cg").check_device("sunway", 1)
 
 
-def test_private_kv_copies_per_cpe_cost_more_dma_than_a_broadcast(model: SunwayModel) -> None:
+def test_private_kv_copies_per_cpe_cost_more_dma_than_a_broadcast(model: SunwayCost) -> None:
     from dataclasses import replace
-    private = SunwayModel(model.spec, replace(model.sw, kv_dma_copies=64))
+    private = SunwayCost(model.spec, replace(model.sw, kv_dma_copies=64))
     shape = AttnShape(3, 8, 2048, 128)
     one, many = model.attention("fwd", shape), private.attention("fwd", shape)
     assert many.head.dram_read_bytes > 4 * one.head.dram_read_bytes      # 64 K/V copies
     assert many.time_s > one.time_s
 
 
-def test_searched_blocks_are_no_slower_than_the_papers(model: SunwayModel) -> None:
+def test_searched_blocks_are_no_slower_than_the_papers(model: SunwayCost) -> None:
     shape = AttnShape(1, 6, 4096, 128)
     for p in ("fwd", "bwd"):
         assert model.attention(p, shape, blocks="search").time_s <= \

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from mpiemu.devices import load_device, model_for
+from mpiemu.devices import load_device, device_cost
 from mpiemu.devices.sunway import AttnShape
 from mpiemu.devices.sunway.layer import LayerShape, layer_ops
 from mpiemu.devices.sunway.schedule import Op, Option, Schedule, schedule
-from mpiemu.model.swattention import charge_attention, charge_schedule
+from mpiemu.executors.sunway import charge_attention, charge_schedule
 from mpiemu.sim.timeline import Timeline
 
 
@@ -77,7 +77,7 @@ def test_bad_policy_and_bad_order_are_refused() -> None:
 
 @pytest.fixture(scope="module")
 def gpt3_bwd() -> list[Op]:
-    m = model_for(load_device("sw26010pro"))
+    m = device_cost(load_device("sw26010pro"))
     shape = LayerShape(hidden=4096, heads=32, head_dim=128, ffn=16384, seq=2048, batch=4, tp=8)
     return layer_ops(m, shape, "bwd")
 
@@ -100,7 +100,7 @@ def test_charged_schedule_names_each_ops_cgs_on_the_timeline(gpt3_bwd: list[Op])
 
 
 def test_charged_attention_advances_the_cgs_its_heads_ran_on() -> None:
-    m = model_for(load_device("sw26010pro"))
+    m = device_cost(load_device("sw26010pro"))
     tl = Timeline(None)
     end = charge_attention(tl, m, "attn", AttnShape(1, 4, 1024, 128), "fwd", 0.0)
     assert [tl.free_at(f"cg{c}") > 0 for c in range(6)] == [True] * 4 + [False] * 2

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mpiemu.devices import load_device, model_for
+from mpiemu.devices import load_device, device_cost
 from mpiemu.devices.contention import (NO_CONTENTION, StageDemand, T3Params, comm_dram_bw, mca,
                                   round_robin, solve_stage, stage_s)
 from mpiemu.devices.presets import PresetError, all_quantities, read_preset
@@ -101,7 +101,7 @@ def test_uncached_output_writes_are_exposed_to_the_ring() -> None:
 
 def test_gemm_on_fewer_cus_runs_more_stages() -> None:
     """Fig. 8.4: 64 of 80 CUs slow a large GEMM by about 20%."""
-    m = model_for(load_device("t3-gpu"))
+    m = device_cost(load_device("t3-gpu"))
     full, shared = m.gemm(16384, 3072, 1536), m.gemm(16384, 3072, 1536, compute_units=64)
     assert shared.n_stages > full.n_stages
     assert shared.time_s / full.time_s == pytest.approx(1.2, abs=0.05)
@@ -116,7 +116,7 @@ def test_nmc_reads_one_copy_per_reduce_scatter_step_baseline_reads_two() -> None
 
 
 def test_gemm_plan_positions_cover_the_output() -> None:
-    plan = gemm_plan(model_for(load_device("t3-gpu")), 8192, 4256, 1064, "fp16")
+    plan = gemm_plan(device_cost(load_device("t3-gpu")), 8192, 4256, 1064, "fp16")
     assert plan.waves[0].pos0 == 0 and math.isclose(plan.waves[-1].pos1, 1.0)
     assert plan.wave_of(1.0) == plan.n_stages - 1 and plan.wave_of(1e-9) == 0
     assert plan.time_s == pytest.approx(plan.cost.time_s)

@@ -7,7 +7,7 @@ import pytest
 from mpi4py import MPI
 
 from tests.timed import timed_comm
-from mpiemu.devices import load_device, model_for
+from mpiemu.devices import load_device, device_cost
 from mpiemu.overlap.api import GemmShape, gather_then_gemm, gemm_then_reduce
 from mpiemu.overlap.costs import OverlapStats
 from mpiemu.overlap.strategy import STRATEGIES, Overlap
@@ -15,6 +15,7 @@ from mpiemu.sim.events import CATS, StringTable
 from mpiemu.sim.timeline import Timeline
 
 CAT_NAMES = {v: k for k, v in CATS.items()}
+T3 = device_cost(load_device("t3-gpu"))
 
 
 class Recorder:
@@ -44,7 +45,7 @@ def run(strategy: str, *, rec: Recorder | None = None, comm_cus: int = 16
     tc = timed_comm(comm)
     tc.tl = Timeline(rec)  # type: ignore[arg-type]
     stats = OverlapStats()
-    _, span = gemm_then_reduce(tc, None, None, shape=fc2(comm), mode="all_reduce",
+    _, span = gemm_then_reduce(tc, None, None, cost=T3, shape=fc2(comm), mode="all_reduce",
                                dtype="fp16", after=0.0, name="fc2", stats=stats,
                                overlap=Overlap(strategy, True, comm_cus=comm_cus))
     return comm.allreduce(span.t_end, op=MPI.MAX), stats
@@ -105,7 +106,7 @@ def test_events_name_the_gemm_and_the_all_reduce(strategy: str) -> None:
     run(strategy, rec=rec)
     ev = rec.events()
     gemm = [e for e in ev if e["name"] == "fc2.gemm"]
-    n_stages = model_for(load_device("t3-gpu")).gemm(*fc2(MPI.COMM_WORLD)).n_stages
+    n_stages = device_cost(load_device("t3-gpu")).gemm(*fc2(MPI.COMM_WORLD)).n_stages
     assert gemm and all(e["cat"] == "compute" for e in gemm)
     if strategy != "sw-overlap":          # sw-overlap runs its GEMM on fewer CUs
         assert {e["stage"] for e in gemm} == {n_stages}
@@ -120,7 +121,7 @@ def run_ag(strategy: str) -> tuple[float, OverlapStats]:
     tc = timed_comm(comm)
     stats = OverlapStats()
     shape = GemmShape(8192, 4 * 4256 // comm.size, 4256)
-    _, span = gather_then_gemm(tc, None, None, shape=shape, dtype="fp16", after=0.0,
+    _, span = gather_then_gemm(tc, None, None, cost=T3, shape=shape, dtype="fp16", after=0.0,
                                overlap=Overlap(strategy, True), name="fc1", stats=stats)
     return comm.allreduce(span.t_end, op=MPI.MAX), stats
 

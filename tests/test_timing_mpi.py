@@ -7,35 +7,41 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpiemu.comm.collectives import all_gather, all_reduce, reduce_scatter
+from mpiemu.comm.collectives import all_gather, all_reduce, call_for, reduce_scatter
 from mpiemu.comm.cost import Choice, estimate_s, ring_steps_s
 from mpiemu.comm.p2p import TimedComm
-from tests.timed import network, timed_comm
+from mpiemu.comm.ring import Reduction
+from tests.timed import network, reducer, timed_comm
+
+T3, A100 = reducer("t3-gpu"), reducer("a100-sxm4-80gb")
 
 
-def _ring_form(tc: TimedComm, op: str, nbytes: int, itemsize: int) -> float:
+def _ring_form(tc: TimedComm, red_s: Reduction, op: str, nbytes: int, itemsize: int) -> float:
     """base + the one-lane ring (comm.cost docstring), from the hop to the next rank."""
     if tc.size == 1:
         return 0.0
+    call = call_for(tc, op, nbytes, itemsize)[1]
     c = math.ceil(nbytes / itemsize / tc.size) * itemsize
-    red = tc.reduce_s(c // itemsize, itemsize)
-    return tc.net.spec.base("ring", tc.proto) + ring_steps_s(tc.size, c, tc.rate(tc.next),
-                                                     tc.latency(tc.next), red, op)
+    red = red_s(c // itemsize, itemsize)
+    return tc.net.spec.base("ring", call.protocol) + ring_steps_s(
+        tc.size, c, tc.rate(tc.next, call), tc.latency(tc.next, call), red, op)
 
 
-def _check_all_three(tc: TimedComm, count: int, itemsize: int) -> None:
-    tc.protocol = tc.protocol or "simple"          # one protocol for the three calls
-    tc.algorithm = tc.algorithm or "ring"          # the closed form is the ring's (NCCL's
-                                                   # tuner takes the tree across nodes)
-    _, rs = reduce_scatter(tc, None, count=count, wire_itemsize=itemsize)
+def _check_all_three(tc: TimedComm, red_s: Reduction, count: int, itemsize: int) -> None:
+    """`tc` is tuned to the ring (NCCL's tuner takes the tree across nodes) and one
+    protocol for the three calls."""
+    assert tc.tuning.algorithm == "ring" and tc.tuning.protocol
+    _, rs = reduce_scatter(tc, None, reduce_s=red_s, count=count, wire_itemsize=itemsize)
     _, ag = all_gather(tc, None, total=count, after=rs.t_end, count=count // tc.size,
                        wire_itemsize=itemsize)
-    _, ar = all_reduce(tc, None, count=count, wire_itemsize=itemsize, after=ag.t_end)
+    _, ar = all_reduce(tc, None, reduce_s=red_s, count=count, wire_itemsize=itemsize,
+                       after=ag.t_end)
     for op, span in (("reduce_scatter", rs), ("all_gather", ag), ("all_reduce", ar)):
-        want = _ring_form(tc, op, count * itemsize, itemsize)
+        want = _ring_form(tc, red_s, op, count * itemsize, itemsize)
         assert span.duration == pytest.approx(want, rel=1e-9, abs=0.0), op
         if tc.size > 1:
-            est = estimate_s(tc, op, count * itemsize, itemsize, Choice("ring", tc.proto))
+            est = estimate_s(tc, op, count * itemsize, itemsize,
+                             Choice("ring", tc.tuning.protocol), red_s)
             assert est == pytest.approx(want, rel=1e-9, abs=0.0), op
 
 
@@ -43,10 +49,10 @@ def _check_all_three(tc: TimedComm, count: int, itemsize: int) -> None:
 @pytest.mark.parametrize("nbytes", [4096, 1 << 20, 48 << 20])
 def test_ring_topology_time_is_closed_form(nbytes: int) -> None:
     """The T3 study's ring: 2(N-1)(a + S/(N B)) + t_red for an all-reduce, no base."""
-    tc = timed_comm()
+    tc = timed_comm(algorithm="ring", protocol="simple")
     n, itemsize = tc.size, 2
     count = nbytes // itemsize // n * n
-    _check_all_three(tc, count, itemsize)
+    _check_all_three(tc, T3, count, itemsize)
 
 
 @pytest.mark.mpi
@@ -54,23 +60,24 @@ def test_ring_topology_time_is_closed_form(nbytes: int) -> None:
 @pytest.mark.parametrize("proto", ["ll", "ll128", "simple"])
 def test_switch_and_mesh_times_are_closed_form_per_protocol(preset: str, proto: str) -> None:
     """One node of a switch (NVSwitch, PCIe) or a mesh: base(p) + steps at rate x eff(p)."""
-    tc = timed_comm(preset="a100-sxm4-80gb", net=network(preset))
+    tc = timed_comm(preset="a100-sxm4-80gb", net=network(preset), algorithm="ring",
+                    protocol=proto)
     if proto not in tc.net.spec.protocols:
         pytest.skip(f"{preset} has no {proto}")
-    tc.protocol = proto
-    _check_all_three(tc, 3000 * tc.size, 2)
-    assert tc.proto == proto or tc.size == 1
+    _check_all_three(tc, A100, 3000 * tc.size, 2)
+    assert call_for(tc, "all_reduce", 6000 * tc.size, 2)[1].protocol == proto
 
 
 @pytest.mark.mpi
 def test_one_device_per_node_rides_the_nics() -> None:
     """Hierarchical network, one rank per node: every hop is a NIC hop (inter rate, latency)."""
-    tc = timed_comm(preset="a100-sxm4-80gb", net=network("dgx-a100", devices_per_node=1))
+    tc = timed_comm(preset="a100-sxm4-80gb", net=network("dgx-a100", devices_per_node=1),
+                    algorithm="ring", protocol="simple")
     if tc.size == 1:
         pytest.skip("needs two nodes")
     assert tc.net.hop(0, 1).inter_node
-    assert tc.rate(tc.next) == 25e9                 # HDR NIC, Simple
-    _check_all_three(tc, 4096 * tc.size, 2)
+    assert tc.rate(tc.next) == 25e9                 # HDR NIC, Simple, every channel
+    _check_all_three(tc, A100, 4096 * tc.size, 2)
 
 
 @pytest.mark.mpi
@@ -79,22 +86,23 @@ def test_hierarchical_all_reduce_is_its_three_rings() -> None:
     comm = MPI.COMM_WORLD
     if comm.size != 4:
         pytest.skip("2 nodes x 2 devices")
-    tc = timed_comm(preset="a100-sxm4-80gb", net=network("dgx-a100", devices_per_node=2))
-    tc.algorithm, tc.protocol = "hierarchical", "simple"
+    tc = timed_comm(preset="a100-sxm4-80gb", net=network("dgx-a100", devices_per_node=2),
+                    algorithm="hierarchical", protocol="simple")
     count, itemsize = 1 << 19, 2              # 1 MiB: one segment (pipeline_depth)
-    _, span = all_reduce(tc, None, count=count, wire_itemsize=itemsize)
+    _, span = all_reduce(tc, None, reduce_s=A100, count=count, wire_itemsize=itemsize)
     intra, rail = tc.split("node", tc.rank // 2), tc.split("rail", tc.rank % 2)
     s = count * itemsize
+    ring = call_for(tc, "all_reduce", s, itemsize)[1]._replace(algorithm="ring")
     c = s // 2
-    red = tc.reduce_s(c // itemsize, itemsize)
-    red_rail = tc.reduce_s(c // 2 // itemsize, itemsize)
-    nv = intra.rate(intra.next), intra.latency(intra.next)
-    ib = rail.rate(rail.next), rail.latency(rail.next)
+    red = A100(c // itemsize, itemsize)
+    red_rail = A100(c // 2 // itemsize, itemsize)
+    nv = intra.rate(intra.next, ring), intra.latency(intra.next, ring)
+    ib = rail.rate(rail.next, ring), rail.latency(rail.next, ring)
     want = (tc.net.spec.base("hierarchical", "simple") + ring_steps_s(2, c, *nv, red, "reduce_scatter")
             + ring_steps_s(2, c // 2, *ib, red_rail, "all_reduce")
             + ring_steps_s(2, c, *nv, 0.0, "all_gather"))
     assert span.duration == pytest.approx(want, rel=1e-9, abs=0.0)
-    est = estimate_s(tc, "all_reduce", s, itemsize, Choice("hierarchical", "simple"))
+    est = estimate_s(tc, "all_reduce", s, itemsize, Choice("hierarchical", "simple"), A100)
     assert est == pytest.approx(want, rel=1e-9, abs=0.0)
 
 
@@ -109,9 +117,9 @@ def test_pipelined_hierarchical_all_reduce_overlaps_nvlink_and_nics() -> None:
     count, itemsize = 1 << 24, 2                                    # 32 MiB: 8 segments
     times = {}
     for algo in ("hierarchical", "ring"):
-        tc = timed_comm(preset="a100-sxm4-80gb", net=net)
-        tc.algorithm, tc.protocol = algo, "simple"
-        times[algo] = all_reduce(tc, None, count=count, wire_itemsize=itemsize)[1].duration
+        tc = timed_comm(preset="a100-sxm4-80gb", net=net, algorithm=algo, protocol="simple")
+        times[algo] = all_reduce(tc, None, reduce_s=A100, count=count,
+                                 wire_itemsize=itemsize)[1].duration
     s = count * itemsize
     nic = s / 2 / 25e9                # the rail all-reduce of S/2 over 2 nodes, per NIC
     nvlink = 2 * (s / 2) / 240e9      # intra RS + AG, S/2 each way, one NVSwitch port
@@ -123,8 +131,8 @@ def test_pipelined_hierarchical_all_reduce_overlaps_nvlink_and_nics() -> None:
         pytest.skip("needs steady steps (N >= 3)")
     tc = timed_comm(net=network(bw=1e15, latency=1e-6))
     n, count = comm.size, 4096 * comm.size
-    _, rs = reduce_scatter(tc, None, count=count, wire_itemsize=4)
-    red = tc.reduce_s(count // n, 4)
+    _, rs = reduce_scatter(tc, None, reduce_s=T3, count=count, wire_itemsize=4)
+    red = T3(count // n, 4)
     step = 1e-6 + count // n * 4 / 1e15
     assert rs.duration == pytest.approx(step + (n - 2) * (1e-6 + red) + red, rel=1e-9, abs=0.0)
 
@@ -140,13 +148,13 @@ def test_bidirectional_ring_on_a_switch_cannot_exceed_the_port() -> None:
     for preset, faster in (("dgx-a100", False), ("dgx1-v100", True)):
         times = []
         for bidir in (False, True):
-            tc = timed_comm(net=network(preset, base_latency_s={}))
-            tc.protocol = "simple"
-            _, span = all_reduce(tc, None, count=count, wire_itemsize=itemsize,
+            tc = timed_comm(net=network(preset, base_latency_s={}), protocol="simple")
+            _, span = all_reduce(tc, None, reduce_s=T3, count=count, wire_itemsize=itemsize,
                                  bidirectional=bidir)
             times.append(span.duration)
             bus = 2 * (comm.size - 1) / comm.size * count * itemsize / span.duration
-            assert bus <= tc.rate(tc.next) * (1 + 1e-9) * (2 if faster else 1)
+            call = call_for(tc, "all_reduce", count * itemsize, itemsize, bidir)[1]
+            assert bus <= tc.rate(tc.next, call) * (1 + 1e-9) * (2 if faster else 1)
         assert (times[1] < 0.6 * times[0]) == faster
 
 
@@ -187,8 +195,10 @@ def test_staggered_all_reduce_is_causal_on_every_step() -> None:
     comm = MPI.COMM_WORLD
     tc = timed_comm()
     start = 1e-4 * comm.rank
-    _, span = all_reduce(tc, None, count=4096 * comm.size, wire_itemsize=2, after=start)
+    _, span = all_reduce(tc, None, reduce_s=T3, count=4096 * comm.size, wire_itemsize=2,
+                         after=start)
+    call = call_for(tc, "all_reduce", 4096 * comm.size * 2, 2)[1]
     assert span.t_start == start
     latest_start = comm.allreduce(start, op=MPI.MAX)
     if comm.size > 1:     # every result holds the last starter's data: one hop at least
-        assert span.t_end >= latest_start + tc.latency(tc.next)
+        assert span.t_end >= latest_start + tc.latency(tc.next, call)

@@ -6,8 +6,9 @@ from typing import Any
 
 from mpi4py import MPI
 
-from mpiemu.comm.p2p import TimedComm
-from mpiemu.devices import load_device, model_for
+from mpiemu.comm.p2p import TimedComm, Tuning
+from mpiemu.comm.ring import Reduction
+from mpiemu.devices import load_device, device_cost
 from mpiemu.net import Network, NetworkSpec, load_network
 from mpiemu.sim.timeline import Timeline
 
@@ -26,11 +27,17 @@ def network(preset: str = "t3-ring", *, bw: float | None = None,
 
 
 def timed_comm(comm: MPI.Comm | None = None, preset: str = "t3-gpu",
-               net: NetworkSpec | None = None, name: str = "tp") -> TimedComm:
+               net: NetworkSpec | None = None, name: str = "tp", algorithm: str = "",
+               protocol: str = "") -> TimedComm:
     """A TimedComm on `comm` (default COMM_WORLD) with a fresh untraced timeline, on the
-    device preset's network unless `net` is given."""
+    device preset's network unless `net` is given (`algorithm` / `protocol`: its tuning)."""
     comm = MPI.COMM_WORLD if comm is None else comm
     spec = load_device(preset)
     ns = net if net is not None else load_network(spec.network)
-    return TimedComm(comm, Timeline(), Network(ns, MPI.COMM_WORLD.Get_size()), model_for(spec),
-                     name)
+    return TimedComm(comm, Timeline(), Network(ns, MPI.COMM_WORLD.Get_size()), name,
+                     tuning=Tuning(algorithm, protocol))
+
+
+def reducer(preset: str = "t3-gpu") -> Reduction:
+    """The device preset's time to reduce (what its rank's collectives are given)."""
+    return device_cost(load_device(preset)).reduction_s

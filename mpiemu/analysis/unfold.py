@@ -13,8 +13,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..comm.mirror import Fold
-from ..comm.grid import GridShape
+from ..comm.shape import Fold
+from ..comm.shape import GridShape
 from .load import RankTrace
 
 _DEVICE = re.compile(r"((?:port|nic)\.)(\d+)(\.)|(link\.)(\d+)>(\d+)")

@@ -1,7 +1,7 @@
-"""Timed MPI communication: point-to-point (`p2p`), the ring engine (`ring`, `schedule`), the
-tree (`tree`), collectives and their closed forms (`collectives`, `cost`), the TP x DP grid
-(`grid`)."""
-from .collectives import all_gather, all_reduce, chunk_bounds, reduce_scatter
-from .p2p import TimedComm
+"""Timed MPI communication: the communicator with emulated time (`p2p`), the grid (`grid`,
+`shape`), folding's mirrored groups (`mirror`), the ring (`ring`, `lanes`), NCCL's trees
+(`tree`, `nvls_tree`), the collectives (`collectives`), their closed forms (`cost`) and
+NCCL's tuner (`tuner`).
 
-__all__ = ["TimedComm", "all_gather", "all_reduce", "chunk_bounds", "reduce_scatter"]
+Nothing is imported here: `comm.shape` (pure grid arithmetic) must load without MPI.
+"""

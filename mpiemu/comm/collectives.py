@@ -16,7 +16,9 @@ setup, independent of the number of steps) and then runs its algorithm:
   sum is MPI's own `Allreduce`, standing for the switch's arithmetic.
 
 The (algorithm, protocol) pair is the one with the lowest predicted time (`comm.cost`, as
-NCCL's tuner chooses), unless `tc.algorithm` / `tc.protocol` (from `[collectives]`) name one.
+NCCL's tuner chooses), unless the communicator's `tuning` (from `[collectives]`) names one;
+the choice travels with the call's messages as a `Call`. `reduce_s` is the device's time to
+reduce (`DeviceCost.reduction_s`): the reductions run on the device the rank plays.
 Passing `x=None` runs the same schedule on sizes alone (timing-only mode).
 """
 from __future__ import annotations
@@ -32,12 +34,13 @@ from .cost import (Choice, choose, estimate_s, node_groups, nvls_tree_depth, pip
                    tree_depth)
 from .mirror import FoldError, Mirror
 from .nvls_tree import nvls_tree_all_reduce
-from .p2p import TimedComm
-from .ring import AllGather, PlainGather, PlainReduce, ReduceScatter, ring_lanes, ring_pieces
+from .p2p import Call, TimedComm
+from .ring import (AllGather, PlainGather, PlainReduce, Reduction, ReduceScatter, ring_lanes,
+                   ring_pieces)
 from .lanes import Lane, Piece, chunk_bounds
 from .tree import tree_all_reduce
 
-__all__ = ["all_gather", "all_reduce", "all_reduce_scalars", "chunk_bounds",
+__all__ = ["all_gather", "all_reduce", "all_reduce_scalars", "call_for", "chunk_bounds",
            "reduce_scatter"]
 
 
@@ -74,19 +77,27 @@ def _out(out: np.ndarray | None, n: int, dtype: np.dtype) -> np.ndarray:
     return out.reshape(-1)
 
 
+def call_for(tc: TimedComm, op: str, nbytes: float, itemsize: int,
+             bidirectional: bool = False) -> tuple[Choice, Call]:
+    """The (algorithm, protocol) NCCL's tuner picks for this call (or the communicator's
+    tuning names) and the call its messages run as: that protocol, the channel share NCCL
+    gives a call of this size, that algorithm's hop latencies."""
+    ch = choose(tc, op, nbytes, itemsize, tc.tuning.algorithm if op == "all_reduce" else "",
+                tc.tuning.protocol, bidirectional)
+    return ch, Call(ch.protocol, tc.net.spec.channel_share(ch.protocol, nbytes, tc.size),
+                    ch.algorithm)
+
+
 def _start(tc: TimedComm, op: str, nbytes: float, itemsize: int, bidirectional: bool,
-           t0: SimTime) -> tuple[Choice, SimTime]:
-    """Choose (algorithm, protocol), set the protocol, pay the call's base latency."""
-    ch = choose(tc, op, nbytes, itemsize, tc.algorithm if op == "all_reduce" else "",
-                tc.protocol, bidirectional)
+           t0: SimTime) -> tuple[Choice, Call, SimTime]:
+    """The call (`call_for`), checked against folding; its base latency paid."""
+    ch, call = call_for(tc, op, nbytes, itemsize, bidirectional)
     if isinstance(tc.comm, Mirror) and ch.algorithm not in ("ring", "nvls"):
         raise FoldError(f"run.fold: the {tc.name} group runs {op} of {int(nbytes)} bytes "
                         f"with NCCL's {ch.algorithm} algorithm, whose ranks differ, so "
                         "folding would not be exact; run with run.fold = \"off\" (or "
                         "collectives.algorithm = \"ring\")")
-    tc.proto, tc.algo = ch.protocol, ch.algorithm
-    tc.share = tc.net.spec.channel_share(ch.protocol, nbytes, tc.size)
-    return ch, t0 + tc.net.spec.base(ch.algorithm, ch.protocol)
+    return ch, call, t0 + tc.net.spec.base(ch.algorithm, ch.protocol)
 
 
 def _record(tc: TimedComm, label: str, span: Span, nbytes: int, ch: Choice) -> None:
@@ -118,39 +129,42 @@ def _ring_plan(tc: TimedComm, m: int, bidirectional: bool, kind: str
     return ring_lanes(tc, m, bidirectional), ring_pieces(tc, m, bidirectional, 1, kind)
 
 
-def _ring_rs(tc: TimedComm, flat: np.ndarray | None, n: int, itemsize: int, unit: int,
-             bidirectional: bool, t: SimTime, out: np.ndarray | None, out_lo: int) -> SimTime:
+def _ring_rs(tc: TimedComm, call: Call, reduce_s: Reduction, flat: np.ndarray | None, n: int,
+             itemsize: int, unit: int, bidirectional: bool, t: SimTime,
+             out: np.ndarray | None, out_lo: int) -> SimTime:
     """The plain ring reduce-scatter; chunk `rank`'s sum goes to out (element out_lo on)."""
     ls, pieces = _ring_plan(tc, n // unit, bidirectional, "rs")
-    hooks = PlainReduce(tc, ls, unit, itemsize, t, _rows(flat, unit))
+    hooks = PlainReduce(tc, call, reduce_s, ls, unit, itemsize, t, _rows(flat, unit))
     run = ReduceScatter(tc, ls, pieces, unit, itemsize, hooks,
                         dtype=None if flat is None else flat.dtype, out=_rows(out, unit),
                         own_lo=out_lo // unit).run()
     return run.done
 
 
-def _ring_ag(tc: TimedComm, buf: np.ndarray | None, n: int, itemsize: int, unit: int,
-             bidirectional: bool, t: SimTime) -> SimTime:
+def _ring_ag(tc: TimedComm, call: Call, buf: np.ndarray | None, n: int, itemsize: int,
+             unit: int, bidirectional: bool, t: SimTime) -> SimTime:
     """The plain ring all-gather in place (buf holds this rank's chunk)."""
     ls, pieces = _ring_plan(tc, n // unit, bidirectional, "ag")
-    hooks = PlainGather(tc, ls, unit, itemsize, t)
+    hooks = PlainGather(tc, call, t)
     return AllGather(tc, ls, pieces, unit, itemsize, hooks,
                      _rows(buf, unit)).run().end
 
 
-def _ring_ar(tc: TimedComm, flat: np.ndarray | None, buf: np.ndarray | None, n: int,
-             itemsize: int, unit: int, bidirectional: bool, t: SimTime) -> SimTime:
+def _ring_ar(tc: TimedComm, call: Call, reduce_s: Reduction, flat: np.ndarray | None,
+             buf: np.ndarray | None, n: int, itemsize: int, unit: int, bidirectional: bool,
+             t: SimTime) -> SimTime:
     """Ring all-reduce = reduce-scatter then all-gather on the same chunks, 2(N-1) steps."""
     if tc.size == 1:
         if buf is not None and flat is not None:
             buf[:] = flat
         return t
-    t = _ring_rs(tc, flat, n, itemsize, unit, bidirectional, t, buf, 0)
-    return _ring_ag(tc, buf, n, itemsize, unit, bidirectional, t)
+    t = _ring_rs(tc, call, reduce_s, flat, n, itemsize, unit, bidirectional, t, buf, 0)
+    return _ring_ag(tc, call, buf, n, itemsize, unit, bidirectional, t)
 
 
-def _hierarchical_ar(tc: TimedComm, flat: np.ndarray | None, buf: np.ndarray | None, n: int,
-                     itemsize: int, unit: int, t: SimTime) -> SimTime:
+def _hierarchical_ar(tc: TimedComm, call: Call, reduce_s: Reduction,
+                     flat: np.ndarray | None, buf: np.ndarray | None, n: int, itemsize: int,
+                     unit: int, t: SimTime) -> SimTime:
     """Intra-node reduce-scatter, rail all-reduce of the shard, intra-node all-gather, on
     `pipeline_depth` segments: every segment's reduce-scatters are issued first, then the
     rail all-reduces, then the all-gathers, each ready when its segment's previous phase
@@ -158,27 +172,26 @@ def _hierarchical_ar(tc: TimedComm, flat: np.ndarray | None, buf: np.ndarray | N
     (as NCCL's tree pipelines its chain and its inter-node tree)."""
     intra = tc.split("node", tc.net.node_of(tc.device))
     rail = tc.split("rail", intra.rank)
-    intra.proto = rail.proto = tc.proto
-    intra.algo = rail.algo = "ring"
-    intra.share = rail.share = tc.share
+    ring = call._replace(algorithm="ring")      # each phase: a ring with the call's protocol
     segs = [(a * unit, b * unit) for a, b in chunk_bounds(n // unit,
                                                           pipeline_depth(n * itemsize))]
 
     def view(x: np.ndarray | None, a: int, b: int) -> np.ndarray | None:
         return None if x is None else x[a:b]
-    ends = [_ring_rs(intra, view(flat, a, b), b - a, itemsize, unit, False, t, view(buf, a, b),
-                     0) for a, b in segs]
+    ends = [_ring_rs(intra, ring, reduce_s, view(flat, a, b), b - a, itemsize, unit, False, t,
+                     view(buf, a, b), 0) for a, b in segs]
     for i, (a, b) in enumerate(segs):
         lo, hi = (a + o for o in _own(b - a, unit, intra.size, intra.rank))
         shard = None if buf is None else buf[lo:hi].copy()
-        ends[i] = _ring_ar(rail, shard, view(buf, lo, hi), hi - lo, itemsize, unit, False,
-                           ends[i])
-    return max(_ring_ag(intra, view(buf, a, b), b - a, itemsize, unit, False, ends[i])
+        ends[i] = _ring_ar(rail, ring, reduce_s, shard, view(buf, lo, hi), hi - lo, itemsize,
+                           unit, False, ends[i])
+    return max(_ring_ag(intra, ring, view(buf, a, b), b - a, itemsize, unit, False, ends[i])
                for i, (a, b) in enumerate(segs))
 
 
-def reduce_scatter(tc: TimedComm, x: np.ndarray | None, *, after: SimTime = 0.0,
-                   count: int | None = None, wire_itemsize: int | None = None,
+def reduce_scatter(tc: TimedComm, x: np.ndarray | None, *, reduce_s: Reduction,
+                   after: SimTime = 0.0, count: int | None = None,
+                   wire_itemsize: int | None = None,
                    bidirectional: bool = False, label: str = "reduce_scatter",
                    out: np.ndarray | None = None, unit: int | None = None
                    ) -> tuple[np.ndarray | None, Span]:
@@ -193,8 +206,9 @@ def reduce_scatter(tc: TimedComm, x: np.ndarray | None, *, after: SimTime = 0.0,
     flat = None if x is None else np.ascontiguousarray(x).reshape(-1)
     lo, hi = _own(n, u, tc.size, tc.rank)
     res = None if flat is None else _out(out, hi - lo, flat.dtype)
-    ch, t = _start(tc, "reduce_scatter", n * itemsize, itemsize, bidirectional, t0)
-    span = Span(t0, _ring_rs(tc, flat, n, itemsize, u, bidirectional, t, res, lo))
+    ch, call, t = _start(tc, "reduce_scatter", n * itemsize, itemsize, bidirectional, t0)
+    span = Span(t0, _ring_rs(tc, call, reduce_s, flat, n, itemsize, u, bidirectional, t, res,
+                             lo))
     _record(tc, label, span, n * itemsize, ch)
     if res is not None and x is not None and x.ndim > 1:
         res = res.reshape(-1, *x.shape[1:])
@@ -223,16 +237,17 @@ def all_gather(tc: TimedComm, x: np.ndarray | None, *, total: int | None = None,
                              f"{tc.rank} of {n} has {hi - lo}")
         buf = _out(out, n, x.dtype)
         buf[lo:hi] = x.reshape(-1)
-    ch, t = _start(tc, "all_gather", n * itemsize, itemsize, bidirectional, t0)
-    span = Span(t0, _ring_ag(tc, buf, n, itemsize, u, bidirectional, t))
+    ch, call, t = _start(tc, "all_gather", n * itemsize, itemsize, bidirectional, t0)
+    span = Span(t0, _ring_ag(tc, call, buf, n, itemsize, u, bidirectional, t))
     _record(tc, label, span, n * itemsize, ch)
     if buf is not None and x is not None and x.ndim > 1:
         buf = buf.reshape(-1, *x.shape[1:])
     return buf, span
 
 
-def all_reduce(tc: TimedComm, x: np.ndarray | None, *, after: SimTime = 0.0,
-               count: int | None = None, wire_itemsize: int | None = None,
+def all_reduce(tc: TimedComm, x: np.ndarray | None, *, reduce_s: Reduction,
+               after: SimTime = 0.0, count: int | None = None,
+               wire_itemsize: int | None = None,
                bidirectional: bool = False, label: str = "all_reduce",
                out: np.ndarray | None = None, unit: int = 1
                ) -> tuple[np.ndarray | None, Span]:
@@ -245,15 +260,15 @@ def all_reduce(tc: TimedComm, x: np.ndarray | None, *, after: SimTime = 0.0,
         return (None if x is None else x.copy()), Span(t0, t0)
     flat = None if x is None else np.ascontiguousarray(x).reshape(-1)
     buf = None if flat is None else _out(out, n, flat.dtype)
-    ch, t = _start(tc, "all_reduce", n * itemsize, itemsize, bidirectional, t0)
+    ch, call, t = _start(tc, "all_reduce", n * itemsize, itemsize, bidirectional, t0)
     if ch.algorithm == "hierarchical":
-        end = _hierarchical_ar(tc, flat, buf, n, itemsize, unit, t)
+        end = _hierarchical_ar(tc, call, reduce_s, flat, buf, n, itemsize, unit, t)
     elif ch.algorithm == "tree":
         groups = node_groups(tc.net, tc.devices)
-        end = tree_all_reduce(tc, groups, flat, buf, n, itemsize, t,
+        end = tree_all_reduce(tc, call, reduce_s, groups, flat, buf, n, itemsize, t,
                               tree_depth(n * itemsize, len(groups[0])))
     elif ch.algorithm == "nvls_tree":
-        end = nvls_tree_all_reduce(tc, flat, buf, n, itemsize, t,
+        end = nvls_tree_all_reduce(tc, call, reduce_s, flat, buf, n, itemsize, t,
                                    nvls_tree_depth(n * itemsize, tc.net.per_node))
     elif ch.algorithm == "nvls":
         # the switch reduces every member's chunk and multicasts the sum: no member holds
@@ -263,14 +278,14 @@ def all_reduce(tc: TimedComm, x: np.ndarray | None, *, after: SimTime = 0.0,
             tc.comm.Allreduce(flat, buf)
         end = switch_reduce(tc.tl, tc.net, tc.device, n * itemsize, t, label="nvls")
     else:
-        end = _ring_ar(tc, flat, buf, n, itemsize, unit, bidirectional, t)
+        end = _ring_ar(tc, call, reduce_s, flat, buf, n, itemsize, unit, bidirectional, t)
     span = Span(t0, end)
     _record(tc, label, span, n * itemsize, ch)
     return (None if buf is None else buf.reshape(x.shape)), span  # type: ignore[union-attr]
 
 
-def all_reduce_scalars(tc: TimedComm, x: np.ndarray | None, *, after: SimTime = 0.0,
-                       count: int = 1, wire_itemsize: int | None = None,
+def all_reduce_scalars(tc: TimedComm, x: np.ndarray | None, *, reduce_s: Reduction,
+                       after: SimTime = 0.0, count: int = 1, wire_itemsize: int | None = None,
                        label: str = "all_reduce") -> tuple[np.ndarray | None, Span]:
     """Sum a few scalars (a gradient norm) over the group as one latency-bound call: every
     member leaves at the tuner's estimate of the call (`comm.cost.estimate_s`, base latency
@@ -280,9 +295,10 @@ def all_reduce_scalars(tc: TimedComm, x: np.ndarray | None, *, after: SimTime = 
     n, itemsize, t0 = _size(x, count), _itemsize(x, wire_itemsize), latest(after)
     if tc.size == 1:
         return (None if x is None else x.copy()), Span(t0, t0)
-    ch = choose(tc, "all_reduce", n * itemsize, itemsize, tc.algorithm, tc.protocol)
+    ch = choose(tc, "all_reduce", n * itemsize, itemsize, tc.tuning.algorithm,
+                tc.tuning.protocol)
     t_last = float(tc.comm.allreduce(t0, op=MPI.MAX))
-    end = t_last + estimate_s(tc, "all_reduce", n * itemsize, itemsize, ch)
+    end = t_last + estimate_s(tc, "all_reduce", n * itemsize, itemsize, ch, reduce_s)
     out = None
     if x is not None:
         out = np.empty_like(x)

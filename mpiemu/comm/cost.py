@@ -29,7 +29,7 @@ from ..net import Network
 from ..net.topology import Hop
 from .mirror import Mirror
 from .p2p import TimedComm
-from .ring import ring_orders
+from .ring import Reduction, ring_orders
 from .tuner import Choice, candidates, pick
 
 OPS = ("reduce_scatter", "all_gather", "all_reduce")
@@ -68,7 +68,7 @@ def view(tc: TimedComm, ranks: Sequence[int]) -> TimedComm:
     """The sub-group of these ranks of tc, for estimates only (it sends nothing)."""
     devices = [tc.devices[r] for r in ranks]
     return TimedComm(Mirror(tc.name, len(devices), devices.index(tc.device), devices),
-                     tc.tl, tc.net, tc.model, tc.name)
+                     tc.tl, tc.net, tc.name)
 
 
 def hierarchy_views(tc: TimedComm) -> tuple[TimedComm, TimedComm]:
@@ -120,7 +120,8 @@ def ring_hops(tc: TimedComm, bidirectional: bool) -> tuple[list[Hop], int]:
 
 
 def ring_estimate_s(tc: TimedComm, op: str, nbytes: float, itemsize: int, proto: str,
-                    bidirectional: bool = False, share: float | None = None) -> float:
+                    reduce_s: Reduction, bidirectional: bool = False,
+                    share: float | None = None) -> float:
     """Ring time without the base latency: exact for one lane whose ports carry nothing
     else, else an estimate from the most loaded port's busy time per step."""
     n = tc.size
@@ -132,7 +133,7 @@ def ring_estimate_s(tc: TimedComm, op: str, nbytes: float, itemsize: int, proto:
         share = tc.net.spec.channel_share(proto, nbytes, tc.size)
     elems = nbytes / itemsize
     c = math.ceil(math.ceil(elems / n) / n_lanes) * itemsize
-    red = tc.model.reduction_s(math.ceil(math.ceil(elems / n) / n_lanes), itemsize)
+    red = reduce_s(math.ceil(math.ceil(elems / n) / n_lanes), itemsize)
     load: dict[str, float] = {}
     lat = 0.0
     cost: dict[tuple[int, int], tuple[float, float]] = {}    # per (transport, hops)
@@ -163,7 +164,8 @@ def _node_tree(tc: TimedComm) -> tuple[list[list[int]], Hop, int, int]:
     return groups, inter, max(1, math.ceil(math.log2(nodes + 1)) - 1), 2 if nodes > 2 else 1
 
 
-def tree_estimate_s(tc: TimedComm, nbytes: float, itemsize: int, proto: str) -> float:
+def tree_estimate_s(tc: TimedComm, nbytes: float, itemsize: int, proto: str,
+                    reduce_s: Reduction) -> float:
     """G lanes (one per rail) of two trees, 1/(2G) of the data each, k segments: one
     segment's climb and descent (chain hops inside the node, tree hops between nodes, a
     reduction per level) plus k-1 times the busiest port's share of a round of segments
@@ -175,7 +177,7 @@ def tree_estimate_s(tc: TimedComm, nbytes: float, itemsize: int, proto: str) -> 
     seg = nbytes / (2 * g) / k
     share = tc.net.spec.channel_share(proto, nbytes, tc.size)
     r_ib, a_ib = tc.net.rate(inter, proto, share), tc.net.latency(inter, proto, "tree")
-    red = tc.model.reduction_s(math.ceil(seg / itemsize), itemsize)
+    red = reduce_s(math.ceil(seg / itemsize), itemsize)
     climb = depth * (seg / r_ib + a_ib + red)
     busiest = nic_load * seg / r_ib
     if g > 1:
@@ -187,7 +189,8 @@ def tree_estimate_s(tc: TimedComm, nbytes: float, itemsize: int, proto: str) -> 
     return 2 * climb - levels * red + (k - 1) * busiest
 
 
-def nvls_tree_estimate_s(tc: TimedComm, nbytes: float, itemsize: int) -> float:
+def nvls_tree_estimate_s(tc: TimedComm, nbytes: float, itemsize: int,
+                         reduce_s: Reduction) -> float:
     """k segments of the G shards: one segment through the switch (its whole data out),
     the rail's tree on its shard, back through the switch (the whole result in), plus k-1
     times the busier of a port (a segment's (G+1)/G) and the NIC (the rail tree's load).
@@ -200,7 +203,7 @@ def nvls_tree_estimate_s(tc: TimedComm, nbytes: float, itemsize: int) -> float:
     b_sw = spec.intra.bw_bytes_per_s * spec.nvls_efficiency
     share = spec.channel_share("simple", nbytes, tc.size)     # as the call's rail runs
     r_ib, a_ib = tc.net.rate(inter, "simple", share), tc.net.latency(inter, "simple")
-    red = tc.model.reduction_s(math.ceil(seg / 2 / itemsize), itemsize)
+    red = reduce_s(math.ceil(seg / 2 / itemsize), itemsize)
     rail = 2 * depth * (seg / 2 / r_ib + a_ib) + depth * red
     busiest = max(seg * (g + 1) / b_sw, nic_load * seg / r_ib)
     return 2 * seg * g / b_sw + rail + (k - 1) * busiest
@@ -212,26 +215,29 @@ def nvls_tree_depth(nbytes: float, g: int) -> int:
 
 
 def estimate_s(tc: TimedComm, op: str, nbytes: float, itemsize: int, ch: Choice,
-               bidirectional: bool = False) -> float:
-    """The predicted time of one call (base latency included)."""
+               reduce_s: Reduction, bidirectional: bool = False) -> float:
+    """The predicted time of one call (base latency included; `reduce_s`: the device's)."""
     base = tc.net.spec.base(ch.algorithm, ch.protocol)
     if ch.algorithm == "ring":
-        return base + ring_estimate_s(tc, op, nbytes, itemsize, ch.protocol, bidirectional)
+        return base + ring_estimate_s(tc, op, nbytes, itemsize, ch.protocol, reduce_s,
+                                      bidirectional)
     if ch.algorithm == "nvls":
         n, spec = tc.size, tc.net.spec
         return base + nbytes * (n + 1) / n / (spec.intra.bw_bytes_per_s * spec.nvls_efficiency)
     if ch.algorithm == "tree":
-        return base + tree_estimate_s(tc, nbytes, itemsize, ch.protocol)
+        return base + tree_estimate_s(tc, nbytes, itemsize, ch.protocol, reduce_s)
     if ch.algorithm == "nvls_tree":
-        return base + nvls_tree_estimate_s(tc, nbytes, itemsize)
+        return base + nvls_tree_estimate_s(tc, nbytes, itemsize, reduce_s)
     intra, rail = hierarchy_views(tc)
     k = pipeline_depth(nbytes)
     seg = nbytes / k
     share = tc.net.spec.channel_share(ch.protocol, nbytes, tc.size)
-    s_rs = ring_estimate_s(intra, "reduce_scatter", seg, itemsize, ch.protocol, share=share)
-    s_ar = ring_estimate_s(rail, "all_reduce", seg / intra.size, itemsize, ch.protocol,
+    s_rs = ring_estimate_s(intra, "reduce_scatter", seg, itemsize, ch.protocol, reduce_s,
                            share=share)
-    s_ag = ring_estimate_s(intra, "all_gather", seg, itemsize, ch.protocol, share=share)
+    s_ar = ring_estimate_s(rail, "all_reduce", seg / intra.size, itemsize, ch.protocol,
+                           reduce_s, share=share)
+    s_ag = ring_estimate_s(intra, "all_gather", seg, itemsize, ch.protocol, reduce_s,
+                           share=share)
     return base + s_rs + s_ar + s_ag + (k - 1) * max(s_rs + s_ag, s_ar)
 
 

@@ -23,46 +23,19 @@ world groups mixed (scalar reductions only).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mpi4py import MPI
 
-if TYPE_CHECKING:
-    from .mirror import Fold
-
-
-@dataclass(frozen=True)
-class GridShape:
-    """tp x dp x pp must equal the world size."""
-
-    tp: int
-    dp: int
-    pp: int = 1
-
-    def __post_init__(self) -> None:
-        for name, v in (("parallel.tp", self.tp), ("parallel.dp", self.dp),
-                        ("parallel.pp", self.pp)):
-            if v < 1:
-                raise ValueError(f"{name}={v} must be >= 1")
-
-    @property
-    def size(self) -> int:
-        return self.tp * self.dp * self.pp
-
-    def coords(self, rank: int) -> tuple[int, int, int]:
-        """(tp_rank, dp_rank, pp_rank) of a world rank."""
-        return rank % self.tp, rank // self.tp % self.dp, rank // (self.tp * self.dp)
-
-    def rank_of(self, tp_rank: int, dp_rank: int, pp_rank: int) -> int:
-        return tp_rank + self.tp * (dp_rank + self.dp * pp_rank)
+from .mirror import Mirror
+from .shape import Fold, GridShape
 
 
 class ProcessGrid:
     """World communicator split into TP, DP, PP, embedding and model-parallel groups
     (communicators passed, never global)."""
 
-    def __init__(self, world: MPI.Comm, shape: GridShape, fold: "Fold | None" = None
+    def __init__(self, world: MPI.Comm, shape: GridShape, fold: Fold | None = None
                  ) -> None:
         self.world = world
         self.shape = shape
@@ -90,9 +63,8 @@ class ProcessGrid:
         self.embed_comm = world.Split(color=color if ends else MPI.UNDEFINED,
                                       key=self.pp_rank)
 
-    def _folded(self, world: MPI.Comm, shape: GridShape, fold: "Fold") -> None:
+    def _folded(self, world: MPI.Comm, shape: GridShape, fold: Fold) -> None:
         """One MPI rank per stage: TP / DP groups mirrored, PP / embedding groups real."""
-        from .mirror import Mirror
         p = world.Get_rank()
         self.rank = fold.rep(p)
         self.tp_rank, self.dp_rank, self.pp_rank = 0, 0, p

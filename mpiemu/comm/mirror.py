@@ -1,9 +1,10 @@
 """Symmetric folding: one MPI rank stands for every emulated GPU of its pipeline stage.
 
 In a timing-only run on identical devices, the TP x DP ranks of one pipeline stage are
-images of each other: shifting every device's (tp, dp) coordinates by (a, b) (`Fold.image`)
+images of each other: shifting every device's (tp, dp) coordinates by (a, b)
+(`comm.shape.Fold.image`)
 maps the grid and, when the network looks the same from every member (checked by
-`run.fold`), its routes onto themselves. So the emulated times of rank (a, b, p) equal those
+`runner.fold_plan`), its routes onto themselves. So the emulated times of rank (a, b, p) equal those
 of rank (0, 0, p), and a message rank (0, 0, p) receives from its group peer at offset -k
 left that peer when its own matching send to offset +k left it, with the same header.
 
@@ -21,47 +22,14 @@ representatives).
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from mpi4py import MPI
 
-from .grid import GridShape
-
 
 class FoldError(RuntimeError):
     """Folding met something that would make it inexact (says what and how to run instead)."""
-
-
-class Fold(NamedTuple):
-    """The emulated grid `shape` run on one MPI rank per pipeline stage: MPI rank p plays
-    emulated rank (0, 0, p) and stands for every (t, d, p)."""
-
-    shape: GridShape
-
-    def rep(self, mpi_rank: int) -> int:
-        """The emulated rank MPI rank `mpi_rank` plays."""
-        return self.shape.rank_of(0, 0, mpi_rank)
-
-    def members(self, mpi_rank: int) -> list[int]:
-        """The emulated ranks MPI rank `mpi_rank` stands for (its own first)."""
-        s = self.shape
-        return [s.rank_of(t, d, mpi_rank) for d in range(s.dp) for t in range(s.tp)]
-
-    def image(self, member: int) -> Callable[[int], int]:
-        """Map a device as the representative sees it to the device `member` sees there:
-        (t, d, p) -> (t + a, d + b, p) for member (a, b, p)."""
-        s = self.shape
-        a, b, _ = s.coords(member)
-
-        def f(device: int) -> int:
-            t, d, p = s.coords(device)
-            return s.rank_of((t + a) % s.tp, (d + b) % s.dp, p)
-        return f
-
-    def images(self) -> list[Callable[[int], int]]:
-        """Every symmetry of one stage (the identity first)."""
-        return [self.image(m) for m in self.members(0)]
 
 
 class Mirror:

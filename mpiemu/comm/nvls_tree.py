@@ -26,7 +26,8 @@ from mpi4py import MPI
 
 from ..net.message import switch_transfer
 from ..sim.timeline import SimTime
-from .p2p import TimedComm
+from .p2p import Call, TimedComm
+from .ring import Reduction
 from .lanes import chunk_bounds
 from .tree import tree_all_reduce
 
@@ -38,13 +39,14 @@ def _latest(comm: MPI.Comm, times: list[SimTime]) -> list[SimTime]:
     return out.tolist()
 
 
-def nvls_tree_all_reduce(tc: TimedComm, flat: np.ndarray | None, buf: np.ndarray | None,
-                         n: int, itemsize: int, t: SimTime, depth: int) -> SimTime:
+def nvls_tree_all_reduce(tc: TimedComm, call: Call, reduce_s: Reduction,
+                         flat: np.ndarray | None, buf: np.ndarray | None, n: int,
+                         itemsize: int, t: SimTime, depth: int) -> SimTime:
     """Sum n elements over the group (whole nodes of one switch each) in `depth` segments;
     returns when this rank holds the whole result (`buf`, numerics on)."""
     node = tc.split("node", tc.net.node_of(tc.device))
     rail = tc.split("rail", node.rank)
-    rail.proto, rail.algo, rail.share = "simple", "ring", tc.share   # NET hop: NVLS_TREE's
+    on_rail = Call("simple", call.share, "ring")    # NET hop: NVLS_TREE's (hwLat[NET] of ring)
     g = node.size
     bounds = chunk_bounds(n, g)
     lo, hi = bounds[node.rank]
@@ -59,7 +61,7 @@ def nvls_tree_all_reduce(tc: TimedComm, flat: np.ndarray | None, buf: np.ndarray
         return switch_transfer(tc.tl, tc.net, tc.device, out * itemsize, into * itemsize,
                                ready, label=label)
     rs = _latest(node.comm, [switch((b - a) * g, b - a, t0, "nvls_tree.rs") for a, b in segs])
-    railed = [tree_all_reduce(rail, [[r] for r in range(rail.size)],
+    railed = [tree_all_reduce(rail, on_rail, reduce_s, [[r] for r in range(rail.size)],
                               None if shard is None else shard[a:b],
                               None if res is None else res[a:b], b - a, itemsize, t_rs, 1)
               for (a, b), t_rs in zip(segs, rs)]

@@ -12,13 +12,12 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 from mpi4py import MPI
 
 from .._threads import oversubscribed
-from ..devices.cost import ComputeModel
 from ..net import HEADER_LEN, Network, arrival, send
 from ..net.message import Feed
 from ..sim.timeline import SimTime, Timeline
@@ -130,25 +129,47 @@ class SendHandle:
         return self.t_sent
 
 
+class Call(NamedTuple):
+    """How one call's messages are timed besides their route: the protocol NCCL runs the call
+    with, the share of a port's channels it drives and its algorithm (whose hop latencies it
+    pays). A value that travels with the call (`comm.collectives` makes one per call); a
+    point-to-point message is `P2P`."""
+
+    protocol: str = "simple"
+    share: float = 1.0
+    algorithm: str = "ring"
+
+
+P2P = Call()
+
+
+class Tuning(NamedTuple):
+    """A communicator's fixed choice of algorithm and protocol for its collectives
+    (`[collectives]`, as NCCL_ALGO / NCCL_PROTO are read when a communicator is made);
+    "" lets NCCL's tuner pick (`comm.cost.choose`)."""
+
+    algorithm: str = ""
+    protocol: str = ""
+
+
 class TimedComm:
-    """An MPI communicator bound to a rank's timeline, the job's network and device model.
+    """An MPI communicator bound to a rank's timeline and the job's network.
 
     `devices[i]` is the emulated device rank i of `comm` plays (its world rank unless
-    given); every message asks the network for its route between devices (`net.message`).
-    `stream` (`comm.<name>`) runs the collective's reductions; `proto` is the protocol of
-    the collective being run (set by `comm.collectives`); `algorithm` / `protocol` are the
-    user's choice (`[collectives]`; "" lets `comm.cost.choose` pick).
+    given); every message asks the network for its route between devices (`net.message`),
+    timed by the `Call` it belongs to. `stream` (`comm.<name>`) runs the collective's
+    reductions. What a reduction costs is the device's (`devices.cost`), passed to each
+    collective call; nothing here belongs to one call.
     """
 
-    def __init__(self, comm: Any, timeline: Timeline, net: Network,
-                 model: ComputeModel, name: str = "world",
+    def __init__(self, comm: Any, timeline: Timeline, net: Network, name: str = "world",
                  devices: Sequence[int] | None = None,
-                 world_map: Sequence[int] | None = None) -> None:
+                 world_map: Sequence[int] | None = None, tuning: Tuning = Tuning()) -> None:
         self.comm = comm
         self.tl = timeline
         self.net = net
-        self.model = model
         self.name = name
+        self.tuning = tuning
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.world_map = world_map
@@ -157,11 +178,6 @@ class TimedComm:
         self.next = (self.rank + 1) % self.size
         self.prev = (self.rank - 1) % self.size
         self.stream = f"comm.{name}"
-        self.proto = "simple"
-        self.share = 1.0               # of the port's channels the current call drives
-        self.algo = "ring"             # the algorithm of the current call (hop latencies)
-        self.algorithm = ""            # [collectives] algorithm / protocol: "" = choose
-        self.protocol = ""
         self._pool: dict[tuple[str, str], np.ndarray] = {}
         self._subs: dict[str, TimedComm] = {}
         # what depends only on the group, the network and the call's shape, kept per group
@@ -170,11 +186,9 @@ class TimedComm:
 
     def sibling(self, comm: Any, name: str, timeline: Timeline | None = None
                 ) -> "TimedComm":
-        """Another communicator on the same network and device model."""
-        tc = TimedComm(comm, timeline or self.tl, self.net, self.model, name,
-                       world_map=self.world_map)
-        tc.algorithm, tc.protocol = self.algorithm, self.protocol
-        return tc
+        """Another communicator on the same network, with the same tuning."""
+        return TimedComm(comm, timeline or self.tl, self.net, name, world_map=self.world_map,
+                         tuning=self.tuning)
 
     def split(self, key: str, color: int) -> "TimedComm":
         """A sub-communicator (cached): ranks of equal `color`, in rank order."""
@@ -193,22 +207,24 @@ class TimedComm:
         return buf[:n]
 
     # ---- time ----------------------------------------------------------------------------
-    def rate(self, dest: int) -> float:
-        """Bytes/s a message to rank `dest` moves (the hop's rate for this protocol)."""
-        return self.net.rate(self.net.hop(self.device, self.devices[dest]), self.proto,
-                             self.share)
+    def rate(self, dest: int, call: Call = P2P) -> float:
+        """Bytes/s a message of `call` to rank `dest` moves (the hop's rate)."""
+        return self.net.rate(self.net.hop(self.device, self.devices[dest]), call.protocol,
+                             call.share)
 
-    def latency(self, dest: int) -> float:
-        return self.net.latency(self.net.hop(self.device, self.devices[dest]), self.proto,
-                                self.algo)
+    def latency(self, dest: int, call: Call = P2P) -> float:
+        """The hop latency a message of `call` to rank `dest` pays."""
+        return self.net.latency(self.net.hop(self.device, self.devices[dest]), call.protocol,
+                                call.algorithm)
 
-    def place(self, dest: int, nbytes: float, after: SimTime, *, label: str = "send",
-              stage: int = -1, feed: Feed | None = None, dram_bytes: float = 0.0
-              ) -> np.ndarray:
-        """Time a message to rank `dest` (no MPI): returns its header (`net.message`)."""
+    def place(self, dest: int, nbytes: float, after: SimTime, call: Call = P2P, *,
+              label: str = "send", stage: int = -1, feed: Feed | None = None,
+              dram_bytes: float = 0.0) -> np.ndarray:
+        """Time a message of `call` to rank `dest` (no MPI): returns its header
+        (`net.message`)."""
         return send(self.tl, self.net, self.device, self.devices[dest], nbytes, after,
-                    self.proto, label=label, peer=dest, stage=stage, dram_bytes=dram_bytes,
-                    feed=feed, share=self.share, algorithm=self.algo)
+                    call.protocol, label=label, peer=dest, stage=stage, dram_bytes=dram_bytes,
+                    feed=feed, share=call.share, algorithm=call.algorithm)
 
     def arrival(self, source: int, header: np.ndarray) -> SimTime:
         """When a message from rank `source` with this header is here (ingress reserved)."""
@@ -228,14 +244,14 @@ class TimedComm:
         return reqs
 
     def isend(self, buf: np.ndarray | None, dest: int, tag: int, nbytes: float,
-              after: SimTime, *, label: str = "send", stage: int = -1,
+              after: SimTime, call: Call = P2P, *, label: str = "send", stage: int = -1,
               feed: Feed | None = None, dram_bytes: float = 0.0) -> SendHandle:
-        """Send `buf` (None: header only) that is ready at `after`.
+        """Send `buf` (None: header only), a message of `call`, that is ready at `after`.
 
         `feed(start)`: the least time the sender needs to produce the bytes (a reduction
         streamed into the send); the port is busy for the longer of that and the wire time.
         """
-        header = self.place(dest, nbytes, after, label=label, stage=stage, feed=feed,
+        header = self.place(dest, nbytes, after, call, label=label, stage=stage, feed=feed,
                             dram_bytes=dram_bytes)
         return SendHandle(self.post(header, buf, dest, tag), header)
 
@@ -252,7 +268,3 @@ class TimedComm:
         if buf is not None:
             reqs.append(self.comm.Irecv(buf, source, tag))
         return RecvHandle(self, reqs, header, posted, source)
-
-    def reduce_s(self, n_elems: int, elem_bytes: int) -> SimTime:
-        """Modelled time of one ring step's reduction of n elements."""
-        return self.model.reduction_s(n_elems, elem_bytes)

@@ -21,17 +21,19 @@ as NCCL's slices). With numerics off only headers travel.
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 from mpi4py import MPI
 
 from ..sim.timeline import SimTime
-from .p2p import RecvHandle, TimedComm, wait_all
+from .p2p import Call, RecvHandle, TimedComm, wait_all
 from .lanes import Lane, Piece, chunk_bounds, lanes, plan
 
 RS_TAG, RS_DATA, AG_TAG, AG_DATA = 100, 300, 200, 400
 PIECE_BYTES = 1 << 20   # payload pipelining granularity (an emulator detail, not modelled)
+# the device's time to reduce n elements of b bytes each (`DeviceCost.reduction_s`)
+Reduction = Callable[[int, int], SimTime]
 
 
 def ring_orders(tc: TimedComm, bidirectional: bool = False) -> list[tuple[int, ...]]:
@@ -102,22 +104,23 @@ class PlainReduce:
     the port is busy for max(wire, reduction x the ports sending at once) (thesis 8.5.1.1:
     only the last step's reduction is exposed)."""
 
-    def __init__(self, tc: TimedComm, ls: list[Lane], width: int, itemsize: int, t0: SimTime,
-                 x: np.ndarray | None = None) -> None:
-        self.tc, self.width, self.itemsize, self.t0, self.x = tc, width, itemsize, t0, x
+    def __init__(self, tc: TimedComm, call: Call, reduce_s: Reduction, ls: list[Lane],
+                 width: int, itemsize: int, t0: SimTime, x: np.ndarray | None = None) -> None:
+        self.tc, self.call, self.reduce_s = tc, call, reduce_s
+        self.width, self.itemsize, self.t0, self.x = width, itemsize, t0, x
         self.ports = egress_ports(tc, ls)
 
     def ready(self, p: Piece) -> SimTime:
         return self.t0
 
     def _red(self, p: Piece) -> SimTime:
-        return self.tc.reduce_s(p.n_rows * self.width, self.itemsize)
+        return self.reduce_s(p.n_rows * self.width, self.itemsize)
 
     def place(self, p: Piece, dst: int, ready: SimTime, nbytes: float) -> np.ndarray:
         if p.step == 0:
-            return self.tc.place(dst, nbytes, ready, label="rs.send", stage=0)
+            return self.tc.place(dst, nbytes, ready, self.call, label="rs.send", stage=0)
         feed = self._red(p) * self.ports
-        return self.tc.place(dst, nbytes, ready, label="rs.send", stage=p.step,
+        return self.tc.place(dst, nbytes, ready, self.call, label="rs.send", stage=p.step,
                              feed=lambda _start: feed, dram_bytes=3 * nbytes)
 
     def received(self, p: Piece, nbytes: float) -> None:
@@ -133,11 +136,26 @@ class PlainReduce:
         return None if self.x is None else self.x[p.rows[0]:p.rows[1]]
 
 
-class PlainGather(PlainReduce):
+class PlainGather:
     """All-gather alone: each shard forwarded as it arrives, at the network's rate."""
 
+    def __init__(self, tc: TimedComm, call: Call, t0: SimTime) -> None:
+        self.tc, self.call, self.t0 = tc, call, t0
+
+    def ready(self, p: Piece) -> SimTime:
+        return self.t0
+
     def place(self, p: Piece, dst: int, ready: SimTime, nbytes: float) -> np.ndarray:
-        return self.tc.place(dst, nbytes, ready, label="ag.send", stage=p.step)
+        return self.tc.place(dst, nbytes, ready, self.call, label="ag.send", stage=p.step)
+
+    def received(self, p: Piece, nbytes: float) -> None:
+        return None
+
+    def finish(self, p: Piece, t: SimTime) -> SimTime:
+        return t                          # an all-gather reduces nothing
+
+    def local(self, p: Piece) -> np.ndarray | None:
+        return None
 
 
 def _add(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> None:

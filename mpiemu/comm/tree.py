@@ -25,7 +25,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ..sim.timeline import SimTime
-from .p2p import RecvHandle, TimedComm, wait_all
+from .p2p import Call, RecvHandle, TimedComm, wait_all
+from .ring import Reduction
 from .lanes import chunk_bounds
 
 TAG_TREE = 5000     # tree i of a call: TAG_TREE + 2i (climbing), + 2i + 1 (descending)
@@ -68,11 +69,12 @@ def roles(groups: list[list[int]], rank: int) -> list[TreeRole]:
     return out
 
 
-def tree_all_reduce(tc: TimedComm, groups: list[list[int]], flat: np.ndarray | None,
-                    buf: np.ndarray | None, n: int, itemsize: int, t0: SimTime,
-                    depth: int) -> SimTime:
-    """Sum n elements over the group by the trees of every lane in `depth` segments each;
-    returns when this rank holds the whole result (`buf`, numerics on)."""
+def tree_all_reduce(tc: TimedComm, call: Call, reduce_s: Reduction, groups: list[list[int]],
+                    flat: np.ndarray | None, buf: np.ndarray | None, n: int, itemsize: int,
+                    t0: SimTime, depth: int) -> SimTime:
+    """Sum n elements over the group by the trees of every lane in `depth` segments each, as
+    messages of `call`; returns when this rank holds the whole result (`buf`, numerics
+    on)."""
     parts = chunk_bounds(n, 2 * len(groups[0]))
     if buf is not None and flat is not None:
         buf[:] = flat                                 # sums accumulate in place
@@ -85,15 +87,16 @@ def tree_all_reduce(tc: TimedComm, groups: list[list[int]], flat: np.ndarray | N
     plans = [(role, b[s]) for s in range(depth) for role, b in segs]
     ready: list[SimTime] = []
     for role, (lo, hi) in plans:                      # every segment climbs first ...
-        ready.append(_up(tc, role, buf, lo, hi, itemsize, t0, sreqs))
+        ready.append(_up(tc, call, reduce_s, role, buf, lo, hi, itemsize, t0, sreqs))
     for (role, (lo, hi)), t in zip(plans, ready):     # ... then comes back down
-        ends.append(_down(tc, role, buf, lo, hi, itemsize, t, sreqs))
+        ends.append(_down(tc, call, role, buf, lo, hi, itemsize, t, sreqs))
     wait_all(sreqs)
     return max(ends, default=t0)
 
 
-def _up(tc: TimedComm, role: TreeRole, buf: np.ndarray | None, lo: int, hi: int,
-        itemsize: int, t0: SimTime, sreqs: list[MPI.Request]) -> SimTime:
+def _up(tc: TimedComm, call: Call, reduce_s: Reduction, role: TreeRole,
+        buf: np.ndarray | None, lo: int, hi: int, itemsize: int, t0: SimTime,
+        sreqs: list[MPI.Request]) -> SimTime:
     """Add the children's partial sums of [lo, hi) to ours and send the sum to the parent."""
     nbytes = (hi - lo) * itemsize
     t = t0
@@ -101,7 +104,7 @@ def _up(tc: TimedComm, role: TreeRole, buf: np.ndarray | None, lo: int, hi: int,
         tmp = None if buf is None else np.empty(hi - lo, buf.dtype)
         h: RecvHandle = tc.irecv(tmp, src, TAG_TREE + 2 * role.tree, t0)
         t_arrive = h.wait()
-        red = tc.reduce_s(hi - lo, itemsize)
+        red = reduce_s(hi - lo, itemsize)
         t = tc.tl.reserve("tree.reduce", [f"{tc.stream}.{role.tree}"], red, max(t, t_arrive),
                           cat="comm",
                           flops=hi - lo, dram_bytes=3 * nbytes, peer=src).t_end
@@ -109,13 +112,13 @@ def _up(tc: TimedComm, role: TreeRole, buf: np.ndarray | None, lo: int, hi: int,
             np.add(buf[lo:hi], tmp, out=buf[lo:hi])
     if role.up_to >= 0:
         sh = tc.isend(None if buf is None else buf[lo:hi], role.up_to, TAG_TREE + 2 * role.tree,
-                      nbytes, t, label="tree.up")
+                      nbytes, t, call, label="tree.up")
         sreqs += sh.reqs
     return t
 
 
-def _down(tc: TimedComm, role: TreeRole, buf: np.ndarray | None, lo: int, hi: int,
-          itemsize: int, t: SimTime, sreqs: list[MPI.Request]) -> SimTime:
+def _down(tc: TimedComm, call: Call, role: TreeRole, buf: np.ndarray | None, lo: int,
+          hi: int, itemsize: int, t: SimTime, sreqs: list[MPI.Request]) -> SimTime:
     """Receive the whole sum of [lo, hi) from the parent (the root has it) and pass it on."""
     nbytes = (hi - lo) * itemsize
     if role.down_from >= 0:
@@ -124,6 +127,6 @@ def _down(tc: TimedComm, role: TreeRole, buf: np.ndarray | None, lo: int, hi: in
         t = h.wait()
     for dst in role.down_to:
         sh = tc.isend(None if buf is None else buf[lo:hi], dst, TAG_TREE + 2 * role.tree + 1,
-                      nbytes, t, label="tree.down")
+                      nbytes, t, call, label="tree.down")
         sreqs += sh.reqs
     return t

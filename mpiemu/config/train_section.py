@@ -5,10 +5,9 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from ..devices.kernels import MODES as KERNEL_MODES
-from ..training.buckets import DDP_IMPLS
-from ..model.config import (ATTENTION_ALIASES, ATTENTIONS, MASKS, NORMS, OPTIMIZERS, ModelConfig,
-                          ModelConfigError, OptimizerConfig)
-from ..executors.gpu import KernelOptions
+from ..model.config import ATTENTION_ALIASES, ATTENTIONS, MASKS, NORMS, FieldError, ModelConfig
+from ..model.executor import KernelOptions
+from ..training.config import DDP_IMPLS, OPTIMIZERS, OptimizerConfig
 from ..model.stage import RECOMPUTE
 from ..model.presets import ModelPresetError, list_model_presets, load_model_preset
 from .errors import ConfigError
@@ -71,7 +70,7 @@ class ModelSection:
                         if getattr(self, k) != -1.0})
         try:
             return replace(base, **changes)
-        except ModelConfigError as exc:
+        except FieldError as exc:
             raise ConfigError(exc.field, exc.value, exc.allowed) from None
 
     def preset_global_batch(self) -> int:
@@ -134,7 +133,7 @@ class OptimizerSection(OptimizerConfig):
             raise ConfigError("optimizer.name", self.name, OPTIMIZERS)
         try:
             super().__post_init__()
-        except ModelConfigError as exc:
+        except FieldError as exc:
             raise ConfigError(exc.field, exc.value, exc.allowed) from None
 
     def to_config(self) -> OptimizerConfig:

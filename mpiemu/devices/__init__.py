@@ -1,11 +1,11 @@
 """Hardware layer: device specs, presets with sources, cost models (the network: `mpiemu.net`)."""
-from .cost import ComputeModel, GpuModel, model_for
+from .cost import DeviceCost, GpuCost, device_cost
 from .gemm import GemmCost, GemmStage, gemm_cost
 from .presets import PresetError, list_presets, load_device, read_preset
 from .specs import DTYPE_BYTES, DeviceSpec, GemmTiling, dtype_bytes
 
 __all__ = [
-    "ComputeModel", "DTYPE_BYTES", "DeviceSpec", "GemmCost", "GemmStage", "GemmTiling",
-    "GpuModel", "PresetError", "dtype_bytes", "gemm_cost", "list_presets",
-    "load_device", "model_for", "read_preset",
+    "DeviceCost", "DTYPE_BYTES", "DeviceSpec", "GemmCost", "GemmStage", "GemmTiling",
+    "GpuCost", "PresetError", "dtype_bytes", "gemm_cost", "list_presets",
+    "load_device", "device_cost", "read_preset",
 ]

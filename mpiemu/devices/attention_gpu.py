@@ -25,7 +25,7 @@ import math
 from typing import NamedTuple, Union
 
 from . import kernels as K
-from .cost import ComputeModel
+from .cost import DeviceCost
 from .gemm import NO_EPILOGUE, Epilogue
 from .specs import DeviceSpec
 
@@ -97,10 +97,10 @@ def check_variant(variant: str) -> str:
     return variant
 
 
-def sub_vector(model: ComputeModel, a: AttnShape, dtype: str) -> int:
+def sub_vector(cost: DeviceCost, a: AttnShape, dtype: str) -> int:
     """T: the output tile width of the QK^T GEMM (seed 004 2.4: T = that MatMul's tile)."""
     batch, rows = a.groups
-    tile = getattr(model.gemm(rows, a.keys, a.head_dim, dtype=dtype, batch=batch), "tile_n", 0)
+    tile = getattr(cost.gemm(rows, a.keys, a.head_dim, dtype=dtype, batch=batch), "tile_n", 0)
     return max(1, min(tile or a.keys, a.keys))
 
 
@@ -109,7 +109,7 @@ def _stats(a: AttnShape, t: int) -> float:
     return a.heads * a.seq * math.ceil(a.keys / t)
 
 
-def steps(model: ComputeModel, a: AttnShape, variant: str, mode: str, dtype: str,
+def steps(cost: DeviceCost, a: AttnShape, variant: str, mode: str, dtype: str,
           backward: bool = False) -> list[Step]:
     """The kernels one attention pass launches, in order."""
     if check_variant(variant) == "flash":
@@ -132,7 +132,7 @@ def steps(model: ComputeModel, a: AttnShape, variant: str, mode: str, dtype: str
         return [score, *[KernelStep(k.tag, k) for k in K.softmax(
             a.scores, a.e, mode, a.dropout, a.causal, row_fill=fill, loaded=a.loaded)],
                 context]
-    t = sub_vector(model, a, dtype)
+    t = sub_vector(cost, a, dtype)
     st = _stats(a, t) * K.STAT_BYTES
     ir = KernelStep("ir", K.Kernel(IR_FLOPS * _stats(a, t), 2 * st, st, "ir", _stats(a, t)))
     s = a.scores * a.e
@@ -225,15 +225,15 @@ def _makespan(per_head: tuple[int, ...], heads: int, cus: int) -> int:
     return max(t for t, _ in free)
 
 
-def step_cost(model: ComputeModel, step: Step, dtype: str) -> tuple[float, float, float]:
+def step_cost(cost: DeviceCost, step: Step, dtype: str) -> tuple[float, float, float]:
     """(time, flops, DRAM bytes) of one step on its own."""
     if isinstance(step, GemmStep):
-        g = model.gemm(step.m, step.n, step.k, dtype=dtype, batch=step.batch,
+        g = cost.gemm(step.m, step.n, step.k, dtype=dtype, batch=step.batch,
                        epilogue=step.epilogue)
         return g.time_s, g.flops, g.dram_bytes
     if isinstance(step, KernelStep):
         k = step.kernel
-        return (model.elementwise_s(k.read_bytes, k.write_bytes, k.flops, sfu_ops=k.sfu_ops,
+        return (cost.elementwise_s(k.read_bytes, k.write_bytes, k.flops, sfu_ops=k.sfu_ops,
                                     bw_util=k.bw_util), k.flops, k.dram_bytes)
-    f = flash_cost(model.spec, step.shape, dtype, step.backward)
+    f = flash_cost(cost.spec, step.shape, dtype, step.backward)
     return f.time_s, f.flops, f.dram_bytes

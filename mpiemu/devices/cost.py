@@ -1,7 +1,8 @@
-"""Cost models per device kind behind one narrow interface (ASTRA-sim's Roofline idea).
+"""What a device's work costs, per device kind, behind one narrow interface (ASTRA-sim's
+Roofline idea).
 
-The simulator asks a model three things: how long a GEMM takes (with its stages), how long a
-memory-bound elementwise kernel takes, and how long a ring step's reduction takes.
+An executor asks a `DeviceCost` three things: how long a GEMM takes (with its stages), how
+long a memory-bound elementwise kernel takes, and how long a ring step's reduction takes.
 """
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from .gemm import NO_EPILOGUE, Epilogue, GemmCost, gemm_cost
 from .specs import DeviceSpec, dtype_bytes
 
 
-class ComputeModel(Protocol):
-    """What the simulator needs from a device model."""
+class DeviceCost(Protocol):
+    """What an executor and the collectives ask of a device."""
 
     spec: DeviceSpec
 
@@ -27,7 +28,7 @@ class ComputeModel(Protocol):
     def reduction_s(self, n_elems: int, elem_bytes: int) -> float: ...
 
 
-class GpuModel:
+class GpuCost:
     """Roofline-per-wave GEMMs and bandwidth-bound elementwise kernels on a GPU."""
 
     def __init__(self, spec: DeviceSpec) -> None:
@@ -70,11 +71,11 @@ class GpuModel:
                                   float(n_elems), launch=False)
 
 
-def model_for(spec: DeviceSpec) -> ComputeModel:
-    """The cost model that matches a device's kind."""
+def device_cost(spec: DeviceSpec) -> DeviceCost:
+    """The cost of the device's kind."""
     if spec.kind == "gpu":
-        return GpuModel(spec)
+        return GpuCost(spec)
     if spec.kind == "sunway":
-        from .sunway import SunwayModel  # noqa: PLC0415 (only Sunway runs need it)
-        return SunwayModel(spec)
-    raise ValueError(f"device.kind={spec.kind!r} has no cost model; choose 'gpu' or 'sunway'")
+        from .sunway import SunwayCost  # noqa: PLC0415 (only Sunway runs need it)
+        return SunwayCost(spec)
+    raise ValueError(f"device.kind={spec.kind!r} has no cost; choose 'gpu' or 'sunway'")

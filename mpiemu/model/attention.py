@@ -1,4 +1,4 @@
-"""Multi-head attention of one rank's heads: the four variants' numerics and their charge.
+"""Multi-head attention of one rank's heads: the four variants' numerics.
 
 q, k, v, o are (B, heads, S, head_dim). `baseline` materializes the S x S scores (thesis
 2.2.2: score BGEMM, Scale, Mask, DR, Softmax, weighted-sum BGEMM) and keeps the softmax
@@ -6,21 +6,16 @@ output, dropout mask and dropped probabilities for backward, as Megatron does. `
 the same softmax as LS, IR and GS kernels and `sdf` fuses LS into the score GEMM and GS into
 the V GEMM (`softmax_recompose`); both keep the same tensors and share the baseline's
 backward (seed 004 2.8). `flash` is FlashAttention-2 (`flash`). Every variant computes the
-same numbers; what differs is the kernels charged (`devices.attention_gpu`).
+same numbers; what differs is the kernels an executor charges (`devices.attention_gpu`).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..devices import attention_gpu as ag
-from ..devices.cost import ComputeModel
-from ..sim import charge as sim_ops
-from ..sim.timeline import Timeline
 from .flash import KeepFn, causal_scores, flash_backward, flash_forward
 from .softmax_recompose import attention_sdf, softmax_sd
 
-__all__ = ["KeepFn", "charge", "dense", "dense_back", "flash_backward", "flash_forward",
-           "forward"]
+__all__ = ["KeepFn", "dense", "dense_back", "flash_backward", "flash_forward", "forward"]
 
 
 def _t(x: np.ndarray) -> np.ndarray:
@@ -69,30 +64,10 @@ def dense_back(do: np.ndarray, c: dict[str, np.ndarray], p: float
 
 
 def forward(variant: str, q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool,
-            keep: KeepFn, p: float, block: int, sub: int
-            ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The variant's forward: (o, what its backward needs)."""
+            keep: KeepFn, p: float, block: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The variant's forward: (o, what its backward needs). `block` is the block width of
+    blockwise attention (`model.attention_block`): flash's query and key blocks, the
+    sub-vector length T of sd / sdf's recomposed softmax."""
     if variant == "flash":
         return flash_forward(q, k, v, causal, keep, p, block)
-    return dense(q, k, v, causal, keep(), p, variant, sub)
-
-
-# -- costs ----------------------------------------------------------------------------------
-def charge(tl: Timeline, model: ComputeModel, name: str, shape: ag.AttnShape, variant: str,
-           mode: str, dtype: str, after: float, backward: bool = False) -> float:
-    """Place the variant's kernels for one pass on the compute stream; returns the end."""
-    t = after
-    for step in ag.steps(model, shape, variant, mode, dtype, backward):
-        label = f"{name}.{step.name}"
-        if isinstance(step, ag.GemmStep):
-            t = sim_ops.gemm(tl, model, label, step.m, step.n, step.k, dtype=dtype, after=t,
-                             batch=step.batch, epilogue=step.epilogue).t_end
-        elif isinstance(step, ag.KernelStep):
-            k = step.kernel
-            t = sim_ops.elementwise(tl, model, label, k.read_bytes, k.write_bytes, k.flops,
-                                    after=t, sfu_ops=k.sfu_ops, bw_util=k.bw_util).t_end
-        else:
-            f = ag.flash_cost(model.spec, step.shape, dtype, step.backward)
-            t = tl.reserve(label, ["compute"], f.time_s, t, cat="compute", flops=f.flops,
-                           dram_bytes=f.dram_bytes).t_end
-    return t
+    return dense(q, k, v, causal, keep(), p, variant, block)

@@ -9,8 +9,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-class ModelConfigError(ValueError):
-    """A model or optimizer setting out of range: names the field, the value, what is allowed."""
+class FieldError(ValueError):
+    """A setting out of range (model, optimizer): names the field, the value, what is allowed."""
 
     def __init__(self, field: str, value: object, allowed: str) -> None:
         self.field, self.value, self.allowed = field, value, allowed
@@ -46,7 +46,7 @@ class ModelConfig:
     norm: str = "pre"
     attention_mask: str = "causal"
     attention: str = "baseline"
-    attention_block: int = 64        # rows and columns of a block (blockwise attention)
+    attention_block: int = 64        # block width of blockwise attention (flash, sd, sdf)
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
     layernorm_eps: float = 1e-5
@@ -60,20 +60,20 @@ class ModelConfig:
         for key in ("hidden", "layers", "heads", "ffn_hidden", "vocab", "seq_len",
                     "attention_block", "vocab_multiple"):
             if not 1 <= getattr(self, key) <= MAX_SIZE[key]:
-                raise ModelConfigError(f"model.{key}", getattr(self, key),
+                raise FieldError(f"model.{key}", getattr(self, key),
                                        f"must be in 1..{MAX_SIZE[key]}")
         if self.hidden % self.heads:
-            raise ModelConfigError("model.heads", self.heads,
+            raise FieldError("model.heads", self.heads,
                                    f"does not divide model.hidden={self.hidden}; choose heads "
-                                   f"in {_fmt(divisors(self.hidden))}")
+                                   f"in {braces(divisors(self.hidden))}")
         for key, allowed in (("norm", NORMS), ("attention_mask", MASKS),
                              ("attention", ATTENTIONS)):
             if getattr(self, key) not in allowed:
-                raise ModelConfigError(f"model.{key}", getattr(self, key),
-                                       f"choose one of {_fmt(allowed)}")
+                raise FieldError(f"model.{key}", getattr(self, key),
+                                       f"choose one of {braces(allowed)}")
         for key in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, key) < 1.0:
-                raise ModelConfigError(f"model.{key}", getattr(self, key), "must be in [0, 1)")
+                raise FieldError(f"model.{key}", getattr(self, key), "must be in [0, 1)")
 
     @property
     def head_dim(self) -> int:
@@ -107,63 +107,10 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _fmt(items: Sequence[object]) -> str:
+def braces(items: Sequence[object]) -> str:
+    """{a, b, c}: the allowed values in a refusal."""
     return "{" + ", ".join(str(i) for i in items) + "}"
 
 
 def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
-
-
-OPTIMIZERS = ("adam", "lamb")
-UPDATE_UNITS = ("gpu", "nmc")     # where the update runs (thesis ch. 6: near-memory compute)
-
-
-@dataclass(frozen=True)
-class OptimizerConfig:
-    """Adam (decoupled weight decay, as Megatron) or LAMB (You et al. 2020), fp32 states.
-
-    Weight decay applies to matrices only (not biases or LayerNorm), as in Megatron and BERT.
-    `clip_grad_norm` > 0 scales gradients by min(1, clip / (||g|| + 1e-6)) (Megatron).
-    """
-
-    name: str = "adam"
-    lr: float = 1e-3
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-    clip_grad_norm: float = 1.0
-    on: str = "gpu"                  # "nmc": the update on the DRAM banks' ALUs (devices/nmc.py)
-    distributed: bool = False        # ZeRO-1: states and master weights sharded over DP
-    overlap_param_gather: bool = False   # distributed: gather parameters under next forward
-
-    def __post_init__(self) -> None:
-        if self.name not in OPTIMIZERS:
-            raise ModelConfigError("optimizer.name", self.name, f"choose one of {_fmt(OPTIMIZERS)}")
-        if self.on not in UPDATE_UNITS:
-            raise ModelConfigError("optimizer.on", self.on, f"choose one of {_fmt(UPDATE_UNITS)}")
-        for key in ("lr", "eps"):
-            if getattr(self, key) <= 0:
-                raise ModelConfigError(f"optimizer.{key}", getattr(self, key), "must be > 0")
-        for key in ("beta1", "beta2"):
-            if not 0.0 <= getattr(self, key) < 1.0:
-                raise ModelConfigError(f"optimizer.{key}", getattr(self, key), "must be in [0, 1)")
-        for key in ("weight_decay", "clip_grad_norm"):
-            if getattr(self, key) < 0:
-                raise ModelConfigError(f"optimizer.{key}", getattr(self, key), "must be >= 0")
-        if self.distributed and self.name != "adam":
-            raise ModelConfigError("optimizer.distributed", True, "needs optimizer.name='adam' "
-                                   "(LAMB's per-tensor trust ratio is not sharded; Megatron-LM's "
-                                   "distributed optimizer is Adam's)")
-        if self.distributed and self.on != "gpu":
-            raise ModelConfigError("optimizer.distributed", True, "needs optimizer.on='gpu'")
-        if self.overlap_param_gather and not self.distributed:
-            raise ModelConfigError("optimizer.overlap_param_gather", True,
-                                   "needs optimizer.distributed=true")
-
-    @property
-    def needs_global_norm(self) -> bool:
-        return self.clip_grad_norm > 0
-
-CLIP_EPS = 1e-6   # Megatron: clip_coeff = max_norm / (total_norm + 1e-6)

@@ -14,11 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from ..devices.attention_gpu import AttnShape, sub_vector
+from ..devices.attention_gpu import AttnShape
 from ..devices.gemm import NO_EPILOGUE, Epilogue
 from . import attention as attn
 from .config import ModelConfig
-from ..executors.gpu import Array, Dims, Engine, Ready
+from .dims import Dims
+from .executor import Array, Executor, Ready
 from .masks import Masks
 from .ops import (GELU_FLOPS, Cost, bias_add_cost, bias_dropout_add, bias_gelu, bias_gelu_back,
                   bias_gelu_cost, bias_grad_cost, dropout, dropout_add_cost, layernorm,
@@ -56,7 +57,7 @@ def _bias_dropout_back(dy: np.ndarray, keep: np.ndarray | None, p: float
 class Layer:
     """Forward and backward of layer `index` on one rank (pre-LN GPT or post-LN BERT)."""
 
-    def __init__(self, eng: Engine, cfg: ModelConfig, dims: Dims, index: int,
+    def __init__(self, eng: Executor, cfg: ModelConfig, dims: Dims, index: int,
                  recompute: str = "none") -> None:
         self.E, self.cfg, self.d, self.i = eng, cfg, dims, index
         self.p, self.tag = f"layers.{index}.", f"l{index}"
@@ -66,7 +67,8 @@ class Layer:
 
     # -- forward ----------------------------------------------------------------------------
     def forward(self, x: Array, P: Params, masks: Masks) -> tuple[Array, Cache]:
-        return self.E.layer_pass(self, "fwd", lambda _: self._forward(x, P, masks), (None, {}))
+        return self.E.layer_pass(self.tag, self.p, "fwd", lambda _: self._forward(x, P, masks),
+                                 (None, {}))
 
     def _forward(self, x: Array, P: Params, masks: Masks) -> tuple[Array, Cache]:
         x, ca = self._sublayer(x, P, masks, "attn")
@@ -124,12 +126,11 @@ class Layer:
             q, k, v = self._heads(qkv)
             o, c["attn"] = attn.forward(cfg.attention, q, k, v, cfg.causal,
                                         lambda: masks.probs(self.i), cfg.attention_dropout,
-                                        cfg.attention_block,
-                                        sub_vector(E.model, self._attn_shape(), E.dtype))
+                                        cfg.attention_block)
             c["ctx"] = self._merge(o)
             if self.selective:
                 c["attn"] = {key: c["attn"][key] for key in ("q", "k", "v")}
-        E.t = self._charge_attention(backward=False)
+        self._charge_attention(backward=False)
         a = E.row_parallel(f"{self.tag}.proj.fwd", c.get("ctx"), P[p + "proj.w"], d.rows,
                            d.hidden, w)
         return a, c
@@ -140,17 +141,14 @@ class Layer:
                          dropout=cfg.attention_dropout > 0, causal=cfg.causal, training=True,
                          triangle=self.E.e < 4 and d.seq <= FUSED_SOFTMAX_MAX_KEYS)
 
-    def _charge_attention(self, backward: bool, suffix: str = "") -> float:
+    def _charge_attention(self, backward: bool, suffix: str = "") -> None:
+        """The attention core's kernels of one pass, and the copies around them."""
         E = self.E
-        if not E.charging:
-            return E.t
         name = f"{self.tag}.attn" + (".bwd" if backward else suffix)
-        E.t = attn.charge(E.tl, E.model, name, self._attn_shape(), self.cfg.attention,
-                          E.kernels.mode, E.dtype, E.t, backward)
+        E.attention(name, self._attn_shape(), self.cfg.attention, backward)
         if self.cfg.attention != "flash":
             for tag, cost in self._layout_costs(backward):
                 E.kernel(f"{name}.{tag}", cost)
-        return E.t
 
     def _layout_costs(self, backward: bool) -> list[tuple[str, Cost]]:
         """The copies Megatron-LM's attention around its batched GEMMs makes (megatron/model/
@@ -209,7 +207,7 @@ class Layer:
     # -- backward ---------------------------------------------------------------------------
     def backward(self, dx: Array, c: Cache, P: Params, G: Params, masks: Masks,
                  ready: Ready) -> Array:
-        return self.E.layer_pass(self, "bwd",
+        return self.E.layer_pass(self.tag, self.p, "bwd",
                                  lambda r: self._backward(dx, c, P, G, masks, r), None, ready)
 
     def _backward(self, dx: Array, c: Cache, P: Params, G: Params, masks: Masks,
@@ -271,8 +269,7 @@ class Layer:
             if self.selective:        # the attention core again, from the kept q, k, v
                 a = attn.forward(cfg.attention, a["q"], a["k"], a["v"], cfg.causal,
                                  lambda: masks.probs(self.i), cfg.attention_dropout,
-                                 cfg.attention_block,
-                                 sub_vector(E.model, self._attn_shape(), E.dtype))[1]
+                                 cfg.attention_block)[1]
             if cfg.attention != "flash":
                 grads = attn.dense_back(do, a, cfg.attention_dropout)
             else:
@@ -282,9 +279,9 @@ class Layer:
                                             cfg.attention_dropout, cfg.attention_block)
             dqkv = np.concatenate([self._merge(g) for g in grads], axis=1)   # (S*B, 3 hl dh)
         if self.selective:
-            with E.tl.labelled(phase="recompute"):
-                E.t = self._charge_attention(backward=False, suffix=".recompute")
-        E.t = self._charge_attention(backward=True)
+            with E.labelled(phase="recompute"):
+                self._charge_attention(backward=False, suffix=".recompute")
+        self._charge_attention(backward=True)
         acc(G, p + "qkv.b", E.kernel(f"{self.tag}.qkv.bias_grad",
                                      bias_grad_cost(d.rows, 3 * w, E.e), np.sum, dqkv, 0))
         dx, dw = E.column_parallel_back(f"{self.tag}.qkv", dqkv, _t(P[p + "qkv.w"]), c["h"],

@@ -10,7 +10,7 @@ import numpy as np
 
 from . import seeded
 from .config import ModelConfig
-from ..executors.gpu import Dims
+from .dims import Dims
 
 
 class Masks:

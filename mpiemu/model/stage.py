@@ -1,47 +1,36 @@
-"""A rank's pipeline stage of the transformer: its parameters, and the forward and backward
-of one micro-batch on one model chunk.
+"""A rank's pipeline stage of the transformer: its parameters and their gradients, and the
+forward and backward of one micro-batch on one model chunk.
 
 Vocab-parallel embedding on the first stage, tied with the LM head and vocab-parallel
 cross-entropy on the last (Megatron VocabParallelEmbedding / _VocabParallelCrossEntropy;
-with pp > 1 both ends hold the table and its gradient is all-reduced between them), the
-layers of `layers.py` in between. Gradients accumulate over micro-batches and are handed to
-the DP buckets during the last micro-batch's backward (Megatron: no_sync for the others).
-Under sequence parallelism the gradients of parameters that only saw the rank's sequence
-rows are all-reduced over TP at the end of the step. Which passes run in which order is the
-pipeline schedule's business (`training.pipeline_step`).
+with pp > 1 both ends hold the table), the layers of `layers.py` in between. Gradients
+accumulate over micro-batches in `G`; backward tells its `hooks` when a micro-batch's
+gradient of a parameter is computed, and a forward when it is about to use a layer's
+parameters: the training step (`training.gradients`) keeps Megatron's gradient buffer, the
+DP buckets and the distributed optimizer's gathers there. Which passes run in which order
+is the pipeline schedule's business (`training.pipeline_step`).
 """
 from __future__ import annotations
 
-import math
-from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from ..comm.collectives import all_reduce
-from ..comm.p2p import TimedComm
-from .pipeline_schedules import Pass
 from . import seeded
-from ..training.buckets import GradBuckets
 from .config import ModelConfig
-from ..executors.gpu import Array, Dims, Engine, Ready
+from .dims import Dims
+from .executor import Array, Executor, Ready
 from .layers import Cache, Layer, Params, _t, acc
 from .masks import Masks
 from .ops import (MASK_BYTES, Cost, bias_grad_cost, ce_back, ce_combine, ce_cost,
                   ce_local_stats, dropout, embed_cost, embed_lookup, embed_scatter, layernorm,
                   layernorm_back, layernorm_cost)
+from .pipeline_schedules import Pass
 from .shard import LocalParam, cut, local_params
 
 RECOMPUTE = ("none", "selective", "full")
 EMBED_SIDE = ("wte", "wpe", "lne.g", "lne.b")      # parameters of the first virtual stage
 HEAD_SIDE = ("wte", "lnf.g", "lnf.b")              # ... and of the last
-
-
-def make_dims(cfg: ModelConfig, tp: int, micro_batch: int, sp: bool) -> Dims:
-    """Local sizes of one micro-batch on a TP rank (cfg already padded for tp)."""
-    return Dims(seq=cfg.seq_len, batch=micro_batch, hidden=cfg.hidden,
-                heads=cfg.heads // tp, head_dim=cfg.head_dim, ffn=cfg.ffn_hidden // tp,
-                vocab=cfg.padded_vocab // tp, tp=tp, sp=sp and tp > 1)
 
 
 def chunk_layers(layers: int, pp: int, chunks: int, stage: int, chunk: int) -> range:
@@ -66,51 +55,59 @@ def stage_params(cfg: ModelConfig, tp: int, pp: int, chunks: int, stage: int
             if (lp.layer in mine) or (lp.layer == -1 and lp.name in edge)]
 
 
-class ShardedModel:
+class StageHooks(Protocol):
+    """What the training step does around a stage's passes (`training.gradients`)."""
+
+    def params_needed(self, layer: int) -> None:
+        """A forward is about to use layer `layer`'s parameters (-1: embedding, head)."""
+
+    def grads_ready(self, names: list[str], micro: int) -> None:
+        """Backward of micro-batch `micro` has computed these parameters' gradients."""
+
+    def grad_accumulated(self, name: str) -> None:
+        """A weight-gradient GEMM added into `name`'s gradient; more of it follows in this
+        micro-batch (the tied table: the head's part before the embedding's)."""
+
+
+class NoHooks:
+    """A stage outside a training step (forward and backward alone)."""
+
+    def params_needed(self, layer: int) -> None:
+        return None
+
+    def grads_ready(self, names: list[str], micro: int) -> None:
+        return None
+
+    def grad_accumulated(self, name: str) -> None:
+        return None
+
+
+class StageModel:
     """Parameters, accumulated gradients and the passes of one (tp, dp, pp) rank."""
 
-    def __init__(self, cfg: ModelConfig, eng: Engine, dims: Dims, *, tp_rank: int,
-                 dp_rank: int, seed: int, global_batch: int, dp: TimedComm,
-                 bucket_bytes: float, np_dtype: type, pp: int = 1, pp_rank: int = 0,
-                 chunks: int = 1, micro_batches: int = 1, recompute: str = "none",
-                 embed: TimedComm | None = None, shard_grads: bool = False,
-                 overlap_grad_reduce: bool = True, ddp: str = "core") -> None:
-        self.cfg, self.E, self.d = cfg, eng, dims
+    def __init__(self, cfg: ModelConfig, ex: Executor, dims: Dims, *, tp_rank: int,
+                 dp_rank: int, seed: int, global_batch: int, np_dtype: type, pp: int = 1,
+                 pp_rank: int = 0, chunks: int = 1, micro_batches: int = 1,
+                 recompute: str = "none") -> None:
+        self.cfg, self.E, self.d = cfg, ex, dims
         self.tp_rank, self.dp_rank, self.seed = tp_rank, dp_rank, seed
         self.pp, self.pp_rank, self.chunks = pp, pp_rank, chunks
         self.global_batch, self.micro_batches, self.recompute = global_batch, micro_batches, \
             recompute
-        self.embed = embed
         self.specs: list[LocalParam] = stage_params(cfg, dims.tp, pp, chunks, pp_rank)
         self.by_name = {lp.name: lp for lp in self.specs}
         self.P: Params = {lp.name: self._init(lp, np_dtype) for lp in self.specs}
         self.G: Params = {lp.name: None for lp in self.specs}
-        self.chunk_layers = [[Layer(eng, cfg, dims, i, recompute)
+        self.chunk_layers = [[Layer(ex, cfg, dims, i, recompute)
                               for i in chunk_layers(cfg.layers, pp, chunks, pp_rank, c)]
                              for c in range(chunks)]
-        # gradients travel in the dtype they are kept in: Megatron's buffer's, else the model's
-        self.grad_bytes = eng.e if eng.grad_buffer is None else eng.grad_buffer.main
-        # Megatron's averaging over DP (`buckets`): per bucket (core), or the whole buffer
-        # once after backward, then reduced in one call (local)
-        scaled = eng.grad_buffer is not None
-        self.scale_whole_buffer = scaled and ddp == "local"
-        self.buckets = GradBuckets(dp, self.grad_bytes,
-                                   math.inf if ddp == "local" else bucket_bytes,
-                                   {lp.name: lp.size for lp in self.specs},
-                                   eng.overlap.bidirectional, shard=shard_grads,
-                                   overlap=overlap_grad_reduce,
-                                   prescale=self._scale if scaled and ddp == "core" else None)
-        # gradients reduced elsewhere first (TP under SP; the tied table across stages):
-        # they join the DP buckets at the end of the step
-        sp_partial = [lp.name for lp in self.specs if lp.sp_partial] if dims.sp else []
-        self.deferred = sp_partial + (["wte"] if pp > 1 and "wte" in self.P else [])
+        self.hooks: StageHooks = NoHooks()          # the training step's (`training.gradients`)
         s_loc = dims.seq // dims.tp if dims.sp else dims.seq
         self.s0 = tp_rank * s_loc if dims.sp else 0
         self.positions = np.repeat(np.arange(self.s0, self.s0 + s_loc), dims.batch)
         self.vocab_lo = tp_rank * dims.vocab
         self.saved: dict[tuple[int, int], Any] = {}
         self.peak_saved = 0                          # most (micro-batch, chunk) kept at once
-        self.param_ready: dict[int, float] = {}     # layer -> parameters gathered (ZeRO)
         self.iteration, self.loss = 0, 0.0
         self.keep_caches = False            # tests inspect what the last forward stored
         self.last_caches: tuple[Cache, list[Cache], Cache] | None = None
@@ -132,7 +129,6 @@ class ShardedModel:
     def begin_step(self, iteration: int) -> None:
         self.iteration, self.loss = iteration, 0.0
         self.G = {lp.name: None for lp in self.specs}
-        self.buckets.reset()
         self.saved.clear()
 
     def _first_sample(self, micro: int) -> int:
@@ -156,25 +152,25 @@ class ShardedModel:
     def forward(self, ps: Pass, x: Array) -> Array:
         """Forward of micro-batch ps.micro through chunk ps.chunk: its output (None on the
         last virtual stage, whose loss share is added to `self.loss`)."""
-        tl, c = self.E.tl, ps.chunk
+        ex, c = self.E, ps.chunk
         masks, (ids, targets) = self._masks(ps.micro), self._tokens(ps.micro, c)
         c_emb: Cache = {}
         caches: list[Any] = []
-        with tl.labelled(phase="fwd"):
+        with ex.labelled(phase="fwd"):
             if self.first_virtual(c):
-                with tl.labelled(layer=-1):
-                    self._wait_params(-1)
+                with ex.labelled(layer=-1):
+                    self.hooks.params_needed(-1)
                     x, c_emb = self._embed(ids, masks)
             for layer in self.chunk_layers[c]:
-                self._wait_params(layer.i)
-                with tl.labelled(layer=layer.i):
+                self.hooks.params_needed(layer.i)
+                with ex.labelled(layer=layer.i):
                     x_in = x
                     x, cache = layer.forward(x, self.P, masks)
                 # full recompute keeps the layer's input only (Korthikanti et al. 2022, 2)
                 caches.append({"input": x_in} if self.recompute == "full" else cache)
             c_head: Cache = {}
             if self.last_virtual(c):
-                with tl.labelled(layer=-1):
+                with ex.labelled(layer=-1):
                     loss, c_head = self._head(x, targets)
                 self.loss += loss
                 x = None
@@ -184,83 +180,30 @@ class ShardedModel:
             self.last_caches = (c_emb, caches, c_head)
         return x
 
-    def _wait_params(self, layer: int) -> None:
-        """A forward needs its layer's parameters back from the distributed optimizer's
-        all-gather (overlapped with the forwards before it)."""
-        if self.param_ready:
-            self.E.t = max(self.E.t, self.param_ready.get(layer, 0.0))
-
     def backward(self, ps: Pass, dy: Array) -> Array:
         """Backward of micro-batch ps.micro through chunk ps.chunk: the input gradient."""
-        tl, c = self.E.tl, ps.chunk
+        ex, c = self.E, ps.chunk
         c_emb, caches, c_head, ids, targets = self.saved.pop((ps.micro, c))
         masks = self._masks(ps.micro)
-        ready: Ready = partial(self._grads_done, last=ps.micro == self.micro_batches - 1)
-        with tl.labelled(phase="bwd"):
+        hooks = self.hooks
+
+        def ready(names: list[str]) -> None:
+            hooks.grads_ready(names, ps.micro)
+        with ex.labelled(phase="bwd"):
             if self.last_virtual(c):
-                with tl.labelled(layer=-1):
+                with ex.labelled(layer=-1):
                     dy = self._head_back(c_head, targets, ready)
             for layer, cache in zip(reversed(self.chunk_layers[c]), reversed(caches)):
-                with tl.labelled(layer=layer.i):
+                with ex.labelled(layer=layer.i):
                     if self.recompute == "full":       # the layer's forward again
-                        with tl.labelled(phase="recompute"):
+                        with ex.labelled(phase="recompute"):
                             _, cache = layer.forward(cache["input"], self.P, masks)
                     dy = layer.backward(dy, cache, self.P, self.G, masks, ready)
             if self.first_virtual(c):
-                with tl.labelled(layer=-1):
+                with ex.labelled(layer=-1):
                     self._embed_back(dy, c_emb, ids, ready)
                 dy = None
         return dy
-
-    def finish_step(self) -> float:
-        """After the last backward: the TP (SP) and tied-embedding reductions, then the DP
-        buckets; returns this rank's loss share (the mean over the global batch's tokens)."""
-        with self.E.tl.labelled(phase="bwd", layer=-1):
-            self._sp_grad_sync()
-            if self.scale_whole_buffer:
-                self._scale("dp.grad_scale", sum(lp.size for lp in self.specs))
-            self._embedding_grad_sync()
-            if self.deferred:
-                self.buckets.ready(self.deferred, self.G, self.E.t)
-            self.E.t = self.buckets.finish(self.G, self.E.t)   # the optimizer needs them all
-        return self.loss
-
-    def _grads_done(self, names: list[str], last: bool) -> None:
-        """One micro-batch's gradients `names` are computed: each into Megatron's buffer
-        (its hook), and into the DP buckets after the last micro-batch."""
-        for n in names:
-            lp = self.by_name[n]
-            self._hook(n, from_gemm=lp.layer >= 0 and lp.decay)    # a layer's matrix: wgrad
-        if last:
-            self.buckets.ready([n for n in names if n not in self.deferred], self.G, self.E.t)
-
-    def _hook(self, name: str, from_gemm: bool) -> None:
-        """`main_grad.add_(grad)` for one parameter (`training.grad_buffer`); nothing when a
-        weight-gradient GEMM accumulated it or the rank keeps no such buffer."""
-        gb = self.E.grad_buffer
-        if gb is not None and gb.hooked(from_gemm):
-            self.E.kernel(f"{name}.grad_acc", gb.hook_cost(self.by_name[name].size))
-
-    def _scale(self, label: str, count: int) -> float:
-        """Gradients in Megatron's buffer divided by the DP size in place (read and write
-        `count` elements, `buckets`); cost only: the loss is already the global mean."""
-        main = self.grad_bytes
-        self.E.kernel(label, Cost(count, count * main, count * main))
-        return self.E.t
-
-    def _embedding_grad_sync(self) -> None:
-        """All-reduce the tied table's gradient between the first and last stage (Megatron
-        `_allreduce_word_embedding_grads`)."""
-        if self.embed is None or self.pp == 1 or "wte" not in self.G:
-            return
-        g = self.G["wte"]
-        lp = self.by_name["wte"]
-        flat = None if g is None else np.ravel(g)
-        out, span = all_reduce(self.embed, flat, after=self.E.t, count=lp.size,
-                               wire_itemsize=self.grad_bytes, label="pp.embedding_grads.ar")
-        self.E.t = span.t_end
-        if out is not None and g is not None:
-            self.G["wte"] = out.reshape(g.shape)
 
     # -- embedding --------------------------------------------------------------------------
     def _embed(self, ids: Array, masks: Masks) -> tuple[Array, Cache]:
@@ -353,7 +296,7 @@ class ShardedModel:
         dx, dw = E.column_parallel_back("head", dlogits, self.P["wte"], c["x"], d.rows,
                                         d.hidden, d.vocab)
         acc(self.G, "wte", None if dw is None else np.ascontiguousarray(dw.T))   # [V/tp, H]
-        self._hook("wte", from_gemm=True)
+        self.hooks.grad_accumulated("wte")
         if self.cfg.norm == "pre":
             res = E.kernel("lnf.bwd", layernorm_cost(d.shard_rows, d.hidden, E.e, backward=True),
                            layernorm_back, dx, c["lnf"], self.P["lnf.g"])
@@ -362,21 +305,3 @@ class ShardedModel:
             acc(self.G, "lnf.b", db)
             ready(["lnf.g", "lnf.b"])
         return dx
-
-    # -- sequence parallelism: replicated parameters saw only this rank's rows ---------------
-    def _sp_grad_sync(self) -> None:
-        """All-reduce over TP the gradients of replicated parameters (Megatron SP)."""
-        if not self.d.sp:
-            return
-        names = [lp.name for lp in self.specs if lp.sp_partial]
-        count = sum(lp.size for lp in self.specs if lp.sp_partial)
-        flat = None
-        if self.E.on:
-            flat = np.concatenate([np.ravel(self.G[n]) for n in names])   # type: ignore[arg-type]
-        out = self.E.tp_sum("tp.sp_grads", flat, count, self.grad_bytes)
-        if out is not None:
-            offset = 0
-            for n in names:
-                g: Any = self.G[n]
-                self.G[n] = out[offset:offset + g.size].reshape(g.shape)
-                offset += g.size

@@ -17,9 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..devices.sunway.cost import AttnShape, SunwayModel
-from ..devices.sunway.schedule import Op, Option, Schedule, schedule
-from ..sim.timeline import COMPUTE, SimTime, Span, Timeline
 
 CPES = 64
 CGS = 6
@@ -261,41 +258,3 @@ def swattention_bwd(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray,
             for g, x in zip(grads, out):
                 g[hd] = x
     return tuple(g.reshape(b, n, s, h) for g in grads)  # type: ignore[return-value]
-
-
-# --- emulated time on a Sunway rank -------------------------------------------------------------
-def cg_resource(cg: int) -> str:
-    """Timeline resource of one core group."""
-    return f"cg{cg}"
-
-
-def charge_schedule(tl: Timeline, sched: Schedule, after: SimTime, *, prefix: str = "",
-                    flops: dict[str, float] | None = None) -> SimTime:
-    """Place a CG schedule on the timeline: one event per op segment on its `cgK` stream, one
-    span per op listing its CGs, and the whole task queue on `compute`; returns its end."""
-    cgs = sorted({seg.cg for seg in sched.segments})
-    t0 = tl.earliest([COMPUTE] + [cg_resource(c) for c in cgs], after)
-    for seg in sorted(sched.segments, key=lambda g: (g.start, g.cg)):
-        tl.place(f"{prefix}{seg.op}", [cg_resource(seg.cg)], t0 + seg.start, t0 + seg.end,
-                 stage=seg.tasks)
-    for p in sched.placements:
-        tl.summary(f"{prefix}{p.op}.cgs", Span(t0 + p.start, t0 + p.end), cat="compute",
-                   resource="+".join(cg_resource(c) for c in p.cgs),
-                   flops=(flops or {}).get(p.op, 0.0), stage=len(p.cgs))
-    return tl.place(f"{prefix}cg_queue", [COMPUTE], t0, t0 + sched.makespan).t_end
-
-
-def charge_attention(tl: Timeline, model: SunwayModel, name: str, shape: AttnShape,
-                     pass_: str, after: SimTime, *, kernel: str = "swattention") -> SimTime:
-    """SWattention: heads on CGs (SWA 3.1), one event per CG; standard: its operators in a
-    row over all CGs. Raises SunwayOutOfMemory where the operator does not fit."""
-    cost = model.attention(pass_, shape, kernel=kernel)
-    if kernel == "standard":
-        t = after
-        for k in cost.kernels:
-            t = tl.reserve(f"{name}.{k.name}", [COMPUTE], k.time_s, t, flops=k.flops,
-                           dram_bytes=k.read_bytes + k.write_bytes).t_end
-        return t
-    op = Op(name, "attention", (Option(kernel, cost.tasks),))
-    return charge_schedule(tl, schedule([op], model.sw.core_groups), after,
-                           flops={name: cost.flops})

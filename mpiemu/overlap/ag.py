@@ -14,7 +14,8 @@ import math
 import numpy as np
 
 from ..comm import lanes as sch
-from ..comm.p2p import TimedComm
+from ..comm.p2p import Call, TimedComm
+from ..devices.cost import DeviceCost
 from ..comm.ring import AllGather, ring_lanes, ring_pieces
 from ..comm.lanes import chunk_bounds
 from ..devices.contention import NO_CONTENTION, T3Params
@@ -28,18 +29,20 @@ class ClockGather:
     """The all-gather's side of the ring (`comm.ring.RingHooks`): the own shard exists at
     `start`; each send is timed by the clock (DRAM shared with a concurrent GEMM)."""
 
-    def __init__(self, tc: TimedComm, clock: Clock, costs: RingCosts, start: float) -> None:
-        self.tc, self.clock, self.costs, self.start = tc, clock, costs, start
+    def __init__(self, tc: TimedComm, call: Call, clock: Clock, ring_costs: RingCosts,
+                 start: float) -> None:
+        self.tc, self.call, self.clock = tc, call, clock
+        self.ring_costs, self.start = ring_costs, start
 
     def ready(self, p: sch.Piece) -> float:
         return self.start
 
     def place(self, p: sch.Piece, dst: int, ready: float, nbytes: float) -> np.ndarray:
-        return self.clock.send(self.tc, dst, ready, nbytes, self.costs.steady, step=p.step,
-                               label="ag.send", stat="ag")
+        return self.clock.send(self.tc, self.call, dst, ready, nbytes, self.ring_costs.steady,
+                               step=p.step, label="ag.send", stat="ag")
 
     def received(self, p: sch.Piece, nbytes: float) -> None:
-        self.clock.account("ag", nbytes, self.costs.incoming)
+        self.clock.account("ag", nbytes, self.ring_costs.incoming)
 
     def finish(self, p: sch.Piece, t: float) -> float:
         return t                          # an all-gather reduces nothing
@@ -48,22 +51,23 @@ class ClockGather:
         return None
 
 
-def ring_all_gather(tc: TimedComm, mine: np.ndarray | None, *, m: int, n: int, itemsize: int,
-                    start: float, ov: Overlap, name: str, stats: OverlapStats,
+def ring_all_gather(tc: TimedComm, cost: DeviceCost, call: Call, mine: np.ndarray | None, *,
+                    m: int, n: int, itemsize: int, start: float, ov: Overlap, name: str,
+                    stats: OverlapStats,
                     out: np.ndarray | None = None) -> tuple[np.ndarray | None, float, float]:
     """Rows of every rank in rank order (into `out` if given); returns (full [m, n] or None,
     first send, end)."""
     ls = ring_lanes(tc, m, ov.bidirectional)
     costs = ag_costs(ov)
-    clock = Clock(tc.tl, name, tc.model.spec.dram_stream_bw, NO_CONTENTION, costs,
-                  lane_rate(tc, ls), len(ls), stats=stats)
+    clock = Clock(tc.tl, name, cost.spec.dram_stream_bw, NO_CONTENTION, costs,
+                  lane_rate(tc, call, ls), len(ls), stats=stats)
     full = None
     if mine is not None:
         full = np.empty((m, n), mine.dtype) if out is None else out
         lo, hi = chunk_bounds(m, tc.size)[tc.rank]
         full[lo:hi] = mine
     ring = AllGather(tc, ls, ring_pieces(tc, m, ov.bidirectional, 1, "ag"), n, itemsize,
-                     ClockGather(tc, clock, costs, start), full).run()
+                     ClockGather(tc, call, clock, costs, start), full).run()
     end = ring.end
     first = min(ring.first_send, end)
     stats.ag_s += end - first
@@ -73,26 +77,26 @@ def ring_all_gather(tc: TimedComm, mine: np.ndarray | None, *, m: int, n: int, i
 class AgGemm:
     """All-gather -> column-parallel GEMM on one rank, fused or not."""
 
-    def __init__(self, tc: TimedComm, ov: Overlap, m: int, n: int, k: int, dtype: str,
-                 itemsize: int, after: float, params: T3Params | None, stats: OverlapStats,
-                 name: str) -> None:
-        self.tc, self.ov, self.m, self.n, self.k = tc, ov, m, n, k
+    def __init__(self, tc: TimedComm, cost: DeviceCost, call: Call, ov: Overlap, m: int,
+                 n: int, k: int, dtype: str, itemsize: int, after: float,
+                 params: T3Params | None, stats: OverlapStats, name: str) -> None:
+        self.tc, self.call, self.ov, self.m, self.n, self.k = tc, call, ov, m, n, k
         self.itemsize, self.stats, self.name = itemsize, stats, name
-        spec = tc.model.spec
+        spec = cost.spec
         cus = comm_cus(ov, spec.compute_units)
-        self.plan = gemm_plan(tc.model, m, n, k, dtype,
+        self.plan = gemm_plan(cost, m, n, k, dtype,
                               compute_units=None if cus is None else spec.compute_units - cus)
         self.lanes = ring_lanes(tc, m, ov.bidirectional)
         parts = pieces_per_chunk(ov, self.plan.n_stages, tc.size, len(self.lanes))
         self.pieces = ring_pieces(tc, m, ov.bidirectional, parts, "ag")
-        self.costs = ag_costs(ov)
+        self.ring_costs = ag_costs(ov)
         bw = spec.dram_stream_bw
         cu_bw = math.inf if cus is None or params is None else cus * params.comm_cu_bw_bytes_per_s
         self.after = after                       # the own shard exists from here
         self.t0 = max(after, tc.tl.free_at(COMPUTE))
-        self.clock = Clock(tc.tl, name, bw, arbitration(ov, params, self.plan, bw), self.costs,
-                           lane_rate(tc, self.lanes), len(self.lanes), cu_bw, self.plan,
-                           self.t0, stats=stats)
+        self.clock = Clock(tc.tl, name, bw, arbitration(ov, params, self.plan, bw),
+                           self.ring_costs, lane_rate(tc, call, self.lanes), len(self.lanes),
+                           cu_bw, self.plan, self.t0, stats=stats)
         stats.n_stages = self.plan.n_stages
         stats.gemm_isolated_s = self.plan.time_s
 
@@ -110,7 +114,8 @@ class AgGemm:
             xfull[lo:hi] = x_shard
             y = np.empty((self.m, self.n), np.result_type(x_shard, w))
         ring = AllGather(tc, self.lanes, self.pieces, self.k, self.itemsize,
-                         ClockGather(tc, self.clock, self.costs, self.after), xfull)
+                         ClockGather(tc, self.call, self.clock, self.ring_costs, self.after),
+                         xfull)
         ring.run(None if not real else
                  lambda s: self._multiply(s, xfull, w, y))  # type: ignore[arg-type]
         arrive = ring.arrive

@@ -20,7 +20,8 @@ import numpy as np
 
 from ..comm.collectives import all_reduce
 from ..comm.cost import choose
-from ..comm.p2p import TimedComm
+from ..comm.p2p import Call, TimedComm
+from ..devices.cost import DeviceCost
 from ..devices.contention import T3Params
 from ..devices.specs import DeviceSpec, dtype_bytes
 from ..sim import charge as ops
@@ -56,14 +57,15 @@ def overlap_params(spec: DeviceSpec, ov: Overlap) -> T3Params | None:
     return spec.t3
 
 
-def _protocol(tc: TimedComm, op: str, nbytes: float, itemsize: int, fused: bool) -> SimTime:
-    """Set the ring's protocol and channel share as NCCL's tuner would for this size
-    (`comm.cost.choose`, the ring only: the fused schedules are rings); returns the call's
-    base latency, paid by the strategies that issue a separate collective (not fused)."""
-    ch = choose(tc, op, nbytes, itemsize, "ring", tc.protocol)
-    tc.proto, tc.algo = ch.protocol, "ring"
-    tc.share = tc.net.spec.channel_share(ch.protocol, nbytes, tc.size)
-    return 0.0 if fused else tc.net.spec.base("ring", ch.protocol)
+def _protocol(tc: TimedComm, op: str, nbytes: float, itemsize: int, fused: bool
+              ) -> tuple[Call, SimTime]:
+    """The ring's call: its protocol and channel share as NCCL's tuner would pick them for
+    this size (`comm.cost.choose`, the ring only: the fused schedules are rings), and the
+    call's base latency, paid by the strategies that issue a separate collective (not
+    fused)."""
+    ch = choose(tc, op, nbytes, itemsize, "ring", tc.tuning.protocol)
+    call = Call(ch.protocol, tc.net.spec.channel_share(ch.protocol, nbytes, tc.size), "ring")
+    return call, 0.0 if fused else tc.net.spec.base("ring", ch.protocol)
 
 
 def _dram(stats: OverlapStats, op: str, before: dict[str, float]) -> float:
@@ -71,30 +73,39 @@ def _dram(stats: OverlapStats, op: str, before: dict[str, float]) -> float:
     return sum(stats.dram[f"{op}_{d}"] - before[f"{op}_{d}"] for d in ("read", "write"))
 
 
-def _single(tc: TimedComm, x: np.ndarray | None, w: np.ndarray | None, shape: GemmShape,
-            dtype: str, after: SimTime, name: str, stats: OverlapStats
+def _gemm_stats(stats: OverlapStats, cost: DeviceCost, shape: GemmShape, dtype: str,
+                duration: float) -> None:
+    """A plain GEMM's time, stages and DRAM traffic into the call's stats."""
+    g = cost.gemm(shape.m, shape.n, shape.k, dtype=dtype)
+    stats.gemm_s = stats.gemm_isolated_s = duration
+    stats.n_stages = g.n_stages
+    stats.add("gemm_read", g.dram_read_bytes)
+    stats.add("gemm_write", g.dram_write_bytes)
+
+
+def _single(tc: TimedComm, cost: DeviceCost, x: np.ndarray | None, w: np.ndarray | None,
+            shape: GemmShape, dtype: str, after: SimTime, name: str, stats: OverlapStats
             ) -> tuple[np.ndarray | None, Span]:
     """One rank: the GEMM alone (no collective to overlap)."""
-    g = ops.gemm(tc.tl, tc.model, f"{name}.gemm", shape.m, shape.n, shape.k, dtype=dtype,
+    g = ops.gemm(tc.tl, cost, f"{name}.gemm", shape.m, shape.n, shape.k, dtype=dtype,
                  after=after)
-    cost = tc.model.gemm(shape.m, shape.n, shape.k, dtype=dtype)
-    stats.gemm_s = stats.gemm_isolated_s = stats.total_s = g.duration
-    stats.n_stages = cost.n_stages
-    stats.add("gemm_read", cost.dram_read_bytes)
-    stats.add("gemm_write", cost.dram_write_bytes)
+    _gemm_stats(stats, cost, shape, dtype, g.duration)
+    stats.total_s = g.duration
     return _matmul(x, w), g
 
 
-def _gemm_then_all_reduce(tc: TimedComm, x: np.ndarray | None, w: np.ndarray | None,
-                          shape: GemmShape, dtype: str, after: SimTime, overlap: Overlap,
-                          name: str, stats: OverlapStats) -> tuple[np.ndarray | None, Span]:
+def _gemm_then_all_reduce(tc: TimedComm, cost: DeviceCost, x: np.ndarray | None,
+                          w: np.ndarray | None, shape: GemmShape, dtype: str, after: SimTime,
+                          overlap: Overlap, name: str, stats: OverlapStats
+                          ) -> tuple[np.ndarray | None, Span]:
     """Sequential, where NCCL's tuner runs this all-reduce other than as a ring (NVLS on an
     NVSwitch node, a tree or the hierarchical form across nodes): the GEMM, then the
     collective as `comm.collectives.all_reduce` runs it, as for the backward's all-reduce of
     the same size (Megatron-LM calls the same NCCL all-reduce in both passes)."""
     t0 = latest(after)
-    y, g = _single(tc, x, w, shape, dtype, t0, name, stats)
-    out, span = all_reduce(tc, y, after=g.t_end, count=shape.m * shape.n,
+    y, g = _single(tc, cost, x, w, shape, dtype, t0, name, stats)
+    out, span = all_reduce(tc, y, reduce_s=cost.reduction_s, after=g.t_end,
+                           count=shape.m * shape.n,
                            wire_itemsize=dtype_bytes(dtype), bidirectional=overlap.bidirectional,
                            label=f"{name}.ar", unit=shape.n)
     stats.total_s = span.t_end - t0             # from the call's start, as the ring path's
@@ -102,23 +113,24 @@ def _gemm_then_all_reduce(tc: TimedComm, x: np.ndarray | None, w: np.ndarray | N
 
 
 def overlapped_gemm_then_reduce(tc: TimedComm, x: np.ndarray | None, w: np.ndarray | None, *,
-                                shape: GemmShape, mode: str, dtype: str, after: SimTime,
+                                cost: DeviceCost, shape: GemmShape, mode: str, dtype: str,
+                                after: SimTime,
                                 overlap: Overlap, name: str, stats: OverlapStats | None = None
                                 ) -> tuple[np.ndarray | None, Span]:
     """GEMM -> ring reduce-scatter (-> all-gather) under any strategy (thesis 8.3, 8.4.3)."""
     stats = OverlapStats() if stats is None else stats
     stats.strategy = overlap.label
     if tc.size == 1:
-        return _single(tc, x, w, shape, dtype, after, name, stats)
+        return _single(tc, cost, x, w, shape, dtype, after, name, stats)
     itemsize, t = dtype_bytes(dtype), overlap.traits
     if mode == "all_reduce" and not (t.fused or t.concurrent) and choose(
-            tc, mode, shape.m * shape.n * itemsize, itemsize, tc.algorithm, tc.protocol,
-            overlap.bidirectional).algorithm != "ring":
-        return _gemm_then_all_reduce(tc, x, w, shape, dtype, after, overlap, name, stats)
+            tc, mode, shape.m * shape.n * itemsize, itemsize, tc.tuning.algorithm,
+            tc.tuning.protocol, overlap.bidirectional).algorithm != "ring":
+        return _gemm_then_all_reduce(tc, cost, x, w, shape, dtype, after, overlap, name, stats)
     before = dict(stats.dram)
-    base = _protocol(tc, mode, shape.m * shape.n * itemsize, itemsize, t.fused)
-    s = rs.setup(tc, overlap, shape.m, shape.n, shape.k, dtype, itemsize, latest(after),
-                 overlap_params(tc.model.spec, overlap), stats, name)
+    call, base = _protocol(tc, mode, shape.m * shape.n * itemsize, itemsize, t.fused)
+    s = rs.setup(tc, cost, call, overlap, shape.m, shape.n, shape.k, dtype, itemsize,
+                 latest(after), overlap_params(cost.spec, overlap), stats, name)
     y, gemm_end = None, -np.inf
     if not t.fused:
         y = _matmul(x, w)
@@ -131,8 +143,9 @@ def overlapped_gemm_then_reduce(tc: TimedComm, x: np.ndarray | None, w: np.ndarr
     stats.rs_s = run.done - run.first_send
     end = max(run.done, gemm_end)
     if mode == "all_reduce":         # one all-reduce span (RS then AG), as comm.ring records it
-        out, _, end = ring_all_gather(tc, out, m=shape.m, n=shape.n, itemsize=itemsize,
-                                      start=end, ov=overlap, name=name, stats=stats)
+        out, _, end = ring_all_gather(tc, cost, call, out, m=shape.m, n=shape.n,
+                                      itemsize=itemsize, start=end, ov=overlap, name=name,
+                                      stats=stats)
         tc.tl.summary(f"{name}.ar", Span(run.first_send, end), resource=f"coll.{tc.name}",
                       nbytes=total,
                       dram_bytes=_dram(stats, "rs", before) + _dram(stats, "ag", before))
@@ -145,7 +158,8 @@ def overlapped_gemm_then_reduce(tc: TimedComm, x: np.ndarray | None, w: np.ndarr
 
 
 def overlapped_gather_then_gemm(tc: TimedComm, x_shard: np.ndarray | None,
-                                w: np.ndarray | None, *, shape: GemmShape, dtype: str,
+                                w: np.ndarray | None, *, cost: DeviceCost, shape: GemmShape,
+                                dtype: str,
                                 after: SimTime, overlap: Overlap, name: str,
                                 stats: OverlapStats | None = None,
                                 gathered_out: np.ndarray | None = None
@@ -156,33 +170,29 @@ def overlapped_gather_then_gemm(tc: TimedComm, x_shard: np.ndarray | None,
     if tc.size == 1:
         if gathered_out is not None and x_shard is not None:
             gathered_out[...] = x_shard
-        return _single(tc, x_shard, w, shape, dtype, after, name, stats)
+        return _single(tc, cost, x_shard, w, shape, dtype, after, name, stats)
     itemsize, t = dtype_bytes(dtype), overlap.traits
     before = dict(stats.dram)
-    params = overlap_params(tc.model.spec, overlap)
+    params = overlap_params(cost.spec, overlap)
     total = shape.m * shape.k * itemsize
-    base = _protocol(tc, "all_gather", total, itemsize, t.fused)
+    call, base = _protocol(tc, "all_gather", total, itemsize, t.fused)
     if t.fused:
-        fused = AgGemm(tc, overlap, shape.m, shape.n, shape.k, dtype, itemsize, latest(after),
-                       params, stats, name)
+        fused = AgGemm(tc, cost, call, overlap, shape.m, shape.n, shape.k, dtype, itemsize,
+                       latest(after), params, stats, name)
         y, a0, a1, end = fused.run(x_shard, w, gathered_out)
         tc.tl.summary(f"{name}.ag", Span(a0, a1), resource=f"coll.{tc.name}",
                       nbytes=total, dram_bytes=_dram(stats, "ag", before))
         stats.total_s = end - fused.t0
         return y, Span(min(a0, fused.t0), end)
     t_ag = latest(after)
-    full, a0, ag_end = ring_all_gather(tc, x_shard, m=shape.m, n=shape.k, itemsize=itemsize,
-                                       start=t_ag + base, ov=overlap, name=name, stats=stats,
-                                       out=gathered_out)
+    full, a0, ag_end = ring_all_gather(tc, cost, call, x_shard, m=shape.m, n=shape.k,
+                                       itemsize=itemsize, start=t_ag + base, ov=overlap,
+                                       name=name, stats=stats, out=gathered_out)
     tc.tl.summary(f"{name}.ag", Span(a0, ag_end), resource=f"coll.{tc.name}", nbytes=total,
                   dram_bytes=_dram(stats, "ag", before))
-    g = ops.gemm(tc.tl, tc.model, f"{name}.gemm", shape.m, shape.n, shape.k, dtype=dtype,
+    g = ops.gemm(tc.tl, cost, f"{name}.gemm", shape.m, shape.n, shape.k, dtype=dtype,
                  after=t_ag if t.concurrent else ag_end)
-    cost = tc.model.gemm(shape.m, shape.n, shape.k, dtype=dtype)
-    stats.gemm_s = stats.gemm_isolated_s = g.duration
-    stats.n_stages = cost.n_stages
-    stats.add("gemm_read", cost.dram_read_bytes)
-    stats.add("gemm_write", cost.dram_write_bytes)
+    _gemm_stats(stats, cost, shape, dtype, g.duration)
     stats.total_s = max(g.t_end, ag_end) - min(t_ag, g.t_start)
     return _matmul(full, w), Span(min(a0, g.t_start), max(g.t_end, ag_end))
 
@@ -201,7 +211,7 @@ def _impls(overlap: Overlap) -> tuple[ReduceImpl, ReduceImpl]:
 
 
 def gemm_then_reduce(tc: TimedComm, x: np.ndarray | None, w: np.ndarray | None, *,
-                     shape: GemmShape, mode: str, dtype: str, after: SimTime,
+                     cost: DeviceCost, shape: GemmShape, mode: str, dtype: str, after: SimTime,
                      overlap: Overlap = Overlap(), name: str = "gemm",
                      stats: OverlapStats | None = None) -> tuple[np.ndarray | None, Span]:
     """y = sum over the TP group of x @ w, all-reduced or reduce-scattered by rows.
@@ -214,12 +224,12 @@ def gemm_then_reduce(tc: TimedComm, x: np.ndarray | None, w: np.ndarray | None, 
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}; choose one of {list(MODES)}")
     impl = _impls(overlap)[0]
-    return impl(tc, x, w, shape=shape, mode=mode, dtype=dtype, after=after, overlap=overlap,
-                name=name, stats=stats)
+    return impl(tc, x, w, cost=cost, shape=shape, mode=mode, dtype=dtype, after=after,
+                overlap=overlap, name=name, stats=stats)
 
 
 def gather_then_gemm(tc: TimedComm, x_shard: np.ndarray | None, w: np.ndarray | None, *,
-                     shape: GemmShape, dtype: str, after: SimTime,
+                     cost: DeviceCost, shape: GemmShape, dtype: str, after: SimTime,
                      overlap: Overlap = Overlap(), name: str = "gemm",
                      stats: OverlapStats | None = None,
                      gathered_out: np.ndarray | None = None) -> tuple[np.ndarray | None, Span]:
@@ -231,8 +241,8 @@ def gather_then_gemm(tc: TimedComm, x_shard: np.ndarray | None, w: np.ndarray | 
     keep that buffer anyway (TransformerEngine userbuffers).
     """
     impl = _impls(overlap)[1]
-    return impl(tc, x_shard, w, shape=shape, dtype=dtype, after=after, overlap=overlap,
-                name=name, stats=stats, gathered_out=gathered_out)
+    return impl(tc, x_shard, w, cost=cost, shape=shape, dtype=dtype, after=after,
+                overlap=overlap, name=name, stats=stats, gathered_out=gathered_out)
 
 
 __all__ = ["GemmShape", "OverlapStats", "gather_then_gemm", "gemm_then_reduce",

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..comm.p2p import TimedComm
+from ..comm.p2p import Call, TimedComm
 from ..devices.contention import Arbitration, StageDemand, comm_dram_bw, solve_stage
 from ..sim.timeline import COMPUTE, Timeline
 from .costs import ByteCost, GemmPlan, OverlapStats, RingCosts
@@ -154,7 +154,8 @@ class Clock:
             return nbytes / r1
         return (busy - t0) + (nbytes - first) / r2
 
-    def send(self, tc: TimedComm, dst: int, ready: float, nbytes: float, bc: ByteCost, *,
+    def send(self, tc: TimedComm, call: Call, dst: int, ready: float, nbytes: float,
+             bc: ByteCost, *,
              step: int, label: str, stat: str, streamed_until: float = -math.inf
              ) -> np.ndarray:
         """Place a transfer to rank `dst` once its data is ready (through the network's one
@@ -165,7 +166,7 @@ class Clock:
         while the GEMM stores it: it cannot end before that stage, and its DRAM footprint up
         to then is already charged to the stage (`attached`).
         """
-        header = tc.place(dst, nbytes, ready, label=label, stage=step,
+        header = tc.place(dst, nbytes, ready, call, label=label, stage=step,
                           dram_bytes=nbytes * (bc.reads + bc.writes),
                           feed=lambda t0: max(self.duration(t0, nbytes, bc),
                                               streamed_until - t0))

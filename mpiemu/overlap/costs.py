@@ -1,7 +1,7 @@
 """What each strategy costs the hardware: GEMM stages, DRAM bytes per ring byte, CU limits.
 
 No MPI here. The engine (`rs.py`, `ag.py`) asks these tables how long things take; the
-numbers come from the device model (`devices.gemm` stages) and the preset (`devices.contention`).
+numbers come from the device's cost (`devices.gemm` stages) and the preset (`devices.contention`).
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ..devices.contention import NO_CONTENTION, Arbitration, T3Params, mca, round_robin
-from ..devices.cost import ComputeModel
+from ..devices.cost import DeviceCost
 from ..devices.gemm import GemmCost
 from .strategy import Overlap
 
@@ -51,7 +51,7 @@ class GemmPlan(NamedTuple):
         return (w.read_bytes / bw) / w.time_s if w.time_s > 0 else 0.0
 
 
-def gemm_plan(model: ComputeModel, m: int, n: int, k: int, dtype: str, *,
+def gemm_plan(cost: DeviceCost, m: int, n: int, k: int, dtype: str, *,
               uncached_output: bool = False, compute_units: int | None = None) -> GemmPlan:
     """Stages of C[m, n] = A[m, k] B[k, n] with the strategy's cache / CU choices."""
     kw: dict[str, object] = {}
@@ -59,15 +59,15 @@ def gemm_plan(model: ComputeModel, m: int, n: int, k: int, dtype: str, *,
         kw["bypass_llc_output"] = True
     if compute_units is not None:
         kw["compute_units"] = compute_units
-    cost = model.gemm(m, n, k, dtype=dtype, **kw)  # type: ignore[arg-type]
-    total = sum(s.tiles for s in cost.stages)
+    g = cost.gemm(m, n, k, dtype=dtype, **kw)  # type: ignore[arg-type]
+    total = sum(s.tiles for s in g.stages)
     waves, done = [], 0
-    for i, s in enumerate(cost.stages):
-        launch = cost.launch_s if i == 0 else 0.0
+    for i, s in enumerate(g.stages):
+        launch = g.launch_s if i == 0 else 0.0
         waves.append(Wave(s.time_s + launch, s.dram_read_bytes, s.dram_write_bytes,
-                          cost.flops * s.tiles / total, done / total, (done + s.tiles) / total))
+                          g.flops * s.tiles / total, done / total, (done + s.tiles) / total))
         done += s.tiles
-    return GemmPlan(cost, tuple(waves))
+    return GemmPlan(g, tuple(waves))
 
 
 class ByteCost(NamedTuple):

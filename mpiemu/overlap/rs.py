@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..comm import lanes as sch
-from ..comm.p2p import TimedComm
+from ..comm.p2p import Call, TimedComm
+from ..devices.cost import DeviceCost
 from ..comm.ring import ReduceScatter, ring_lanes, ring_pieces
 from ..comm.lanes import chunk_bounds
 from ..devices.contention import T3Params
@@ -31,22 +32,24 @@ class RsSetup:
     """Everything one call decides before any message moves."""
 
     tc: TimedComm
+    cost: DeviceCost                   # the device's: the GEMM and the last reduction
+    call: Call                         # the ring's protocol and channel share
     ov: Overlap
     m: int
     n: int
     itemsize: int
     lanes: list[sch.Lane]
     pieces: list[sch.Piece]
-    costs: RingCosts
+    ring_costs: RingCosts
     clock: Clock
     plan: GemmPlan
     t0: float                          # when the GEMM may start
     ready_all: float = math.nan        # non-fused: when every partial is available
 
 
-def lane_rate(tc: TimedComm, ls: list[sch.Lane]) -> float:
+def lane_rate(tc: TimedComm, call: Call, ls: list[sch.Lane]) -> float:
     """The slowest rate of this rank's hops on the lanes (bytes/s, the network's)."""
-    return min(tc.rate(ln.peers(tc.rank)[0]) for ln in ls)
+    return min(tc.rate(ln.peers(tc.rank)[0], call) for ln in ls)
 
 
 def pieces_per_chunk(ov: Overlap, n_stages: int, size: int, n_lanes: int) -> int:
@@ -58,12 +61,13 @@ def pieces_per_chunk(ov: Overlap, n_stages: int, size: int, n_lanes: int) -> int
     return max(1, math.ceil(n_stages / (size * n_lanes)))
 
 
-def setup(tc: TimedComm, ov: Overlap, m: int, n: int, k: int, dtype: str, itemsize: int,
-          after: float, params: T3Params | None, stats: OverlapStats, name: str) -> RsSetup:
+def setup(tc: TimedComm, cost: DeviceCost, call: Call, ov: Overlap, m: int, n: int, k: int,
+          dtype: str, itemsize: int, after: float, params: T3Params | None,
+          stats: OverlapStats, name: str) -> RsSetup:
     """Plan the GEMM stages, the ring pieces and the clock that times them."""
-    t, spec = ov.traits, tc.model.spec
+    t, spec = ov.traits, cost.spec
     cus = comm_cus(ov, spec.compute_units)
-    plan = gemm_plan(tc.model, m, n, k, dtype, uncached_output=t.uncached_output,
+    plan = gemm_plan(cost, m, n, k, dtype, uncached_output=t.uncached_output,
                      compute_units=None if cus is None else spec.compute_units - cus)
     ls = ring_lanes(tc, m, ov.bidirectional)
     parts = pieces_per_chunk(ov, plan.n_stages, tc.size, len(ls))
@@ -74,7 +78,7 @@ def setup(tc: TimedComm, ov: Overlap, m: int, n: int, k: int, dtype: str, itemsi
     arb = arbitration(ov, params, plan, bw)
     cu_bw = math.inf if cus is None or params is None else cus * params.comm_cu_bw_bytes_per_s
     t0 = max(after, tc.tl.free_at(COMPUTE))
-    clock = Clock(tc.tl, name, bw, arb, costs, lane_rate(tc, ls), len(ls), cu_bw,
+    clock = Clock(tc.tl, name, bw, arb, costs, lane_rate(tc, call, ls), len(ls), cu_bw,
                   plan if t.fused else None, t0, stats=stats)
     if t.fused:
         clock.uncached_output = t.uncached_output
@@ -83,7 +87,7 @@ def setup(tc: TimedComm, ov: Overlap, m: int, n: int, k: int, dtype: str, itemsi
     stats.gemm_isolated_s = plan.time_s
     if arb.policy == "compute-first" and params is not None:
         stats.mca_threshold = params.mca_threshold(plan.read_intensity(bw))
-    return RsSetup(tc, ov, m, n, itemsize, ls, pieces, costs, clock, plan, t0)
+    return RsSetup(tc, cost, call, ov, m, n, itemsize, ls, pieces, costs, clock, plan, t0)
 
 
 def _fused_stage_traffic(clock: Clock, plan: GemmPlan, pieces: list[sch.Piece],
@@ -133,22 +137,22 @@ class RsHooks:
 
     def place(self, p: sch.Piece, dst: int, ready: float, nbytes: float) -> np.ndarray:
         s = self.s
-        bc, streamed = (s.costs.first if p.step == 0 else s.costs.steady), -math.inf
+        bc, streamed = (s.ring_costs.first if p.step == 0 else s.ring_costs.steady), -math.inf
         if p.step == 0 and s.ov.traits.fused and s.ov.traits.nmc:      # remote_update
             k = s.plan.wave_of(p.pos1)
             ready, streamed = s.clock.stage_start(k), s.clock.stage_end(k)
-        return s.clock.send(s.tc, dst, ready, nbytes, bc, step=p.step, label="rs.send",
+        return s.clock.send(s.tc, s.call, dst, ready, nbytes, bc, step=p.step, label="rs.send",
                             stat="rs", streamed_until=streamed)
 
     def received(self, p: sch.Piece, nbytes: float) -> None:
-        self.s.clock.account("rs", nbytes, self.s.costs.incoming)
+        self.s.clock.account("rs", nbytes, self.s.ring_costs.incoming)
 
     def finish(self, p: sch.Piece, t: float) -> float:
         s = self.s
         if s.ov.traits.nmc:            # the updates landed reduced: nothing left to do
             return t
         n_elems = p.n_rows * s.n
-        iso = s.tc.model.reduction_s(n_elems, s.itemsize)
+        iso = s.cost.reduction_s(n_elems, s.itemsize)
         return s.clock.reduce(s.tc.stream, t, n_elems * s.itemsize, n_elems, iso,
                               step=p.step, label="rs.reduce", stat="rs")
 

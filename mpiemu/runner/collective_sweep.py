@@ -17,6 +17,7 @@ from mpi4py import MPI
 
 from ..comm.cost import choose, estimate_s
 from ..comm.p2p import TimedComm
+from ..comm.ring import Reduction
 from ..comm.collectives import all_gather, all_reduce, chunk_bounds, reduce_scatter
 from ..config.workload import Workload
 from ..config.errors import ConfigError
@@ -55,14 +56,15 @@ def bus_factor(op: str, n: int) -> float:
     return (2 if op == "all_reduce" else 1) * (n - 1) / n
 
 
-def predicted_s(tc: TimedComm, op: str, nbytes: int, itemsize: int,
+def predicted_s(tc: TimedComm, op: str, nbytes: int, itemsize: int, reduce_s: Reduction,
                 bidirectional: bool = False) -> tuple[float, str, str]:
     """Closed-form time of the call (`comm.cost`) and the algorithm and protocol it uses."""
     if tc.size == 1:
         return 0.0, "ring", "simple"
-    algo = tc.algorithm if op == "all_reduce" else ""
-    ch = choose(tc, op, nbytes, itemsize, algo, tc.protocol, bidirectional)
-    return estimate_s(tc, op, nbytes, itemsize, ch, bidirectional), ch.algorithm, ch.protocol
+    algo = tc.tuning.algorithm if op == "all_reduce" else ""
+    ch = choose(tc, op, nbytes, itemsize, algo, tc.tuning.protocol, bidirectional)
+    return (estimate_s(tc, op, nbytes, itemsize, ch, reduce_s, bidirectional), ch.algorithm,
+            ch.protocol)
 
 
 def _run_one(ctx: RankContext, tc: TimedComm, op: str, nbytes: int, t0: float) -> float:
@@ -73,7 +75,8 @@ def _run_one(ctx: RankContext, tc: TimedComm, op: str, nbytes: int, t0: float) -
         rng = np.random.default_rng(ctx.w.run.seed + tc.rank)
         x = rng.standard_normal(count).astype(ctx.np_dtype)
     if op == "reduce_scatter":
-        _, span = reduce_scatter(tc, x, after=t0, count=count, wire_itemsize=itemsize,
+        _, span = reduce_scatter(tc, x, reduce_s=ctx.cost.reduction_s, after=t0, count=count,
+                                 wire_itemsize=itemsize,
                                  bidirectional=ctx.w.collectives.bidirectional)
     elif op == "all_gather":
         lo, hi = chunk_bounds(count, tc.size)[tc.rank]
@@ -81,8 +84,8 @@ def _run_one(ctx: RankContext, tc: TimedComm, op: str, nbytes: int, t0: float) -
         _, span = all_gather(tc, mine, total=count, after=t0, count=hi - lo,
                              wire_itemsize=itemsize, bidirectional=ctx.w.collectives.bidirectional)
     else:
-        _, span = all_reduce(tc, x, after=t0, count=count, wire_itemsize=itemsize,
-                             bidirectional=ctx.w.collectives.bidirectional)
+        _, span = all_reduce(tc, x, reduce_s=ctx.cost.reduction_s, after=t0, count=count,
+                             wire_itemsize=itemsize, bidirectional=ctx.w.collectives.bidirectional)
     return span.t_end
 
 
@@ -127,7 +130,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
                 t_end = _run_one(ctx, tc, op, nbytes, t0)
             t_end = tc.comm.allreduce(t_end, op=MPI.MAX)
             pred, algo, proto = predicted_s(tc, op, nbytes, ctx.wire_itemsize,
-                                            cfg.bidirectional)
+                                            ctx.cost.reduction_s, cfg.bidirectional)
             points.append(SweepPoint(op, nbytes, tc.size, t_end - t0, pred, algo, proto))
             index += 1
             ctx.end_iteration()

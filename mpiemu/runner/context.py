@@ -1,4 +1,4 @@
-"""One rank's view of a run: grid, device model, timeline, timed communicators, trace, manifest."""
+"""One rank's view of a run: grid, device cost, timeline, timed communicators, trace, manifest."""
 from __future__ import annotations
 
 import datetime as _dt
@@ -18,10 +18,11 @@ from mpi4py import MPI
 
 from .. import __version__
 from .._proc import collect_garbage, launcher_free_env, set_aside
-from ..comm.mirror import Fold
-from ..comm.grid import GridShape, ProcessGrid
-from ..comm.p2p import TimedComm
-from ..devices.cost import ComputeModel, model_for
+from ..comm.shape import Fold
+from ..comm.grid import ProcessGrid
+from ..comm.shape import GridShape
+from ..comm.p2p import TimedComm, Tuning
+from ..devices.cost import DeviceCost, device_cost
 from ..devices.specs import DeviceSpec, dtype_bytes
 from ..sim.timeline import Timeline
 from ..sim.trace import TraceWriter, commit, rank_file, write_merged
@@ -38,7 +39,7 @@ class RankContext:
     world: MPI.Comm
     grid: ProcessGrid
     spec: DeviceSpec
-    model: ComputeModel
+    cost: DeviceCost                # the device this rank plays
     tl: Timeline
     tp: TimedComm
     dp: TimedComm
@@ -144,12 +145,12 @@ def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str],
              "stands_for": fold.members(world.Get_rank()) if fold else [grid.rank]}
     writer = TraceWriter(rank_file(out, grid.rank), attrs)
     tl = Timeline(writer)
-    model = model_for(spec)
-    tp = TimedComm(grid.tp_comm, tl, net, model, "tp", world_map=grid.world_map)
-    tp.algorithm, tp.protocol = w.collectives.algorithm, w.collectives.protocol
+    cost = device_cost(spec)
+    tp = TimedComm(grid.tp_comm, tl, net, "tp", world_map=grid.world_map,
+                   tuning=Tuning(w.collectives.algorithm, w.collectives.protocol))
     dp = tp.sibling(grid.dp_comm, "dp")
     set_aside()                 # what lives for the run, out of every later collection
-    return RankContext(w, world, grid, spec, model, tl, tp, dp, out, writer, processes)
+    return RankContext(w, world, grid, spec, cost, tl, tp, dp, out, writer, processes)
 
 
 def _start_watchman(out: Path, processes: list[list[Any]]) -> None:

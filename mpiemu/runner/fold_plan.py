@@ -20,8 +20,8 @@ from __future__ import annotations
 from typing import Callable
 
 from ..comm.cost import allowed_on
-from ..comm.mirror import Fold
-from ..comm.grid import GridShape
+from ..comm.shape import Fold
+from ..comm.shape import GridShape
 from ..net import Network
 from ..config.workload import Workload, resolve_device, resolve_network
 from ..config.errors import ConfigError

@@ -11,7 +11,7 @@ from mpi4py import MPI
 from ..config.workload import Workload, load_workload, resolve_device
 from .context import RankContext, close_run, mark_failed, open_run
 from ..config.errors import ConfigError
-from ..comm.mirror import Fold
+from ..comm.shape import Fold
 from .fold_plan import plan_fold
 from .mpi import AbortOnError, exit_on_error
 

@@ -27,9 +27,11 @@ from mpi4py import MPI
 
 from ..comm.collectives import all_reduce
 from ..devices.caps import scaled
-from ..devices.cost import ComputeModel, model_for
+from ..devices.cost import DeviceCost, device_cost
+from ..executors.gpu import GpuExecutor
+from ..executors.registry import ExecutorSetup
 from ..model.config import ModelConfig
-from ..executors.gpu import Dims, Engine
+from ..model.dims import Dims
 from ..model.layers import Layer
 from ..model.masks import Masks
 from ..model.presets import load_model_preset
@@ -74,7 +76,7 @@ def _config(w: Workload, h: int, sl: int) -> ModelConfig:
                    layers=1, seq_len=sl, vocab=w.parallel.tp).for_tp(w.parallel.tp)
 
 
-def _point(ctx: RankContext, index: int, h: int, sl: int, b: int, model: ComputeModel) -> None:
+def _point(ctx: RankContext, index: int, h: int, sl: int, b: int, cost: DeviceCost) -> None:
     """One layer forward + backward, then over DP, each measured apart: its gradients' all-reduce
     (one bucket) and the FC weight's alone (the thesis's region of interest); all ranks start
     the point at one time."""
@@ -83,17 +85,16 @@ def _point(ctx: RankContext, index: int, h: int, sl: int, b: int, model: Compute
     tp = grid.tp
     dims = Dims(seq=sl, batch=b, hidden=h, heads=cfg.heads // tp, head_dim=cfg.head_dim,
                 ffn=cfg.ffn_hidden // tp, vocab=cfg.padded_vocab // tp, tp=tp, sp=False)
-    for tc in (ctx.tp, ctx.dp):     # the point's device, for every op of the point
-        tc.model = model
-    eng = Engine(ctx.tl, ctx.tp, dtype=w.run.emulated_dtype, numerics=False,
-                 overlap=w.overlap.to_overlap(strategy="sequential"), sp=False,
-                 kernels=w.train.kernel_options(), tp_async=False)   # thesis Eq. 5.5: serialized
+    # every op of the point on the point's device; thesis Eq. 5.5: TP serialized
+    ex = GpuExecutor(ExecutorSetup(ctx.tl, cost, ctx.tp, dims, w.run.emulated_dtype, False,
+                                   w.overlap.to_overlap(strategy="sequential"),
+                                   kernels=w.train.kernel_options(), tp_async=False))
     specs = [lp for lp in local_params(cfg, tp) if lp.layer == 0]
     P: dict[str, Any] = {lp.name: None for lp in specs}
     G: dict[str, Any] = dict(P)
-    layer, masks = Layer(eng, cfg, dims, 0), Masks(cfg, w.run.seed, index, dims, grid.dp_rank * dims.batch,
-                                                   grid.tp_rank, False)
-    eng.t = ctx.world.allreduce(ctx.tl.now(), op=MPI.MAX)
+    layer = Layer(ex, cfg, dims, 0)
+    masks = Masks(cfg, w.run.seed, index, dims, grid.dp_rank * dims.batch, grid.tp_rank, False)
+    ex.wait_until(ctx.world.allreduce(ctx.tl.now(), op=MPI.MAX))     # every rank together
     with ctx.tl.labelled(iteration=index, layer=0):
         with ctx.tl.labelled(phase="fwd"):
             x, cache = layer.forward(None, P, masks)
@@ -103,17 +104,18 @@ def _point(ctx: RankContext, index: int, h: int, sl: int, b: int, model: Compute
             # region of interest alone on the DP ring (5.3.2.2 step 2.a): the FC weight's
             # gradient, H x 4H / TP elements (Eq. 5.8)
             for label, count in ((LAYER_DP, sum(lp.size for lp in specs)), (ROI, h * dims.ffn)):
-                _, span = all_reduce(ctx.dp, None, after=eng.t, count=count, wire_itemsize=eng.e,
-                                     bidirectional=eng.overlap.bidirectional, label=label)
-                eng.t = max(eng.t, span.t_end)
+                _, span = all_reduce(ctx.dp, None, reduce_s=cost.reduction_s, after=ex.t,
+                                     count=count, wire_itemsize=ex.e,
+                                     bidirectional=ex.overlap.bidirectional, label=label)
+                ex.wait_until(span.t_end)
 
 
 def run(ctx: RankContext) -> dict[str, Any]:
     pts = points(ctx.w)
-    models = {c: model_for(scaled(ctx.spec, compute=c)[0]) for c in {p[3] for p in pts}}
+    costs = {c: device_cost(scaled(ctx.spec, compute=c)[0]) for c in {p[3] for p in pts}}
     for i, (h, sl, b, c) in enumerate(pts):
         ctx.maybe_fail(i)
-        _point(ctx, i, h, sl, b, models[c])     # one model per scale: GEMM costs cached
+        _point(ctx, i, h, sl, b, costs[c])      # one cost per scale: GEMM costs cached
         ctx.end_iteration()
     ctx.writer.flush()
     ctx.world.Barrier()

@@ -70,7 +70,8 @@ def _one(ctx: RankContext, ov: Overlap, m: SublayerModel, sub: str, x: np.ndarra
     t0 = ctx.world.allreduce(ctx.tl.now(), op=MPI.MAX)
     stats = OverlapStats()
     with ctx.tl.labelled(iteration=index):
-        y, span = gemm_then_reduce(tc, x, w, shape=GemmShape(m.tokens, m.hidden, k),
+        y, span = gemm_then_reduce(tc, x, w, cost=ctx.cost,
+                                   shape=GemmShape(m.tokens, m.hidden, k),
                                    mode=ctx.w.sublayers.mode, dtype=ctx.w.run.emulated_dtype,
                                    after=t0, overlap=ov, name=f"{m.name}.{sub}", stats=stats)
     t_end = tc.comm.allreduce(span.t_end, op=MPI.MAX)

@@ -20,13 +20,15 @@ from .._digest import sha256
 from ..analysis.breakdown import (BREAKDOWN_FIELDS, IterationBreakdown, counted,
                                   iteration_breakdown, window_of)
 from ..analysis.load import make_trace
-from ..training.check import check_against_reference
-from ..model.config import ModelConfig
-from ..executors.gpu import Dims, Engine
-from ..training.memory import host_bytes
 from ..comm.p2p import TimedComm
+from ..executors.registry import ExecutorSetup, make_executor
+from ..model.config import ModelConfig
+from ..model.dims import Dims
+from ..model.stage import StageModel
+from ..training.check import check_against_reference
 from ..training.flops import hardware_flops, model_flops, utilization
-from ..model.stage import ShardedModel
+from ..training.gradients import StageGradients
+from ..training.memory import host_bytes
 from ..training.optimizer import ShardedOptimizer
 from ..training.pipeline_step import PipelineStep
 from ..sim.timeline import Timeline
@@ -40,9 +42,10 @@ __all__ = ["build", "reference_tolerance", "resolve", "run", "validate"]   # the
 
 @dataclass
 class Trainer:
-    """One rank's model stage, its pipeline step and its optimizer."""
+    """One rank's model stage, its gradients, its pipeline step and its optimizer."""
 
-    model: ShardedModel
+    model: StageModel
+    grads: StageGradients
     step: PipelineStep
     opt: ShardedOptimizer
     comms: list[TimedComm]          # the duplicates a scratch trainer made (freed by it)
@@ -50,7 +53,7 @@ class Trainer:
     def train_step(self, it: int) -> float:
         """Forward, backward and update of iteration `it`; this rank's loss share."""
         share = self.step.run(it)
-        with self.model.E.tl.labelled(phase="optim"):
+        with self.model.E.labelled(phase="optim"):
             self.opt.step(self.model.P, self.model.G)
         return share
 
@@ -81,35 +84,32 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
     distributed = w.optimizer.distributed and grid.dp > 1
     mp = comm(grid.world_comm if distributed else grid.mp_comm, "world" if distributed else "mp")
     assert tp is not None and dp is not None and mp is not None
-    sunway = ctx.spec.kind == "sunway"       # layers charged as SwFormer CG schedules
-    if sunway:                                # (only Sunway runs import their modules)
-        from ..executors.sunway import SunwayEngine, SunwayLayerPlan  # noqa: PLC0415
-    cls: type[Engine] = SunwayEngine if sunway else Engine
-    eng = cls(tl, tp, dtype=w.run.emulated_dtype, numerics=numerics,
-              overlap=w.overlap.to_overlap(strategy or None), sp=dims.sp,
-              kernels=w.train.kernel_options(), tp_async=w.train.tp_comm_async and not sunway)
-    if sunway:
-        plan = SunwayLayerPlan.build(ctx.model, dims,  # type: ignore[arg-type]
-                                     w.run.emulated_dtype, w.sunway.scheduler, w.sunway.attention)
-        eng.plan = plan                                       # type: ignore[attr-defined]
+    buf = grad_buffer(w, ctx.spec.kind)
+    overlap = w.overlap.to_overlap(strategy or None)
+    ex = make_executor(ctx.spec.kind, ExecutorSetup(
+        tl, ctx.cost, tp, dims, w.run.emulated_dtype, numerics, overlap,
+        kernels=w.train.kernel_options(), tp_async=w.train.tp_comm_async,
+        wgrad_epilogue=None if buf is None else buf.wgrad_epilogue,
+        sunway_scheduler=w.sunway.scheduler, sunway_attention=w.sunway.attention))
     m = micro_batches(w)
     opt_cfg = w.optimizer.to_config()
-    eng.grad_buffer = grad_buffer(w, ctx.spec.kind)
-    model = ShardedModel(cfg, eng, dims, tp_rank=grid.tp_rank, dp_rank=grid.dp_rank,
-                         seed=w.run.seed, global_batch=gb, dp=dp,
-                         bucket_bytes=w.train.dp_bucket_MiB * 2**20, np_dtype=ctx.np_dtype,
-                         pp=grid.pp, pp_rank=grid.pp_rank, chunks=w.parallel.virtual_stages,
-                         micro_batches=m, recompute=w.train.recompute, embed=embed,
-                         shard_grads=opt_cfg.distributed,
-                         overlap_grad_reduce=w.train.overlap_grad_reduce, ddp=w.train.ddp)
-    step = PipelineStep(model, pp, w.parallel.schedule, m, ctx.np_dtype)
-    opt = ShardedOptimizer(opt_cfg, model.specs, eng, grid.tp_rank, model.P, norm=mp,
+    model = StageModel(cfg, ex, dims, tp_rank=grid.tp_rank, dp_rank=grid.dp_rank,
+                       seed=w.run.seed, global_batch=gb, np_dtype=ctx.np_dtype, pp=grid.pp,
+                       pp_rank=grid.pp_rank, chunks=w.parallel.virtual_stages,
+                       micro_batches=m, recompute=w.train.recompute)
+    grads = StageGradients(model, ex, dp, grad_buffer=buf,
+                           bucket_bytes=w.train.dp_bucket_MiB * 2**20,
+                           bidirectional=overlap.bidirectional, embed=embed,
+                           shard=opt_cfg.distributed,
+                           overlap_grad_reduce=w.train.overlap_grad_reduce, ddp=w.train.ddp)
+    step = PipelineStep(model, grads, pp, w.parallel.schedule, m, ctx.np_dtype)
+    opt = ShardedOptimizer(opt_cfg, model.specs, ex, grid.tp_rank, model.P, norm=mp,
                            counted=lambda lp: (lp.tp_split or grid.tp_rank == 0)
                            and not (lp.name == "wte" and grid.pp_rank > 0),
-                           buckets=model.buckets)
+                           buckets=grads.buckets)
     if opt.zero is not None:       # forwards wait for their layers' parameter gathers
-        model.param_ready = opt.zero.param_ready
-    return Trainer(model, step, opt, made)
+        grads.param_ready = opt.zero.param_ready
+    return Trainer(model, grads, step, opt, made)
 
 
 def run(ctx: RankContext) -> dict[str, Any]:

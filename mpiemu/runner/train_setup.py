@@ -9,21 +9,16 @@ from typing import Sequence
 
 from ..devices.presets import list_presets, load_device
 from ..devices.specs import dtype_bytes
-from ..model.config import ModelConfig, divisors
-from ..executors.gpu import Dims
+from ..model.config import ModelConfig, braces, divisors
+from ..model.dims import Dims, make_dims
 from ..training.grad_buffer import GradBuffer, megatron_optimizer
 from ..training.memory import GIB, Layout, MemoryReport, host_bytes, memory_report
-from ..model.stage import make_dims
 from ..overlap.api import STRATEGY_IMPLS
 from ..config.workload import Workload, resolve_device
 from ..config.errors import ConfigError
 from ..config.overlap_check import check_overlap_devices
 
 HOST_MEMORY_SHARE = 0.8    # a numerics run may use this share of the host's memory
-
-
-def _fmt(xs: list[int]) -> str:
-    return "{" + ", ".join(str(x) for x in xs) + "}"
 
 
 def resolve(w: Workload) -> tuple[ModelConfig, int, Dims]:
@@ -52,19 +47,19 @@ def validate(w: Workload, world_size: int) -> None:
     ok_tp = [t for t in divisors(cfg.heads) if cfg.ffn_hidden % t == 0]
     if cfg.heads % tp:
         raise ConfigError("parallel.tp", tp, f"does not divide model.heads={cfg.heads}; "
-                          f"choose tp in {_fmt(ok_tp)}")
+                          f"choose tp in {braces(ok_tp)}")
     if cfg.hidden % tp or cfg.ffn_hidden % tp:
         raise ConfigError("parallel.tp", tp, f"does not divide model.hidden={cfg.hidden} and "
-                          f"model.ffn_hidden={cfg.ffn_hidden}; choose tp in {_fmt(ok_tp)}")
+                          f"model.ffn_hidden={cfg.ffn_hidden}; choose tp in {braces(ok_tp)}")
     if sp and cfg.seq_len % tp:
         raise ConfigError("model.seq_len", cfg.seq_len, f"is not divisible by parallel.tp={tp} "
                           "under parallel.sequence_parallel; choose tp in "
-                          f"{_fmt([t for t in ok_tp if cfg.seq_len % t == 0])} or a seq_len "
+                          f"{braces([t for t in ok_tp if cfg.seq_len % t == 0])} or a seq_len "
                           f"that is a multiple of {tp}")
     gb = w.train.global_batch or w.model.preset_global_batch()
     if gb % dp:
         raise ConfigError("train.global_batch", gb, f"is not divisible by parallel.dp={dp}; "
-                          f"choose dp in {_fmt(divisors(gb))} or a global batch that is a "
+                          f"choose dp in {braces(divisors(gb))} or a global batch that is a "
                           f"multiple of {dp}")
     _validate_pipeline(w, cfg.layers, gb)
     if w.train.check_reference and w.run.numerics != "on":
@@ -86,25 +81,25 @@ def _validate_pipeline(w: Workload, layers: int, gb: int) -> None:
     pp, v = par.pp, par.virtual_stages
     if layers % pp:
         raise ConfigError("parallel.pp", pp, f"does not divide model.layers={layers}; "
-                          f"choose pp in {_fmt(divisors(layers))}")
+                          f"choose pp in {braces(divisors(layers))}")
     if layers % (pp * v):
         ok = [x for x in divisors(layers // pp) if x > 1]
         raise ConfigError("parallel.virtual_stages", v, f"pp x virtual_stages = {pp * v} "
                           f"does not divide model.layers={layers}; " +
-                          (f"choose virtual_stages in {_fmt(ok)}" if ok else
+                          (f"choose virtual_stages in {braces(ok)}" if ok else
                            f"{layers // pp} layer(s) per stage cannot be split; use "
                            "parallel.schedule='1f1b'"))
     per_dp = gb // par.dp
     if mb and per_dp % mb:
         raise ConfigError("train.micro_batch", mb, f"does not divide the {per_dp} sequences "
                           f"of each DP rank (global batch {gb} / dp {par.dp}); choose one of "
-                          f"{_fmt(divisors(per_dp))}")
+                          f"{braces(divisors(per_dp))}")
     m = per_dp // (mb or per_dp)
     if par.schedule == "interleaved" and (m % pp or m < pp):
         ok = [b for b in divisors(per_dp) if (per_dp // b) % pp == 0]
         raise ConfigError("train.micro_batch", mb, f"gives {m} micro-batches per DP rank; the "
                           f"interleaved schedule needs a multiple of parallel.pp={pp}; choose "
-                          f"micro_batch in {_fmt(ok)}")
+                          f"micro_batch in {braces(ok)}")
     if resolve_device(w).kind == "sunway" and w.train.recompute == "selective":
         raise ConfigError("train.recompute", "selective", "Sunway ranks charge a layer as one "
                           "CG schedule; use 'none' or 'full'")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..devices.cost import model_for
+from ..devices.cost import device_cost
 from ..devices.presets import load_device
 from ..net import load_network
 from ..runner.collective_sweep import bus_factor
@@ -198,7 +198,7 @@ def _rs_vs_ag(ours: list[Row], cmp: list[Row]) -> list[str]:
         gap_ms = (t["reduce_scatter"] - t["all_gather"]) / 1e3
         st = next(x for x in setups() if x["key"] == rs["setup"])
         chunk = rs["bytes"] // st["ranks"]
-        red_ms = model_for(load_device(st["device"])).reduction_s(
+        red_ms = device_cost(load_device(st["device"])).reduction_s(
             chunk // ITEMSIZE, ITEMSIZE) * 1e3
         out.append(f"{ds} at {_size(rs['bytes'])}: our reduce-scatter takes "
                    f"{t['reduce_scatter'] / 1e3:.2f} ms and our all-gather "

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..net import load_network
-from ..devices.cost import GpuModel
+from ..devices.cost import GpuCost
 from ..devices.gemm import NO_EPILOGUE, Epilogue
 from ..devices.presets import load_device
 from ..devices.tasks import Runtime, Task, run
@@ -30,7 +30,7 @@ RELU_FLOPS = 1
 class Builder:
     """Tasks and tiles of one tiled workload on one device model."""
 
-    def __init__(self, model: GpuModel, fused: bool) -> None:
+    def __init__(self, model: GpuCost, fused: bool) -> None:
         self.m, self.fused = model, fused
         self.tasks: list[Task] = []
         self.tiles: dict[str, float] = {}
@@ -78,7 +78,7 @@ def _split(total: int, tile: int) -> list[int]:
     return [min(tile, total - i) for i in range(0, total, tile)]
 
 
-def workload(model: GpuModel, kind: str, tokens: int, emb_tile: int, fused: bool,
+def workload(model: GpuCost, kind: str, tokens: int, emb_tile: int, fused: bool,
              g: dict[str, int] | None = None) -> Builder:
     """GPT-2 MLP (FC-1 + bias + ReLU, FC-2 + bias) or attention projection (QKV + bias +
     reshape), every sequence tile of `tokens`, the inner / output dimension tiled."""
@@ -111,7 +111,7 @@ def runtime(spec_name: str) -> Runtime:
 def rows() -> list[Row]:
     fig = load_figures("fusion")
     dev = str(fig["device"].value)
-    model, rt, thr = GpuModel(load_device(dev)), runtime(dev), float(fig["threshold_s"])
+    model, rt, thr = GpuCost(load_device(dev)), runtime(dev), float(fig["threshold_s"])
     out: list[Row] = []
     for kind in ("mlp", "attn"):
         for batch in fig["batches"].value:

@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..devices.cost import GpuModel
+from ..devices.cost import GpuCost
 from ..devices.presets import load_device
 from ..devices.specs import DeviceSpec
 from . import kernels_here
@@ -97,7 +97,7 @@ def _calibrates(key: tuple[str, str, int, int, int, int], source: str,
 
 def rows_for(specs: dict[str, DeviceSpec]) -> list[Row]:
     """The study's table: one row per measured shape, ours beside theirs."""
-    models = {g: GpuModel(s) for g, s in specs.items()}
+    models = {g: GpuCost(s) for g, s in specs.items()}
     out = []
     for c in _cases():
         gpu, dtype, m, n, k, batch = c["key"]

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..devices import kernels as hk
 from ..devices.attention_gpu import AttnShape, flash_cost
-from ..devices.cost import GpuModel
+from ..devices.cost import GpuCost
 from ..devices.kernels import Kernel
 from ..devices.presets import load_device
 from .common import ROOT, Row, geomean
@@ -98,7 +98,7 @@ def _n(d: list[int]) -> int:
     return out
 
 
-def gemm_rows(model: GpuModel, rows: list[dict[str, str]]) -> list[Row]:
+def gemm_rows(model: GpuCost, rows: list[dict[str, str]]) -> list[Row]:
     out = []
     for r in rows:
         if r["kind"] != "gemm" or r["group"] not in LAYER_GROUPS + SWEEPS:
@@ -116,7 +116,7 @@ def gemm_rows(model: GpuModel, rows: list[dict[str, str]]) -> list[Row]:
     return out
 
 
-def kernel_rows(model: GpuModel, rows: list[dict[str, str]]) -> list[Row]:
+def kernel_rows(model: GpuCost, rows: list[dict[str, str]]) -> list[Row]:
     out = []
     for r in rows:
         fn = KERNELS.get((r["kind"], r["op"]))
@@ -172,7 +172,7 @@ def published_vs_here(rows: list[dict[str, str]]) -> list[Row]:
 
 
 def all_rows() -> dict[str, list[Row]]:
-    model = GpuModel(load_device(GPU))
+    model = GpuCost(load_device(GPU))
     _, rows = raw()
     return {"gemm": gemm_rows(model, rows), "kernel": kernel_rows(model, rows),
             "flash": flash_rows(rows), "published": published_vs_here(rows)}

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..devices import attention_gpu as ag
 from ..devices import kernels as hk
-from ..devices.cost import GpuModel
+from ..devices.cost import GpuCost
 from ..devices.presets import load_device
 from ..devices.specs import DeviceSpec
 from ..devices.specs import dtype_bytes
@@ -67,7 +67,7 @@ def _attn_shape(net: Net, local: bool, seq: int, batch: int, e: int) -> ag.AttnS
                         causal=net.causal)
 
 
-def layer_kernels(model: GpuModel, net: Net, local: bool, variant: str, seq: int, batch: int,
+def layer_kernels(model: GpuCost, net: Net, local: bool, variant: str, seq: int, batch: int,
                   dtype: str) -> list[tuple[str, str, float, float]]:
     """(group, kernel, time s, DRAM bytes) of one inference layer, in launch order."""
     e, t, h = dtype_bytes(dtype), seq * batch, net.hidden
@@ -102,7 +102,7 @@ def layer_kernels(model: GpuModel, net: Net, local: bool, variant: str, seq: int
     return out
 
 
-def net_kernels(model: GpuModel, net: Net, variant: str) -> list[tuple[str, str, float, float]]:
+def net_kernels(model: GpuCost, net: Net, variant: str) -> list[tuple[str, str, float, float]]:
     fig = load_figures("softmax")
     seq, batch, dtype = int(fig["seq_len"]), int(fig["batch"]), str(fig["dtype"].value)
     dense = layer_kernels(model, net, False, variant, seq, batch, dtype)
@@ -116,7 +116,7 @@ def variant_rows() -> list[Row]:
     fig = load_figures("softmax")
     rows: list[Row] = []
     for gpu in fig["gpus"].value:
-        model = GpuModel(device(gpu))
+        model = GpuCost(device(gpu))
         for net in nets():
             base = 0.0
             for variant in VARIANTS:
@@ -143,7 +143,7 @@ def kernel_rows() -> list[Row]:
     seq, batch, dtype = int(fig["seq_len"]), int(fig["batch"]), str(fig["dtype"].value)
     rows: list[Row] = []
     for gpu in fig["gpus"].value:
-        model = GpuModel(device(gpu))
+        model = GpuCost(device(gpu))
         for net in nets():
             for variant in VARIANTS:
                 for group, name, t, dram in layer_kernels(model, net, False, variant, seq,

@@ -1,7 +1,7 @@
 """`mpiemu report sunway`: SWattention vs standard attention and SwFormer scheduling, ours beside
 the seeds' figures (SWA = seed 001, SwFormer appendix = seed 000).
 
-Everything comes from `SunwayModel`, the model Sunway ranks use; one process suffices since the
+Everything comes from `SunwayCost`, the model Sunway ranks use; one process suffices since the
 costs are per processor. Writes README.md, attention.csv, seed.csv, schedule.csv, speedup.png,
 schedule.png and a one-rank trace of a GPT-3 6.7B-like layer (trace/, for `mpiemu analyze`).
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..devices.presets import load_device
-from ..devices.sunway import SunwayModel
+from ..devices.sunway import SunwayCost
 from ..devices.sunway.schedule import Schedule
 from ..sim.timeline import Timeline
 from ..sim.trace import TraceWriter, rank_file
@@ -21,9 +21,9 @@ from .common import Golden, write_csv
 from .sunway_rows import (FIG, SEQS, attention_rows, fusion_rows, layer_schedules, memory_rows,
                           schedule_rows, seed_rows)
 
-def write_trace(m: SunwayModel, out: Path) -> Path:
+def write_trace(m: SunwayCost, out: Path) -> Path:
     """One Sunway rank's GPT-3 6.7B-like layer, forward then backward under KA."""
-    from ..model.swattention import charge_schedule  # noqa: PLC0415
+    from ..executors.sunway import charge_schedule  # noqa: PLC0415
     run = out / "trace"
     run.mkdir(parents=True, exist_ok=True)
     writer = TraceWriter(rank_file(run, 0), {"rank": 0, "world_size": 1, "tp_rank": 0,
@@ -38,13 +38,13 @@ def write_trace(m: SunwayModel, out: Path) -> Path:
     writer.close(complete=True, attrs={"t_end_emulated": tl.now()})
     (run / "manifest.json").write_text(json.dumps(
         {"status": "complete", "world_size": 1, "config": {"name": "sunway-gpt3-6.7b-layer"},
-         "note": "written by `mpiemu report sunway` from SunwayModel; one rank, KA"}, indent=2))
+         "note": "written by `mpiemu report sunway` from SunwayCost; one rank, KA"}, indent=2))
     return run
 
 
 def golden() -> list[Golden]:
     """Every CSV of the study, regenerated in full (a few seconds: costs only, one process)."""
-    m = SunwayModel(load_device("sw26010pro"))
+    m = SunwayCost(load_device("sw26010pro"))
     att = attention_rows(m, SEQS)
     return [Golden("attention.csv", att), Golden("seed.csv", seed_rows(m, att)),
             Golden("schedule.csv", schedule_rows(m)), Golden("fusion.csv", fusion_rows(m))]
@@ -56,7 +56,7 @@ def main(out_dir: Path, argv: list[str]) -> int:
     ap.add_argument("--out", type=Path, help="output directory (as `mpiemu report --out`)")
     args = ap.parse_args([a for a in argv if a != "--"])
     out_dir = args.out or out_dir
-    m = SunwayModel(load_device("sw26010pro"))
+    m = SunwayCost(load_device("sw26010pro"))
     out_dir.mkdir(parents=True, exist_ok=True)
     seqs = SEQS[:3] if args.quick else SEQS
     att = attention_rows(m, seqs)

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..devices.sunway.gemm import min_tile
 from ..devices.sunway.layer import LayerShape, layer_ops
-from ..devices.sunway.cost import AttnShape, SunwayModel, SunwayOutOfMemory
+from ..devices.sunway.cost import AttnShape, SunwayCost, SunwayOutOfMemory
 from ..devices.sunway.schedule import Op, Schedule, schedule
 from ..devices.sunway.standard import standard_footprint_bytes
 from .common import load_figures
@@ -35,7 +35,7 @@ def _where(name: str) -> str:
     return FIG[name].source.split(":")[0]
 
 
-def attention_rows(m: SunwayModel, seqs: tuple[int, ...]) -> list[dict[str, Any]]:
+def attention_rows(m: SunwayCost, seqs: tuple[int, ...]) -> list[dict[str, Any]]:
     """SWattention and standard attention at B=3, N=8 for every (dtype, H, S, pass)."""
     rows = []
     for dtype in ("fp32", "fp16"):
@@ -64,11 +64,11 @@ def _mean_speedup(rows: list[dict[str, Any]], dtype: str, h: int, p: str,
     return sum(vals) / len(vals)
 
 
-def _time(m: SunwayModel, p: str, shape: AttnShape, **kw: Any) -> float:
+def _time(m: SunwayCost, p: str, shape: AttnShape, **kw: Any) -> float:
     return m.attention(p, shape, **kw).time_s
 
 
-def seed_rows(m: SunwayModel, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def seed_rows(m: SunwayCost, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each figure of the seeds beside ours; `required` marks the acceptance speedups."""
     out: list[dict[str, Any]] = []
 
@@ -141,7 +141,7 @@ def seed_rows(m: SunwayModel, rows: list[dict[str, Any]]) -> list[dict[str, Any]
     return out
 
 
-def memory_rows(m: SunwayModel) -> list[dict[str, Any]]:
+def memory_rows(m: SunwayCost) -> list[dict[str, Any]]:
     """Where standard attention runs out of the 96 GB (SWA 4.2 and 4.4)."""
     cap = m.sw.dram_capacity_bytes
     rows = []
@@ -164,7 +164,7 @@ def memory_rows(m: SunwayModel) -> list[dict[str, Any]]:
     return rows
 
 
-def layer_schedules(m: SunwayModel, batch: int, pass_: str, coarse: bool
+def layer_schedules(m: SunwayCost, batch: int, pass_: str, coarse: bool
                     ) -> tuple[list[Op], dict[str, Schedule]]:
     """The GPT-3 6.7B-like layer (s2t8, micro-batch `batch`) under intra, OPT2 and KA;
     `coarse` applies a micro-kernel constraint of tiles >= 512 x 512."""
@@ -174,7 +174,7 @@ def layer_schedules(m: SunwayModel, batch: int, pass_: str, coarse: bool
     return ops, {p: schedule(ops, m.sw.core_groups, p) for p in ("intra", "opt2", "ka")}
 
 
-def schedule_rows(m: SunwayModel) -> list[dict[str, Any]]:
+def schedule_rows(m: SunwayCost) -> list[dict[str, Any]]:
     """OPT2's GEMM-kernel speedup and KA's layer speedup on a GPT-3 6.7B-like layer."""
     rows = []
     for coarse in (False, True):
@@ -191,9 +191,9 @@ def schedule_rows(m: SunwayModel) -> list[dict[str, Any]]:
     return rows
 
 
-def fusion_rows(m: SunwayModel) -> list[dict[str, Any]]:
+def fusion_rows(m: SunwayCost) -> list[dict[str, Any]]:
     """Tile fusion on the layer's GEMM shapes (SWF App. A.2: ~5%)."""
-    fused = SunwayModel(m.spec, m.sw, tile_fusion=True)
+    fused = SunwayCost(m.spec, m.sw, tile_fusion=True)
     t = 4 * GPT3["seq"]
     h, f, tp = GPT3["hidden"], GPT3["ffn"], GPT3["tp"]
     shapes = [(t, 3 * h // tp, h), (t, h, h // tp), (t, f // tp, h), (t, h, f // tp),

@@ -182,11 +182,11 @@ def parameter_table() -> list[str]:
 
 def _setup() -> dict[str, Any]:
     """Device and workload numbers the prose quotes, read from the preset and the model."""
-    from ..devices.cost import model_for  # noqa: PLC0415
+    from ..devices.cost import device_cost  # noqa: PLC0415
     from ..devices.presets import load_device  # noqa: PLC0415
     from ..net import load_network  # noqa: PLC0415
     spec = load_device("t3-gpu")
-    m = model_for(spec)
+    m = device_cost(spec)
     full = m.gemm(16384, 3072, 3072 // 8)
     part = m.gemm(16384, 3072, 3072 // 8, compute_units=spec.compute_units - 16)  # type: ignore[call-arg]
     return {"cus": spec.compute_units, "llc_MB": spec.llc_bytes / 2**20,

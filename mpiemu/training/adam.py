@@ -3,16 +3,14 @@ distributed one (`zero`): the same operations in the same order as the one-proce
 reference, on whole tensors or on a DP rank's share of a bucket."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from ..devices.specs import dtype_bytes
-from ..model.config import CLIP_EPS, OptimizerConfig
+from ..model.executor import Executor
+from .config import CLIP_EPS, OptimizerConfig
 from ..model.ops import Cost
-
-if TYPE_CHECKING:
-    from ..executors.gpu import Engine
 
 MASTER_BYTES = 4           # fp32 master weights and optimizer states (thesis 4.2.1)
 ADAM_FLOPS, LAMB1_FLOPS = 12, 12
@@ -69,7 +67,7 @@ def adam_cost(n: int) -> Cost:
     return Cost(ADAM_FLOPS * n, n * 4 * MASTER_BYTES, n * 3 * MASTER_BYTES)
 
 
-def charge_passes(E: Engine, passes: list[tuple[str, float, float]]) -> None:
+def charge_passes(E: Executor, passes: list[tuple[str, float, float]]) -> None:
     """The optimizer's memory passes (`mixed_precision_passes`), one kernel each."""
     for phase, read, write in passes:
         E.kernel(f"optim.{phase}", Cost(0.0, read, write))

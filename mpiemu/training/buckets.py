@@ -18,7 +18,8 @@ reduction when DP > 1 (param_and_grad_buffer.py, `start_grad_sync`: `bucket.grad
 bucket.gradient_scaling_factor` unless it is 1; `average_in_collective` is off by default);
 `local`, Megatron-LM's local DDP of 2022 (megatron/model/distributed.py at de593298,
 `allreduce_gradients`), divides the whole buffer by the DP size after backward, even at
-DP 1, then reduces it in one call: `ShardedModel` charges that kernel and sizes one bucket.
+DP 1, then reduces it in one call: `gradients.StageGradients` charges that kernel and sizes
+one bucket.
 The payload is not scaled: the loss is already the global batch's mean.
 """
 from __future__ import annotations
@@ -31,10 +32,10 @@ import numpy as np
 
 from ..comm.p2p import TimedComm
 from ..comm.collectives import all_reduce, own_range, reduce_scatter
+from ..comm.ring import Reduction
 from ..sim.timeline import Span
-from ..executors.gpu import Array
+from ..model.executor import Array
 
-DDP_IMPLS = ("core", "local")      # Megatron core's bucketed DDP; Megatron-LM 2022's local DDP
 
 
 @dataclass
@@ -80,6 +81,7 @@ class GradBuckets:
     # charges a bucket's 1/DP scaling kernel (label, elements) on the compute stream and
     # returns when it ends; None: nothing scales (no gradient buffer, or `local` DDP)
     prescale: Callable[[str, int], float] | None = None
+    reduce_s: Reduction = field(kw_only=True)      # the device's time to reduce (its cost)
     spans: list[Span] = field(default_factory=list)
     shards: list[BucketShard] = field(default_factory=list)
     _names: list[str] = field(default_factory=list)
@@ -112,16 +114,17 @@ class GradBuckets:
             padded = padded_count(count, self.dp.size)
             if flat is not None:
                 flat = zero_padded(flat, padded)
-            out, span = reduce_scatter(self.dp, flat, after=self._t_ready, count=padded,
+            out, span = reduce_scatter(self.dp, flat, reduce_s=self.reduce_s,
+                                       after=self._t_ready, count=padded,
                                        wire_itemsize=self.itemsize, unit=1, label=label,
                                        bidirectional=self.bidirectional)
             lo, hi = own_range(padded, self.dp.size, self.dp.rank)
             self.shards.append(BucketShard(names, count, lo, hi, out, padded))
             self.spans.append(span)
             return
-        out, span = all_reduce(self.dp, flat, after=self._t_ready, count=count,
-                               wire_itemsize=self.itemsize, bidirectional=self.bidirectional,
-                               label=label)
+        out, span = all_reduce(self.dp, flat, reduce_s=self.reduce_s, after=self._t_ready,
+                               count=count, wire_itemsize=self.itemsize,
+                               bidirectional=self.bidirectional, label=label)
         self.spans.append(span)
         if out is not None:
             offset = 0

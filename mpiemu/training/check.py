@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from mpi4py import MPI
 
-from ..model.config import ModelConfig, OptimizerConfig
+from ..model.config import ModelConfig
+from .config import OptimizerConfig
 from .reference import Reference
 from ..model.shard import shard_params
 

@@ -18,8 +18,8 @@ import numpy as np
 
 from ..comm.collectives import all_gather
 from .buckets import BucketShard, GradBuckets
-from ..model.config import OptimizerConfig
-from ..executors.gpu import Engine
+from .config import OptimizerConfig
+from ..model.executor import Executor
 from ..model.layers import Params
 from .adam import (adam_cost, adam_direction, charge_passes, clip_coeff,
                    mixed_precision_passes)
@@ -34,7 +34,7 @@ def _masked_sq(g: Any, mask: np.ndarray) -> float:
 class DistributedAdam:
     """Adam on this DP rank's shares of the gradient buckets (numerics and charges)."""
 
-    def __init__(self, opt: OptimizerConfig, specs: list[LocalParam], eng: Engine,
+    def __init__(self, opt: OptimizerConfig, specs: list[LocalParam], eng: Executor,
                  buckets: GradBuckets, norm_of: Callable[[np.ndarray | None, int], float],
                  counted: Callable[[LocalParam], bool]) -> None:
         self.opt, self.E, self.buckets, self.norm_of = opt, eng, buckets, norm_of
@@ -117,5 +117,5 @@ class DistributedAdam:
                     p[...] = full[offset:offset + p.size].reshape(p.shape)
                     offset += p.size
         if not self.opt.overlap_param_gather:
-            E.t = end
+            E.wait_until(end)
             self.param_ready.clear()

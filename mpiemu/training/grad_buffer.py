@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from ..devices.gemm import NO_EPILOGUE, Epilogue
 from ..devices.specs import dtype_bytes
 from .adam import MASTER_BYTES, main_grad_bytes
-from ..model.config import OptimizerConfig
+from .config import OptimizerConfig
 from ..model.ops import Cost
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from ..model.config import ModelConfig
-from ..executors.gpu import Dims
+from ..model.dims import Dims
 from ..model.ops import MASK_BYTES, STAT_BYTES
 from .optimizer import state_bytes_per_param
 from ..model.pipeline_schedules import order

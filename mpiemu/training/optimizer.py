@@ -18,14 +18,13 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..comm.collectives import all_reduce_scalars
 from ..comm.p2p import TimedComm
 from ..devices import nmc
 from .adam import (LAMB1_FLOPS, MASTER_BYTES, adam_cost, adam_direction, charge_passes,
                    clip_coeff, mixed_precision_passes)
 from .buckets import GradBuckets
-from ..model.config import OptimizerConfig
-from ..executors.gpu import Engine
+from .config import OptimizerConfig
+from ..model.executor import Executor
 from .grad_buffer import megatron_optimizer
 from ..model.layers import Params
 from ..model.ops import Cost
@@ -47,7 +46,7 @@ def state_bytes_per_param(e: int) -> int:
 class ShardedOptimizer:
     """One optimizer step over a rank's local parameters (numerics and charges)."""
 
-    def __init__(self, opt: OptimizerConfig, specs: list[LocalParam], eng: Engine,
+    def __init__(self, opt: OptimizerConfig, specs: list[LocalParam], eng: Executor,
                  tp_rank: int, P: Params, norm: TimedComm | None = None,
                  counted: Callable[[LocalParam], bool] | None = None,
                  buckets: GradBuckets | None = None) -> None:
@@ -78,20 +77,19 @@ class ShardedOptimizer:
         if not self.on_nmc:
             E.kernel(f"optim.{self.opt.name}" + ("" if phase == "adam" else f".{phase}"), cost)
             return
-        t = nmc.phase_s(E.model.spec, self.accesses, phase, [lp.size for lp in lps])
-        E.t = E.tl.reserve(f"optim.nmc.{phase}", ["compute"], t, E.t, flops=cost.flops).t_end
+        t = nmc.phase_s(E.cost.spec, self.accesses, phase, [lp.size for lp in lps])
+        E.occupy(f"optim.nmc.{phase}", t, flops=cost.flops)
 
     def _reduce_partial_sums(self) -> None:
         """NMC: the GPU reduces the banks' partial sums of LAMB's per-tensor norms (6.3)."""
         if self.on_nmc:
-            t, nbytes = nmc.partial_sums(self.E.model.spec, 2 * len(self.specs))
-            self.E.t = self.E.tl.reserve("optim.nmc.norms.reduce", ["compute"], t, self.E.t,
-                                         dram_bytes=nbytes).t_end
+            t, nbytes = nmc.partial_sums(self.E.cost.spec, 2 * len(self.specs))
+            self.E.occupy("optim.nmc.norms.reduce", t, dram_bytes=nbytes)
 
     def _layers(self) -> Iterator[tuple[int, list[LocalParam], int]]:
         for layer in sorted(self.by_layer):
             lps = self.by_layer[layer]
-            with self.E.tl.labelled(layer=layer):
+            with self.E.labelled(layer=layer):
                 yield layer, lps, sum(lp.size for lp in lps)
 
     def step(self, P: Params, G: Params) -> None:
@@ -128,10 +126,7 @@ class ShardedOptimizer:
         E.kernel("optim.grad_norm", Cost(2 * n, n * grad_bytes, MASTER_BYTES), None)
         if self.norm_comm.size == 1:
             return float(np.sqrt(sq[0])) if sq is not None else 0.0
-        total, span = all_reduce_scalars(self.norm_comm, sq, after=E.t, count=1,
-                                         wire_itemsize=MASTER_BYTES,
-                                         label="optim.grad_norm.ar")
-        E.t = span.t_end
+        total = E.all_reduce_scalars(self.norm_comm, "optim.grad_norm.ar", sq, 1, MASTER_BYTES)
         return float(np.sqrt(total[0])) if total is not None else 0.0
 
     def _clip(self, G: Params, norm: float) -> None:

@@ -12,13 +12,13 @@ micro-batch order on both sides.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from ..comm.p2p import SendHandle, TimedComm
-from ..executors.gpu import Array
+from ..model.executor import Array
 from ..model.pipeline_schedules import Pass, order
+from ..model.stage import StageModel
+from .gradients import StageGradients
 
 # emulator detail: a stage waits long for its neighbour (warm-up, bubbles, and on an
 # oversubscribed host every other stage's turn), so it tests at most every 10 ms instead of
@@ -27,11 +27,12 @@ STAGE_MAX_SLEEP_S = 10e-3
 
 
 class PipelineStep:
-    """Runs one stage's passes in schedule order around a `ShardedModel`."""
+    """Runs one stage's passes in schedule order around a `StageModel`, its gradients
+    handled by `StageGradients`."""
 
-    def __init__(self, model: Any, pp: TimedComm | None, schedule: str, micro_batches: int,
-                 np_dtype: type) -> None:
-        self.model, self.pp, self.np_dtype = model, pp, np_dtype
+    def __init__(self, model: StageModel, grads: StageGradients, pp: TimedComm | None,
+                 schedule: str, micro_batches: int, np_dtype: type) -> None:
+        self.model, self.grads, self.pp, self.np_dtype = model, grads, pp, np_dtype
         self.p, self.s, self.v = model.pp, model.pp_rank, model.chunks
         self.passes: list[Pass] = order(schedule, self.p, self.s, micro_batches, self.v)
         d = model.d
@@ -42,6 +43,7 @@ class PipelineStep:
         """Every pass of the step, then the gradient reductions; this rank's loss share."""
         m = self.model
         m.begin_step(iteration)
+        self.grads.begin_step()
         sends: list[SendHandle] = []
         for ps in self.passes:
             vs = ps.chunk * self.p + self.s
@@ -57,7 +59,8 @@ class PipelineStep:
                     sends.append(self._send(dx, vs - 1, ps, "B"))
         for h in sends:           # every payload is out before its buffer is released
             h.wait()
-        return float(m.finish_step())
+        self.grads.finish_step()
+        return float(m.loss)
 
     def _tag(self, to_vs: int, kind: str) -> int:
         return 2 * (to_vs // self.p) + (kind == "B")
@@ -73,7 +76,7 @@ class PipelineStep:
         assert self.pp is not None
         E = self.model.E
         my_vs = ps.chunk * self.p + self.s
-        buf = np.empty(self.shape, self.np_dtype) if E.on else None
+        buf: Array = np.empty(self.shape, self.np_dtype) if E.on else None
         h = self.pp.irecv(buf, from_vs % self.p, self._tag(my_vs, kind), E.t)
-        E.t = h.wait(STAGE_MAX_SLEEP_S)
+        E.wait_until(h.wait(STAGE_MAX_SLEEP_S))
         return buf

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from ..model import seeded
-from ..model.config import CLIP_EPS, ModelConfig, OptimizerConfig
+from ..model.config import ModelConfig
+from .config import CLIP_EPS, OptimizerConfig
 from ..model.special import norm_cdf, norm_pdf
 
 Cache = dict[str, Any]

@@ -1,4 +1,4 @@
-"""SunwayModel: the ComputeModel of a SW26010pro rank, plus attention costs for the layers.
+"""SunwayCost: the DeviceCost of a SW26010pro rank, plus attention costs for the layers.
 
 GEMMs are SwFormer's pad-free tilings in waves over the CGs (`gemm.py`); memory-bound kernels
 stream through every CG's DMA engine; attention is SWattention (per-CG block loops,
@@ -75,8 +75,8 @@ class AttentionCost:
         return self.flops / self.time_s / 1e12
 
 
-class SunwayModel:
-    """Costs of one Sunway rank (all-shared processor or single CG), behind ComputeModel."""
+class SunwayCost:
+    """Costs of one Sunway rank (all-shared processor or single CG), behind DeviceCost."""
 
     def __init__(self, spec: DeviceSpec, sunway: SunwaySpec | None = None, *,
                  tile_fusion: bool = False) -> None:
@@ -86,7 +86,7 @@ class SunwayModel:
         self._gemm = lru_cache(maxsize=4096)(self._gemm_uncached)
         self._head = lru_cache(maxsize=4096)(self._head_uncached)
 
-    # --- ComputeModel ---------------------------------------------------------------------------
+    # --- DeviceCost ---------------------------------------------------------------------------
     def gemm(self, m: int, n: int, k: int, *, dtype: str = "fp16", batch: int = 1,
              bypass_llc_output: bool = False, compute_units: int | None = None,
              layout: str = "NN", epilogue: Epilogue = NO_EPILOGUE) -> SunwayGemmCost:

@@ -1,0 +1,71 @@
+"""The TP x DP x PP grid as arithmetic: coordinates of a rank, and folding's images.
+
+No MPI here (analysis expands folded traces with it in a process that may have none).
+Ranks are laid out tensor-parallel fastest, then data-parallel, then pipeline (Megatron-LM's
+default order "tp-dp-pp", megatron/core/parallel_state.py `RankGenerator`):
+rank = tp_rank + tp * (dp_rank + dp * pp_rank); `comm.grid` has the worked example.
+Folding (docs/folding.md): in a timing-only run on identical devices, the TP x DP ranks of one
+pipeline stage are images of each other; `Fold` names them and maps a device as the
+representative sees it to the device an image sees there.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+
+@dataclass(frozen=True)
+class GridShape:
+    """tp x dp x pp must equal the world size."""
+
+    tp: int
+    dp: int
+    pp: int = 1
+
+    def __post_init__(self) -> None:
+        for name, v in (("parallel.tp", self.tp), ("parallel.dp", self.dp),
+                        ("parallel.pp", self.pp)):
+            if v < 1:
+                raise ValueError(f"{name}={v} must be >= 1")
+
+    @property
+    def size(self) -> int:
+        return self.tp * self.dp * self.pp
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(tp_rank, dp_rank, pp_rank) of a world rank."""
+        return rank % self.tp, rank // self.tp % self.dp, rank // (self.tp * self.dp)
+
+    def rank_of(self, tp_rank: int, dp_rank: int, pp_rank: int) -> int:
+        return tp_rank + self.tp * (dp_rank + self.dp * pp_rank)
+
+
+class Fold(NamedTuple):
+    """The emulated grid `shape` run on one MPI rank per pipeline stage: MPI rank p plays
+    emulated rank (0, 0, p) and stands for every (t, d, p)."""
+
+    shape: GridShape
+
+    def rep(self, mpi_rank: int) -> int:
+        """The emulated rank MPI rank `mpi_rank` plays."""
+        return self.shape.rank_of(0, 0, mpi_rank)
+
+    def members(self, mpi_rank: int) -> list[int]:
+        """The emulated ranks MPI rank `mpi_rank` stands for (its own first)."""
+        s = self.shape
+        return [s.rank_of(t, d, mpi_rank) for d in range(s.dp) for t in range(s.tp)]
+
+    def image(self, member: int) -> Callable[[int], int]:
+        """Map a device as the representative sees it to the device `member` sees there:
+        (t, d, p) -> (t + a, d + b, p) for member (a, b, p)."""
+        s = self.shape
+        a, b, _ = s.coords(member)
+
+        def f(device: int) -> int:
+            t, d, p = s.coords(device)
+            return s.rank_of((t + a) % s.tp, (d + b) % s.dp, p)
+        return f
+
+    def images(self) -> list[Callable[[int], int]]:
+        """Every symmetry of one stage (the identity first)."""
+        return [self.image(m) for m in self.members(0)]

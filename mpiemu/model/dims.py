@@ -1,0 +1,45 @@
+"""The local sizes of one rank: what a TP rank of one micro-batch holds (Megatron's layout).
+
+Heads, the FC width and the vocabulary are split contiguously over TP (thesis 2.3.3, 4.5.1);
+under sequence parallelism the residual stream's rows are split too (Korthikanti et al.
+2022). Rows are sequence x micro-batch, sequence first.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from .config import ModelConfig
+
+
+class Dims(NamedTuple):
+    """Local sizes of one rank: rows are sequence x micro-batch, sequence first."""
+
+    seq: int
+    batch: int                 # sequences of this DP rank
+    hidden: int
+    heads: int                 # heads of this TP rank
+    head_dim: int
+    ffn: int                   # FC width of this TP rank
+    vocab: int                 # vocabulary rows of this TP rank
+    tp: int
+    sp: bool
+
+    @property
+    def rows(self) -> int:
+        return self.seq * self.batch
+
+    @property
+    def shard_rows(self) -> int:
+        """Rows of the residual stream this rank holds (its sequence slice under SP)."""
+        return self.rows // self.tp if self.sp else self.rows
+
+    @property
+    def attn_width(self) -> int:
+        return self.heads * self.head_dim
+
+
+def make_dims(cfg: ModelConfig, tp: int, micro_batch: int, sp: bool) -> Dims:
+    """Local sizes of one micro-batch on a TP rank (cfg already padded for tp)."""
+    return Dims(seq=cfg.seq_len, batch=micro_batch, hidden=cfg.hidden,
+                heads=cfg.heads // tp, head_dim=cfg.head_dim, ffn=cfg.ffn_hidden // tp,
+                vocab=cfg.padded_vocab // tp, tp=tp, sp=sp and tp > 1)

@@ -1,0 +1,138 @@
+"""A stage's gradients in one training step: where backward hands them, and the reductions
+that end the step.
+
+Each micro-batch's gradient of a parameter reaches Megatron's `main_grad` buffer through its
+hook (`grad_buffer`); after the last micro-batch it joins the DP buckets (`buckets`), which
+reduce while backward goes on (Megatron: no_sync for the other micro-batches). Gradients
+reduced elsewhere first join the buckets at the step's end: under sequence parallelism those
+of parameters that saw only the rank's sequence rows (all-reduced over TP), and with pp > 1
+the tied embedding's (all-reduced between the first and last stage). With the distributed
+optimizer's overlapped parameter gather, a forward waits for its layer's parameters here.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..comm.p2p import TimedComm
+from ..model.executor import Executor
+from ..model.ops import Cost
+from ..model.stage import StageModel
+from ..sim.timeline import SimTime
+from .buckets import GradBuckets
+from .grad_buffer import GradBuffer
+
+
+class StageGradients:
+    """The training step's side of a stage (`model.stage.StageHooks`)."""
+
+    def __init__(self, model: StageModel, ex: Executor, dp: TimedComm, *,
+                 grad_buffer: GradBuffer | None, bucket_bytes: float, bidirectional: bool,
+                 embed: TimedComm | None = None, shard: bool = False,
+                 overlap_grad_reduce: bool = True, ddp: str = "core") -> None:
+        self.model, self.E, self.embed, self.grad_buffer = model, ex, embed, grad_buffer
+        # gradients travel in the dtype they are kept in: Megatron's buffer's, else the model's
+        self.grad_bytes = ex.e if grad_buffer is None else grad_buffer.main
+        # Megatron's averaging over DP (`buckets`): per bucket (core), or the whole buffer
+        # once after backward, then reduced in one call (local)
+        scaled = grad_buffer is not None
+        self.scale_whole_buffer = scaled and ddp == "local"
+        self.buckets = GradBuckets(dp, self.grad_bytes,
+                                   math.inf if ddp == "local" else bucket_bytes,
+                                   {lp.name: lp.size for lp in model.specs}, bidirectional,
+                                   shard=shard, overlap=overlap_grad_reduce,
+                                   prescale=self._scale if scaled and ddp == "core" else None,
+                                   reduce_s=ex.cost.reduction_s)
+        # gradients reduced elsewhere first (TP under SP; the tied table across stages):
+        # they join the DP buckets at the end of the step
+        sp_partial = [lp.name for lp in model.specs if lp.sp_partial] if model.d.sp else []
+        self.deferred = sp_partial + (["wte"] if model.pp > 1 and "wte" in model.P else [])
+        self.param_ready: dict[int, float] = {}     # layer -> parameters gathered (ZeRO)
+        model.hooks = self
+
+    # -- the hooks a stage's passes call ----------------------------------------------------
+    def params_needed(self, layer: int) -> None:
+        """A forward needs its layer's parameters back from the distributed optimizer's
+        all-gather (overlapped with the forwards before it)."""
+        if self.param_ready:
+            self.E.wait_until(self.param_ready.get(layer, 0.0))
+
+    def grads_ready(self, names: list[str], micro: int) -> None:
+        """One micro-batch's gradients `names` are computed: each into Megatron's buffer
+        (its hook), and into the DP buckets after the last micro-batch."""
+        by_name = self.model.by_name
+        for n in names:
+            lp = by_name[n]
+            self._hook(n, from_gemm=lp.layer >= 0 and lp.decay)    # a layer's matrix: wgrad
+        if micro == self.model.micro_batches - 1:
+            self.buckets.ready([n for n in names if n not in self.deferred], self.model.G,
+                               self.E.t)
+
+    def grad_accumulated(self, name: str) -> None:
+        """A weight-gradient GEMM's share of `name` (the tied table's head side)."""
+        self._hook(name, from_gemm=True)
+
+    def _hook(self, name: str, from_gemm: bool) -> None:
+        """`main_grad.add_(grad)` for one parameter (`grad_buffer`); nothing when a
+        weight-gradient GEMM accumulated it or the rank keeps no such buffer."""
+        gb = self.grad_buffer
+        if gb is not None and gb.hooked(from_gemm):
+            self.E.kernel(f"{name}.grad_acc", gb.hook_cost(self.model.by_name[name].size))
+
+    # -- the step -----------------------------------------------------------------------------
+    def begin_step(self) -> None:
+        self.buckets.reset()
+
+    def finish_step(self) -> None:
+        """After the last backward: the TP (SP) and tied-embedding reductions, then the DP
+        buckets; the optimizer needs them all."""
+        m = self.model
+        with self.E.labelled(phase="bwd", layer=-1):
+            self._sp_grad_sync()
+            if self.scale_whole_buffer:
+                self._scale("dp.grad_scale", sum(lp.size for lp in m.specs))
+            self._embedding_grad_sync()
+            if self.deferred:
+                self.buckets.ready(self.deferred, m.G, self.E.t)
+            self.E.wait_until(self.buckets.finish(m.G, self.E.t))
+
+    def _scale(self, label: str, count: int) -> SimTime:
+        """Gradients in Megatron's buffer divided by the DP size in place (read and write
+        `count` elements, `buckets`); cost only: the loss is already the global mean."""
+        main = self.grad_bytes
+        self.E.kernel(label, Cost(count, count * main, count * main))
+        return self.E.t
+
+    def _embedding_grad_sync(self) -> None:
+        """All-reduce the tied table's gradient between the first and last stage (Megatron
+        `_allreduce_word_embedding_grads`)."""
+        m = self.model
+        if self.embed is None or m.pp == 1 or "wte" not in m.G:
+            return
+        g = m.G["wte"]
+        flat = None if g is None else np.ravel(g)
+        out = self.E.all_reduce(self.embed, "pp.embedding_grads.ar", flat,
+                                m.by_name["wte"].size, self.grad_bytes)
+        if out is not None and g is not None:
+            m.G["wte"] = out.reshape(g.shape)
+
+    def _sp_grad_sync(self) -> None:
+        """All-reduce over TP the gradients of replicated parameters, which saw only this
+        rank's sequence rows (Megatron SP)."""
+        m = self.model
+        if not m.d.sp:
+            return
+        names = [lp.name for lp in m.specs if lp.sp_partial]
+        count = sum(lp.size for lp in m.specs if lp.sp_partial)
+        flat = None
+        if self.E.on:
+            flat = np.concatenate([np.ravel(m.G[n]) for n in names])   # type: ignore[arg-type]
+        out = self.E.tp_sum("tp.sp_grads", flat, count, self.grad_bytes)
+        if out is not None:
+            offset = 0
+            for n in names:
+                g: Any = m.G[n]
+                m.G[n] = out[offset:offset + g.size].reshape(g.shape)
+                offset += g.size
