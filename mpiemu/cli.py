@@ -58,7 +58,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if args.json:
         import json  # noqa: PLC0415
 
-        from .analysis.tables import summary_dict  # noqa: PLC0415
+        from .analysis.summary import summary_dict  # noqa: PLC0415
         sys.stdout.write(json.dumps(summary_dict(run, args.top), indent=1, default=float) + "\n")
         return 0
     sys.stdout.write("\n".join(format_tables(run, top=args.top)) + "\n")

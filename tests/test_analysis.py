@@ -14,7 +14,7 @@ from mpiemu.analysis.breakdown import BREAKDOWN_FIELDS, counted, iteration_break
 from mpiemu.analysis.compare import compare_lines
 from mpiemu.analysis.export import chrome_trace
 from mpiemu.analysis.hta import write_hta
-from mpiemu.analysis.load import make_trace
+from mpiemu.analysis.rank_trace import make_trace
 from mpiemu.analysis.plot import gantt
 from mpiemu.sim.timeline import Span, Timeline
 from mpiemu.sim.trace import TraceWriter

@@ -3,6 +3,8 @@ bit for bit; folding that would not be exact is refused in one line."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,8 +13,7 @@ import pytest
 from mpiemu.analysis import load
 from mpiemu.analysis.unfold import timeline_differences
 from mpiemu.comm.mirror import FoldError, Mirror
-from mpiemu.comm.shape import Fold
-from mpiemu.comm.shape import GridShape
+from mpiemu.comm.shape import Fold, GridShape
 from mpiemu.config.errors import ConfigError
 from mpiemu.runner.fold_plan import plan_fold
 from mpiemu.runner.job import validate
@@ -57,6 +58,20 @@ def test_folded_run_equals_the_unfolded_run_per_emulated_rank(
         assert sweep[0].read_text() == sweep[1].read_text()
     # the check can fail: an image is not its representative (other ports, other peers)
     assert not np.array_equal(folded.ranks[0].resources, folded.ranks[1].resources)
+    if name == "tp-ring":           # analysis needs no MPI, folded or not
+        for n in (full, stages):
+            assert loaded_without_mpi(tmp_path / f"n{n}") == full
+
+
+def loaded_without_mpi(run_dir: Path) -> int:
+    """The emulated ranks `mpiemu.analysis.load` finds in a process where mpi4py cannot be
+    imported at all."""
+    code = ("import sys; sys.modules['mpi4py'] = None; import mpiemu.analysis as a; "
+            f"print(len(a.load({str(run_dir)!r}).ranks))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    return int(res.stdout.strip())
 
 
 def test_analyze_shows_every_emulated_rank_of_a_folded_run(tmp_path: Path) -> None:

@@ -10,10 +10,10 @@ import pytest
 from mpi4py import MPI
 
 from mpiemu.analysis import load
-from mpiemu.analysis.load import RankTrace
+from mpiemu.analysis.rank_trace import RankTrace
 from mpiemu.devices.kernels import cross_entropy
 from mpiemu.model.presets import load_model_preset
-from mpiemu.model.shard import local_params
+from mpiemu.model.tensor_parallel import local_params
 from mpiemu.runner.job import run_workload
 
 S, BATCH = 16, 8                      # the tiny preset

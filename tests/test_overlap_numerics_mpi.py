@@ -71,8 +71,8 @@ def run_rs(comm: MPI.Comm, ov: Overlap, mode: str, xs: list, ws: list) -> np.nda
     tc = small_tiles_comm(comm)
     r = comm.rank
     x, w = (xs[r], ws[r]) if xs else (None, None)
-    out, _ = gemm_then_reduce(tc, x, w, cost=SMALL, shape=GemmShape(M, N, K), mode=mode, dtype="fp16",
-                              after=0.0, overlap=ov, name="t")
+    out, _ = gemm_then_reduce(tc, x, w, cost=SMALL, shape=GemmShape(M, N, K), mode=mode,
+                              dtype="fp16", after=0.0, overlap=ov, name="t")
     return out
 
 
@@ -148,8 +148,9 @@ def test_timing_only_runs_the_same_schedule(strategy: str) -> None:
             tc = small_tiles_comm(comm)
             r = comm.rank
             x, w = (data[0][r], data[1][r]) if data[0] else (None, None)
-            _, span = gemm_then_reduce(tc, x, w, cost=SMALL, shape=GemmShape(M, N, K), mode="all_reduce",
-                                       dtype="fp16", after=1e-6, overlap=ov, name="t")
+            _, span = gemm_then_reduce(tc, x, w, cost=SMALL, shape=GemmShape(M, N, K),
+                                       mode="all_reduce", dtype="fp16", after=1e-6,
+                                       overlap=ov, name="t")
             spans.append(span)
         assert spans[0] == spans[1]
 

@@ -5,7 +5,7 @@ import csv
 from pathlib import Path
 
 from mpiemu.analysis import format_tables, load
-from mpiemu.studies.sunway import main
+from mpiemu.studies.sunway_report import main
 
 
 def test_report_writes_tables_plots_and_an_analysable_trace(tmp_path: Path) -> None:

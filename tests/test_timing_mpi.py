@@ -98,7 +98,8 @@ def test_hierarchical_all_reduce_is_its_three_rings() -> None:
     red_rail = A100(c // 2 // itemsize, itemsize)
     nv = intra.rate(intra.next, ring), intra.latency(intra.next, ring)
     ib = rail.rate(rail.next, ring), rail.latency(rail.next, ring)
-    want = (tc.net.spec.base("hierarchical", "simple") + ring_steps_s(2, c, *nv, red, "reduce_scatter")
+    want = (tc.net.spec.base("hierarchical", "simple")
+            + ring_steps_s(2, c, *nv, red, "reduce_scatter")
             + ring_steps_s(2, c // 2, *ib, red_rail, "all_reduce")
             + ring_steps_s(2, c, *nv, 0.0, "all_gather"))
     assert span.duration == pytest.approx(want, rel=1e-9, abs=0.0)
@@ -124,7 +125,11 @@ def test_pipelined_hierarchical_all_reduce_overlaps_nvlink_and_nics() -> None:
     nic = s / 2 / 25e9                # the rail all-reduce of S/2 over 2 nodes, per NIC
     nvlink = 2 * (s / 2) / 240e9      # intra RS + AG, S/2 each way, one NVSwitch port
     assert max(nic, nvlink) < times["hierarchical"] < nic + nvlink + 1e-4
-    assert times["ring"] > nic        # the ring's NIC hops carry more_stretches_every_steady_step() -> None:
+    assert times["ring"] > nic        # the ring's NIC hops carry more
+
+
+@pytest.mark.mpi
+def test_reduce_scatter_reduction_stretches_every_steady_step() -> None:
     """Reduction-bound (fast link): steady steps last a + t_red, as the sum streams out."""
     comm = MPI.COMM_WORLD
     if comm.size < 3:

@@ -11,9 +11,9 @@ from mpi4py import MPI
 
 from mpiemu.analysis import load
 from mpiemu.analysis.breakdown import format_breakdown, run_breakdown
-from mpiemu.analysis.load import RankTrace
+from mpiemu.analysis.rank_trace import RankTrace
 from mpiemu.model.presets import load_model_preset
-from mpiemu.model.shard import local_params
+from mpiemu.model.tensor_parallel import local_params
 from mpiemu.runner.job import run_workload
 
 H, S, BATCH = 64, 16, 8      # the tiny preset

@@ -1,8 +1,12 @@
-"""Reading traces back (one process): load, per-rank budgets, per-op totals."""
+"""Reading traces back (one process, no MPI): load, per-rank budgets, per-op totals,
+breakdowns, critical path, network, exports."""
 from .breakdown import IterationBreakdown, format_breakdown, iteration_breakdown, run_breakdown
-from .load import RankTrace, Run, load, read_rank
-from .tables import OpTotal, RankBudget, format_tables, op_totals, rank_budget, union_length
+from .intervals import union_length
+from .load import Run, load, read_rank
+from .rank_trace import RankTrace
+from .summary import format_tables, summary_dict
+from .tables import OpTotal, RankBudget, op_totals, rank_budget
 
 __all__ = ["IterationBreakdown", "OpTotal", "format_breakdown", "iteration_breakdown",
            "run_breakdown", "RankBudget", "RankTrace", "Run", "format_tables", "load", "op_totals",
-           "rank_budget", "read_rank", "union_length"]
+           "rank_budget", "read_rank", "summary_dict", "union_length"]

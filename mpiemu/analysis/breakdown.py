@@ -18,8 +18,9 @@ from typing import Iterable
 import numpy as np
 
 from ..sim.events import CATS
-from .load import RankTrace, Run
-from .tables import union_length
+from .load import Run
+from .rank_trace import RankTrace
+from .intervals import union_length
 
 
 TP_GROUPS = ("coll.tp", "coll.mp", "coll.world")     # model-parallel collectives

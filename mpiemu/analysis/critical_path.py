@@ -13,7 +13,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .load import RankTrace, Run
+from .load import Run
+from .rank_trace import RankTrace
 
 WALK_CATS = ("compute", "comm", "memory")
 

@@ -19,7 +19,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .load import RankTrace, Run
+from .load import Run
+from .rank_trace import RankTrace
 from .network import egress_port
 
 US = 1e6

@@ -25,7 +25,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from .export import iteration_spans
-from .load import RankTrace, Run
+from .load import Run
+from .rank_trace import RankTrace
 
 UNIT = 1e9          # ts / dur in integer nanoseconds (HTA reads whole units)
 GPU_PID, CPU_PID, CPU_TID = 0, 1, 1

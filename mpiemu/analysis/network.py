@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .load import Run
-from .tables import union_length
+from .intervals import union_length
 
 KINDS = {"port": "intra-node (switch port)", "link": "intra-node (link)",
          "nic": "inter-node (NIC)"}

@@ -13,9 +13,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..comm.shape import Fold
-from ..comm.shape import GridShape
-from .load import RankTrace
+from ..comm.shape import Fold, GridShape
+from .rank_trace import RankTrace
 
 _DEVICE = re.compile(r"((?:port|nic)\.)(\d+)(\.)|(link\.)(\d+)>(\d+)")
 _ROUTE = re.compile(r"^(in:)?(?:port|nic|link)\.(\d+)[.>](?:out>(?:port|nic)\.)?(\d+)?")

@@ -30,8 +30,7 @@ from mpi4py import MPI
 
 from ..net.message import switch_reduce
 from ..sim.timeline import SimTime, Span, latest
-from .cost import (Choice, choose, estimate_s, node_groups, nvls_tree_depth, pipeline_depth,
-                   tree_depth)
+from .cost import choose, estimate_s, nvls_tree_depth, pipeline_depth, tree_depth
 from .mirror import FoldError, Mirror
 from .nvls_tree import nvls_tree_all_reduce
 from .p2p import Call, TimedComm
@@ -39,6 +38,7 @@ from .ring import (AllGather, PlainGather, PlainReduce, Reduction, ReduceScatter
                    ring_pieces)
 from .lanes import Lane, Piece, chunk_bounds
 from .tree import tree_all_reduce
+from .tuner import Choice, node_groups
 
 __all__ = ["all_gather", "all_reduce", "all_reduce_scalars", "call_for", "chunk_bounds",
            "reduce_scatter"]

@@ -25,12 +25,11 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from ..net import Network
 from ..net.topology import Hop
 from .mirror import Mirror
 from .p2p import TimedComm
 from .ring import Reduction, ring_orders
-from .tuner import Choice, candidates, pick
+from .tuner import Choice, allowed_on, candidates, node_groups, pick
 
 OPS = ("reduce_scatter", "all_gather", "all_reduce")
 ASKED_ONLY = ("hierarchical",)  # run when `collectives.algorithm` names it, never chosen:
@@ -56,14 +55,6 @@ def ring_steps_s(n: int, chunk_bytes: float, rate: float, lat: float, red_s: flo
     return {"reduce_scatter": rs, "all_gather": ag, "all_reduce": rs + ag}[op]
 
 
-def node_groups(net: Network, devices: Sequence[int]) -> list[list[int]]:
-    """Ranks of a group (its devices in rank order) grouped by node, in rank order."""
-    by: dict[int, list[int]] = {}
-    for r, d in enumerate(devices):
-        by.setdefault(net.node_of(d), []).append(r)
-    return list(by.values())
-
-
 def view(tc: TimedComm, ranks: Sequence[int]) -> TimedComm:
     """The sub-group of these ranks of tc, for estimates only (it sends nothing)."""
     devices = [tc.devices[r] for r in ranks]
@@ -77,26 +68,6 @@ def hierarchy_views(tc: TimedComm) -> tuple[TimedComm, TimedComm]:
     groups = node_groups(tc.net, tc.devices)
     mine = next(g for g in groups if tc.rank in g)
     return view(tc, mine), view(tc, [g[mine.index(tc.rank)] for g in groups])
-
-
-def allowed_on(net: Network, devices: Sequence[int], op: str) -> list[str]:
-    """Algorithms a group of these devices can run for `op` on this network."""
-    out = ["ring"]
-    if op != "all_reduce":
-        return out
-    groups = node_groups(net, devices)
-    k = len(groups[0])
-    nvls = len(devices) > 2 and k == net.per_node and net.spec.nvls_efficiency > 0 \
-        and net.spec.fabric == "switch"     # more than 2 GPUs (NCCL nvls.cc:241), whole nodes
-    if len(groups) > 1 and all(len(g) == k for g in groups):
-        out.append("tree")     # NCCL: the tree crosses nodes (a chain inside each)
-        if k > 1:
-            out.append("hierarchical")
-        if nvls and k > 1:
-            out.append("nvls_tree")
-    if len(groups) == 1 and nvls:
-        out.append("nvls")
-    return out
 
 
 def allowed(tc: TimedComm, op: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""The ring engine: reduce-scatter and all-gather piece by piece, with hooks (thesis 2.4.3.1).
+"""The ring: reduce-scatter and all-gather piece by piece, with hooks (thesis 2.4.3.1).
 
 Rows of the data (a flat buffer viewed as [n / unit, unit], or the [M, N] output of a GEMM)
 are cut into N chunks; each lane (`schedule.Lane`) is one ring with its order of ranks and its

@@ -1,4 +1,5 @@
-"""NCCL's tuner: the algorithm and protocol NCCL picks for a call, by NCCL's own model.
+"""NCCL's tuner: the algorithms a group can run, and the algorithm and protocol NCCL picks for
+a call, by NCCL's own model (no MPI: the configuration checks ask it too).
 
 NCCL predicts every (algorithm, protocol)'s time of a call from fixed tables and runs the
 lowest (src/graph/tuning.cc ncclTopoTuneModel and ncclTopoGetAlgoTime, src/enqueue.cc
@@ -26,6 +27,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple, Sequence
 
+from ..net import Network
 from ..net.spec import NetworkSpec
 
 
@@ -136,3 +138,31 @@ def pick(spec: NetworkSpec, op: str, nbytes: float, n: int, nodes: int, cands: l
     """The candidate NCCL predicts fastest (enqueue.cc:1500-1524: the lowest time wins)."""
     return min(cands, key=lambda ch: predicted_s(spec, op, nbytes, n, nodes, ch,
                                                  bidirectional))
+
+
+def node_groups(net: Network, devices: Sequence[int]) -> list[list[int]]:
+    """Ranks of a group (its devices in rank order) grouped by node, in rank order."""
+    by: dict[int, list[int]] = {}
+    for r, d in enumerate(devices):
+        by.setdefault(net.node_of(d), []).append(r)
+    return list(by.values())
+
+
+def allowed_on(net: Network, devices: Sequence[int], op: str) -> list[str]:
+    """Algorithms a group of these devices can run for `op` on this network."""
+    out = ["ring"]
+    if op != "all_reduce":
+        return out
+    groups = node_groups(net, devices)
+    k = len(groups[0])
+    nvls = len(devices) > 2 and k == net.per_node and net.spec.nvls_efficiency > 0 \
+        and net.spec.fabric == "switch"     # more than 2 GPUs (NCCL nvls.cc:241), whole nodes
+    if len(groups) > 1 and all(len(g) == k for g in groups):
+        out.append("tree")     # NCCL: the tree crosses nodes (a chain inside each)
+        if k > 1:
+            out.append("hierarchical")
+        if nvls and k > 1:
+            out.append("nvls_tree")
+    if len(groups) == 1 and nvls:
+        out.append("nvls")
+    return out

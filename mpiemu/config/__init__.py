@@ -1,1 +1,2 @@
-"""Workload sections owned by the layers they configure (one file per area)."""
+"""A workload's configuration: its TOML read into validated, frozen sections
+(`workload.py`, one module per area's sections) and the preset listings of `mpiemu devices`."""

@@ -16,7 +16,7 @@ from .._digest import sha256_hex
 from ..devices.caps import CapError, apply_overrides, check_path
 from ..devices.presets import PresetError, list_presets, load_device
 from ..devices.specs import DTYPE_BYTES, DeviceSpec
-from ..comm.cost import allowed_on
+from ..comm.tuner import allowed_on
 from ..net import (ALGORITHMS, PROTOCOLS, TOPOLOGIES, Network, NetworkSpec, list_networks,
                    load_network)
 from .errors import ConfigError

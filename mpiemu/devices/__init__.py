@@ -1,4 +1,7 @@
-"""Hardware layer: device specs, presets with sources, cost models (the network: `mpiemu.net`)."""
+"""The devices ranks play: specs, presets with sources, what their work costs (`DeviceCost`).
+
+The network between them is `mpiemu.net`.
+"""
 from .cost import DeviceCost, GpuCost, device_cost
 from .gemm import GemmCost, GemmStage, gemm_cost
 from .presets import PresetError, list_presets, load_device, read_preset

@@ -5,7 +5,7 @@ The forward keeps a running row max and sum per query block and rescales its acc
 and saves only o and the row log-sum-exp; the backward recomputes each block's
 probabilities from the log-sum-exp, with D = rowsum(dO * o). The dropout keep-mask is
 regenerated (`keep()`), not stored. q, k, v, o are (B, heads, S, head_dim); equal to dense
-attention, forward and every gradient, to rounding (tests/test_nn_ops.py).
+attention, forward and every gradient, to rounding (tests/test_model_ops.py).
 """
 from __future__ import annotations
 

@@ -57,9 +57,9 @@ def _bias_dropout_back(dy: np.ndarray, keep: np.ndarray | None, p: float
 class Layer:
     """Forward and backward of layer `index` on one rank (pre-LN GPT or post-LN BERT)."""
 
-    def __init__(self, eng: Executor, cfg: ModelConfig, dims: Dims, index: int,
+    def __init__(self, ex: Executor, cfg: ModelConfig, dims: Dims, index: int,
                  recompute: str = "none") -> None:
-        self.E, self.cfg, self.d, self.i = eng, cfg, dims, index
+        self.E, self.cfg, self.d, self.i = ex, cfg, dims, index
         self.p, self.tag = f"layers.{index}.", f"l{index}"
         # selective: the attention core's S x S tensors are dropped after forward and
         # recomputed in backward (Korthikanti et al. 2022, 4.2); flash keeps none anyway

@@ -26,7 +26,7 @@ from .ops import (MASK_BYTES, Cost, bias_grad_cost, ce_back, ce_combine, ce_cost
                   ce_local_stats, dropout, embed_cost, embed_lookup, embed_scatter, layernorm,
                   layernorm_back, layernorm_cost)
 from .pipeline_schedules import Pass
-from .shard import LocalParam, cut, local_params
+from .tensor_parallel import LocalParam, cut, local_params
 
 RECOMPUTE = ("none", "selective", "full")
 EMBED_SIDE = ("wte", "wpe", "lne.g", "lne.b")      # parameters of the first virtual stage

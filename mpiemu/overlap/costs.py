@@ -1,6 +1,6 @@
 """What each strategy costs the hardware: GEMM stages, DRAM bytes per ring byte, CU limits.
 
-No MPI here. The engine (`rs.py`, `ag.py`) asks these tables how long things take; the
+No MPI here. The fused schedules (`rs.py`, `ag.py`) ask these tables how long things take; the
 numbers come from the device's cost (`devices.gemm` stages) and the preset (`devices.contention`).
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from .strategy import Overlap
 
 
 class Wave(NamedTuple):
-    """One GEMM stage as the overlap engine sees it (launch folded into the first)."""
+    """One GEMM stage as the fused schedules see it (launch folded into the first)."""
 
     time_s: float
     read_bytes: float

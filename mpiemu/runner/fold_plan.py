@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..comm.cost import allowed_on
+from ..comm.tuner import allowed_on
 from ..comm.shape import Fold
 from ..comm.shape import GridShape
 from ..net import Network

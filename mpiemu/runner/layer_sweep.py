@@ -3,7 +3,7 @@ timing only, on real MPI ranks (thesis ch. 5's computation-vs-communication swee
 
 Each point builds the layer's TP shard (Megatron slicing, `model/layers.py`), starts every
 rank at the same emulated time, runs forward and backward (TP all-reduces `sequential`,
-rings bidirectional under `overlap.bidirectional`) on the device model scaled by the
+rings bidirectional under `overlap.bidirectional`) on the device's cost scaled by the
 point's `compute_scale` (`device.scale.compute`: matrix, vector, SFU peaks, clock, L2
 feed; DRAM and links unchanged, thesis 5.3.3.6), then all-reduces over DP, each call
 measured apart: the layer's gradients in one bucket (the DP step of 5.3.3.7's case study)
@@ -35,7 +35,7 @@ from ..model.dims import Dims
 from ..model.layers import Layer
 from ..model.masks import Masks
 from ..model.presets import load_model_preset
-from ..model.shard import local_params
+from ..model.tensor_parallel import local_params
 from ..config.workload import Workload
 from .context import RankContext
 from ..config.errors import ConfigError

@@ -19,7 +19,7 @@ from mpi4py import MPI
 from .._digest import sha256
 from ..analysis.breakdown import (BREAKDOWN_FIELDS, IterationBreakdown, counted,
                                   iteration_breakdown, window_of)
-from ..analysis.load import make_trace
+from ..analysis.rank_trace import make_trace
 from ..comm.p2p import TimedComm
 from ..executors.registry import ExecutorSetup, make_executor
 from ..model.config import ModelConfig

@@ -1,7 +1,7 @@
 """Emulated time of one rank: resources with free times, ops placed by dependencies.
 
 An op starts at the latest of its dependencies' ends and the free times of the resources it
-occupies, and lasts as long as the device model says (DESIGN.md, Emulated time). Each
+occupies, and lasts as long as the device's cost says (DESIGN.md, Emulated time). Each
 resource is a stream: ops on it are placed in issue order, so a rank's clock never goes back.
 Nothing here reads the wall clock except to annotate events.
 """

@@ -1,11 +1,14 @@
-"""Every study the project reproduces: one module each, its paper numbers in a sourced data file.
+"""Every study the project reproduces: two modules each, its paper numbers in a sourced data file.
 
-A study module `mpiemu/studies/<name>.py` has
-* `main(out_dir: Path, argv: list[str]) -> int`: regenerate `results/<name>/` (README, CSV, PNG);
-* `golden() -> list[Golden]`: the CSV rows regenerated from the models for the golden test
+A study `<name>` has
+* `mpiemu/studies/<name>.py`, the numbers: its sweeps, rows and constants, and
+  `golden() -> list[Golden]`, the CSV rows regenerated from the models for the golden test
   (`tests/test_studies_golden.py`), all of them or a stated cheap subset;
+* `mpiemu/studies/<name>_report.py`, the report: `main(out_dir: Path, argv: list[str]) -> int`,
+  which regenerates `results/<name>/` (README, CSV, PNG), with its Markdown and plots; it
+  imports `<name>.py`, never the other way round (tests/test_layering.py: no import circle);
 and its paper's figures in `mpiemu/studies/<name>.toml` (`common.load_figures`).
-Adding a study: that module, that data file, one `StudyInfo` line below (docs/studies.md).
+Adding a study: those modules, that data file, one `StudyInfo` line below (docs/studies.md).
 """
 from __future__ import annotations
 
@@ -51,17 +54,27 @@ STUDIES: dict[str, StudyInfo] = {s.name: s for s in (
 )}
 
 
-def study_module(name: str) -> ModuleType:
-    """The module of a registered study; one line naming the choices otherwise."""
+def _info(name: str) -> StudyInfo:
+    """The registry line of a study; one line naming the choices otherwise."""
     if name not in STUDIES:
         raise ValueError(f"report={name!r}; choose one of {sorted(STUDIES)} "
                          "(mpiemu report --list)")
-    return importlib.import_module(STUDIES[name].module)
+    return STUDIES[name]
+
+
+def study_module(name: str) -> ModuleType:
+    """The numbers module of a registered study (`golden()`)."""
+    return importlib.import_module(_info(name).module)
+
+
+def report_module(name: str) -> ModuleType:
+    """The report module of a registered study (`main`): its numbers module + `_report`."""
+    return importlib.import_module(_info(name).module + "_report")
 
 
 def run_study(name: str, out: Path | None, argv: list[str]) -> int:
-    """Regenerate one study into `out` (default results/<name>)."""
-    return int(study_module(name).main(out or Path("results") / name, argv))
+    """Regenerate one study into `out` (default results/<name>) with its report's `main`."""
+    return int(report_module(name).main(out or Path("results") / name, argv))
 
 
 def list_lines() -> list[str]:

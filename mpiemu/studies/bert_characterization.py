@@ -11,7 +11,6 @@ Golden test: the Ph1-B32 rows of `breakdown.csv` (two one-rank runs) and T1 of `
 """
 from __future__ import annotations
 
-import argparse
 import re
 import tempfile
 from collections import defaultdict
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import runs as launch
-from .common import ROOT, Golden, Row, load_figures, write_csv
+from .common import ROOT, Golden, Row, load_figures
 
 WORKLOAD = ROOT / "workloads" / "bert-large-mi100.toml"
 LAYER = re.compile(r"^l\d+\.")
@@ -124,45 +123,3 @@ def golden() -> list[Golden]:
         mu = multi_rows(Path(tmp), ("T1",))
     return [Golden("breakdown.csv", br, lambda r: r["run"] in keep),
             Golden("multi.csv", mu, lambda r: r["config"] == "T1")]
-
-
-def main(out_dir: Path, argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="mpiemu report bert_characterization",
-                                 description=__doc__)
-    ap.add_argument("--out", type=Path, help="output directory (as `mpiemu report --out`)")
-    ap.add_argument("--keep-runs", type=Path, help="keep the run directories here")
-    args = ap.parse_args([a for a in argv if a != "--"])
-    out_dir = args.out or out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="mpiemu-bert-") as tmp:
-        runs = args.keep_runs or Path(tmp)
-        br, mu = breakdown_rows(runs), multi_rows(runs)
-    write_csv(out_dir / "breakdown.csv", br)
-    write_csv(out_dir / "multi.csv", mu)
-    plot(br, out_dir / "breakdown.png")
-    from .bert_characterization_report import markdown  # noqa: PLC0415
-    (out_dir / "README.md").write_text("\n".join(markdown(br, mu)) + "\n")
-    print(f"wrote {out_dir}/README.md and CSV/PNG beside it")
-    return 0
-
-
-def plot(rows: list[Row], path: Path) -> None:
-    """Stacked shares per run (ours), the categories of Fig. 4.1."""
-    from .common import plt  # noqa: PLC0415
-    pyplot = plt()
-    cats = [c for c, _ in CATEGORIES]
-    runs = list(dict.fromkeys(r["run"] for r in rows))
-    fig, ax = pyplot.subplots(figsize=(8, 4.2))
-    bottom = [0.0] * len(runs)
-    cmap = pyplot.get_cmap("tab10")
-    for i, c in enumerate(cats):
-        vals = [next(r["share"] for r in rows if (r["run"], r["category"]) == (run, c))
-                for run in runs]
-        ax.bar(runs, vals, bottom=bottom, color=cmap(i % 10), label=c)
-        bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.set_ylabel("share of the iteration (emulated)")
-    ax.set_title("BERT-Large on the mi100 preset (ours)")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    pyplot.close(fig)

@@ -1,11 +1,16 @@
-"""README of `mpiemu report bert_characterization`: every number from the rows, the data
-file or the preset (none typed here)."""
+"""`main`, README and plot of `mpiemu report bert_characterization` (`bert_characterization.py`
+runs it): every number from the rows, the data file or the preset (none typed here)."""
 from __future__ import annotations
 
+import argparse
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from ..devices.presets import load_device
-from .common import Row, load_figures, md_table, pct
+from . import bert_characterization
+from .bert_characterization import CATEGORIES, breakdown_rows, multi_rows
+from .common import Row, load_figures, md_table, pct, plt, write_csv
 
 LABELS = {"layers": "transformer layers", "embedding_output": "embedding + output",
           "lamb": "LAMB", "dr_rc_ln": "DR + RC + LN", "attention_linear":
@@ -146,3 +151,43 @@ def markdown(rows: list[Row], mu: list[Row]) -> list[str]:
         *multi_table(mu), "",
         *_explain(rows, mu),
     ]
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    """Stacked shares per run (ours), the categories of Fig. 4.1."""
+    pyplot = plt()
+    cats = [c for c, _ in CATEGORIES]
+    runs = list(dict.fromkeys(r["run"] for r in rows))
+    fig, ax = pyplot.subplots(figsize=(8, 4.2))
+    bottom = [0.0] * len(runs)
+    cmap = pyplot.get_cmap("tab10")
+    for i, c in enumerate(cats):
+        vals = [next(r["share"] for r in rows if (r["run"], r["category"]) == (run, c))
+                for run in runs]
+        ax.bar(runs, vals, bottom=bottom, color=cmap(i % 10), label=c)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_ylabel("share of the iteration (emulated)")
+    ax.set_title("BERT-Large on the mi100 preset (ours)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot.close(fig)
+
+
+def main(out_dir: Path, argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="mpiemu report bert_characterization",
+                                 description=bert_characterization.__doc__)
+    ap.add_argument("--out", type=Path, help="output directory (as `mpiemu report --out`)")
+    ap.add_argument("--keep-runs", type=Path, help="keep the run directories here")
+    args = ap.parse_args([a for a in argv if a != "--"])
+    out_dir = args.out or out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="mpiemu-bert-") as tmp:
+        runs = args.keep_runs or Path(tmp)
+        br, mu = breakdown_rows(runs), multi_rows(runs)
+    write_csv(out_dir / "breakdown.csv", br)
+    write_csv(out_dir / "multi.csv", mu)
+    plot(br, out_dir / "breakdown.png")
+    (out_dir / "README.md").write_text("\n".join(markdown(br, mu)) + "\n")
+    print(f"wrote {out_dir}/README.md and CSV/PNG beside it")
+    return 0

@@ -10,10 +10,8 @@ to NCCL's own model or vendor documentation. The golden test reruns the 8-GPU DG
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import math
-import sys
 import tempfile
 import tomllib
 from importlib import resources
@@ -22,7 +20,7 @@ from typing import Any
 
 from ..net.spec import PROTOCOLS
 from ..config.schema import parse_size
-from .common import Golden, Row, geomean, load_figures, read_csv, write_csv
+from .common import Golden, Row, geomean, load_figures, read_csv
 from .runs import run
 
 MiB = 1 << 20
@@ -116,17 +114,6 @@ def summarize(cmp: list[Row]) -> list[Row]:
     return out
 
 
-def _args(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="mpiemu report collectives", description=__doc__)
-    ap.add_argument("--only", nargs="*", help="setup keys to run (default: all)")
-    ap.add_argument("--out", help="output directory (default results/collectives)")
-    ap.add_argument("--calibrate", action="store_true",
-                    help="fit network.call_latency_scale and hop_latency_scale.* on the "
-                         "calibration data sets (a grid); prints the table and writes "
-                         "calibration.csv (which the report reads), nothing else")
-    return ap.parse_args(argv)
-
-
 def sweep(keys: list[str] | None, sets: list[str] | None = None) -> list[Row]:
     chosen = [s for s in setups() if not keys or s["key"] in keys]
     with tempfile.TemporaryDirectory() as tmp:
@@ -170,11 +157,6 @@ def read_calibration(path: Path) -> list[Row]:
         if path.exists() else []
 
 
-def _scales(r: Row) -> str:
-    return (f"call_latency_scale {r['call']:g}, hop_latency_scale ll {r['hop_ll']:g} / "
-            f"ll128 {r['hop_ll128']:g} / simple {r['hop_simple']:g}")
-
-
 def fit(table: list[Row]) -> Row:
     """The grid point of the least mean of the two target errors (the calibration's rule)."""
     return min(table, key=lambda r: (r["error_1MiB_up"] + r["error_all"]) / 2)
@@ -183,32 +165,3 @@ def fit(table: list[Row]) -> Row:
 def golden() -> list[Golden]:
     """The 8-GPU DGX H100 setup (8 ranks, timing only) against its committed rows."""
     return [Golden("emulated.csv", sweep(["h100x8"]), lambda r: r["setup"] == "h100x8")]
-
-
-def main(out_dir: Path, argv: list[str]) -> int:
-    """Run the setups, compare, write the report; returns a process exit code."""
-    from .collectives_report import markdown, plot  # noqa: PLC0415
-    args = _args(argv)
-    out_dir = Path(args.out) if args.out else out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if args.calibrate:
-        table = calibrate()
-        write_csv(out_dir / "calibration.csv", table)
-        for r in table:
-            sys.stdout.write(f"{_scales(r)}: {r['error_1MiB_up']:.1%} from 1 MiB up, "
-                             f"{r['error_all']:.1%} over all sizes\n")
-        sys.stdout.write(f"fit: {_scales(fit(table))}; wrote {out_dir}/calibration.csv\n")
-        return 0
-    ours = sweep(args.only)
-    cmp = compare(ours, setups())
-    summ = summarize(cmp)
-    for name, rows in (("emulated", ours), ("comparison", cmp), ("summary", summ)):
-        if rows:
-            write_csv(out_dir / f"{name}.csv", rows)
-    plot(ours, cmp, out_dir / "busbw.png")
-    cal = read_calibration(out_dir / "calibration.csv")
-    (out_dir / "README.md").write_text("\n".join(markdown(ours, cmp, summ, cal)) + "\n")
-    sys.stdout.write(f"wrote {out_dir}/README.md, emulated.csv, comparison.csv, summary.csv, "
-                     "busbw.png\n")
-    return 0
-

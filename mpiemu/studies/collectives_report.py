@@ -1,15 +1,20 @@
-"""Markdown and plot of `mpiemu report collectives` (every number generated from the rows)."""
+"""`main`, Markdown and plot of `mpiemu report collectives` (`collectives.py` runs the sweeps;
+every number generated from the rows)."""
 from __future__ import annotations
 
+import argparse
 import math
+import sys
 from pathlib import Path
 
 from ..devices.cost import device_cost
 from ..devices.presets import load_device
 from ..net import load_network
 from ..runner.collective_sweep import bus_factor
-from .collectives import ITEMSIZE, MiB, calibrated, fit, setups, sources, targets_error
-from .common import Row, load_figures, md_table, pct, plt, signed_pct
+from . import collectives
+from .collectives import (ITEMSIZE, MiB, calibrate, calibrated, compare, fit, read_calibration,
+                          setups, sources, summarize, sweep, targets_error)
+from .common import Row, load_figures, md_table, pct, plt, signed_pct, write_csv
 
 
 def _size(b: int) -> str:
@@ -313,3 +318,46 @@ def plot(ours: list[Row], cmp: list[Row], path: Path) -> None:
     fig.savefig(path, dpi=110)
     pyplot.close(fig)
 
+
+def _args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="mpiemu report collectives",
+                                 description=collectives.__doc__)
+    ap.add_argument("--only", nargs="*", help="setup keys to run (default: all)")
+    ap.add_argument("--out", help="output directory (default results/collectives)")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="fit network.call_latency_scale and hop_latency_scale.* on the "
+                         "calibration data sets (a grid); prints the table and writes "
+                         "calibration.csv (which the report reads), nothing else")
+    return ap.parse_args(argv)
+
+
+def _scales(r: Row) -> str:
+    return (f"call_latency_scale {r['call']:g}, hop_latency_scale ll {r['hop_ll']:g} / "
+            f"ll128 {r['hop_ll128']:g} / simple {r['hop_simple']:g}")
+
+
+def main(out_dir: Path, argv: list[str]) -> int:
+    """Run the setups, compare, write the report; returns a process exit code."""
+    args = _args(argv)
+    out_dir = Path(args.out) if args.out else out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.calibrate:
+        table = calibrate()
+        write_csv(out_dir / "calibration.csv", table)
+        for r in table:
+            sys.stdout.write(f"{_scales(r)}: {r['error_1MiB_up']:.1%} from 1 MiB up, "
+                             f"{r['error_all']:.1%} over all sizes\n")
+        sys.stdout.write(f"fit: {_scales(fit(table))}; wrote {out_dir}/calibration.csv\n")
+        return 0
+    ours = sweep(args.only)
+    cmp = compare(ours, setups())
+    summ = summarize(cmp)
+    for name, rows in (("emulated", ours), ("comparison", cmp), ("summary", summ)):
+        if rows:
+            write_csv(out_dir / f"{name}.csv", rows)
+    plot(ours, cmp, out_dir / "busbw.png")
+    cal = read_calibration(out_dir / "calibration.csv")
+    (out_dir / "README.md").write_text("\n".join(markdown(ours, cmp, summ, cal)) + "\n")
+    sys.stdout.write(f"wrote {out_dir}/README.md, emulated.csv, comparison.csv, summary.csv, "
+                     "busbw.png\n")
+    return 0

@@ -13,13 +13,14 @@ tests/test_fold.py). Writes tp.csv, dp.csv, case.csv, tp_share.png, dp_share.png
 """
 from __future__ import annotations
 
-import argparse
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..net.spec import NetworkSpec
+from ..runner.collective_sweep import bus_factor
 from . import runs as launch
-from .common import ROOT, Golden, Row, load_figures, read_csv, write_csv
+from .common import ROOT, Golden, Row, load_figures, read_csv
 
 WORKLOAD = ROOT / "workloads" / "comp_vs_comm.toml"
 INTS = ("point", "hidden", "seq_len", "batch", "tp", "dp")
@@ -29,7 +30,7 @@ KEEP = ("hidden", "seq_len", "batch", "tp", "dp", "compute_scale", "time_s", "co
 GOLDEN_H = 8192
 
 
-def _fig() -> dict[str, Any]:
+def figures() -> dict[str, Any]:
     return {k: v.value for k, v in load_figures("comp_vs_comm").items()}
 
 
@@ -45,7 +46,7 @@ def _list(xs: list[Any]) -> str:
 def sweep(tp: int, dp: int, runs: Path, hidden: list[int] | None = None,
           scales: list[float] | None = None, extra: list[str] = ()) -> list[Row]:  # type: ignore[assignment]
     """One `layer_sweep` job on tp x dp ranks; its rows (H that do not split are left out)."""
-    f = _fig()
+    f = figures()
     hs = valid_hidden(hidden or f["hidden"], tp, f["head_dim"])
     if not hs:
         return []
@@ -70,7 +71,7 @@ def sweep(tp: int, dp: int, runs: Path, hidden: list[int] | None = None,
 def golden() -> list[Golden]:
     """The compute-scale 1 rows with H <= 8K of the TP = 4 job and of the TP x DP job: two
     folded jobs of a few seconds each."""
-    f = _fig()
+    f = figures()
     hs, g = [h for h in f["hidden"] if h <= GOLDEN_H], f["dp_grid"]
     with tempfile.TemporaryDirectory(prefix="mpiemu-cvc-") as tmp:
         tp_rows = sweep(4, 1, Path(tmp), hs, [1.0])
@@ -83,37 +84,35 @@ def golden() -> list[Golden]:
             Golden("dp.csv", dp_rows, small)]
 
 
-def main(out_dir: Path, argv: list[str]) -> int:
-    f = _fig()
-    ap = argparse.ArgumentParser(prog="mpiemu report comp_vs_comm", description=__doc__)
-    ap.add_argument("--tp", type=int, nargs="+", default=list(f["tp_run"]),
-                    help=f"TP degrees to run (Table 5.1: {f['tp_all']})")
-    ap.add_argument("--no-dp", action="store_true", help="skip the TP x DP job")
-    ap.add_argument("--set", action="append", default=[], help="extra workload overrides")
-    ap.add_argument("--keep-runs", type=Path, help="keep the run directories here")
-    ap.add_argument("--out", type=Path, help="output directory (as `mpiemu report --out`)")
-    args = ap.parse_args([a for a in argv if a != "--"])
-    out_dir = args.out or out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="mpiemu-cvc-") as tmp:
-        runs = args.keep_runs or Path(tmp)
-        tp_rows = [r for tp in args.tp for r in sweep(tp, 1, runs, extra=args.set)]
-        g, cs = f["dp_grid"], f["case_study"]
-        dp_rows = [] if args.no_dp else sweep(g["tp"], g["dp"], runs, extra=args.set)
-        # Fig. 5.13's point with its DP step, at its own TP (5.3.3.7)
-        case_rows = [] if args.no_dp else sweep(
-            cs["tp"], g["dp"], runs, [cs["hidden"]], [float(cs["scale"])],
-            extra=[*args.set, f"layer_sweep.seq_len=[{cs['seq_len']}]",
-                   f"layer_sweep.batch=[{cs['batch']}]"])
-    write_csv(out_dir / "tp.csv", tp_rows)
-    if dp_rows:
-        write_csv(out_dir / "dp.csv", dp_rows)
-        write_csv(out_dir / "case.csv", case_rows)
-    from .comp_vs_comm_report import markdown, plot_dp, plot_tp  # noqa: PLC0415
-    plot_tp(tp_rows, out_dir / "tp_share.png")
-    if dp_rows:
-        plot_dp(dp_rows, out_dir / "dp_share.png")
-    (out_dir / "README.md").write_text(
-        "\n".join(markdown(tp_rows, dp_rows, case_rows, args.tp)) + "\n")
-    print(f"wrote {out_dir}/README.md and CSV/PNG beside it")
-    return 0
+def trend(rows: list[Row], key: str, vary: str, rising: bool) -> tuple[int, int]:
+    """How many neighbouring pairs (only `vary` changes) move `key` the stated way."""
+    fixed = [c for c in ("hidden", "seq_len", "batch", "tp", "compute_scale") if c != vary]
+    groups: dict[tuple[Any, ...], list[Row]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[c] for c in fixed), []).append(r)
+    ok = total = 0
+    for g in groups.values():
+        g.sort(key=lambda r: r[vary])
+        for a, b in zip(g, g[1:]):
+            total += 1
+            ok += (b[key] > a[key]) == rising
+    return ok, total
+
+
+def sweep_network() -> tuple[NetworkSpec, bool]:
+    """The network the sweep runs on (the device's preset with the study's overrides) and
+    whether its rings are bidirectional."""
+    from ..config.workload import load_workload, resolve_device, resolve_network  # noqa: PLC0415
+    f = figures()
+    w = load_workload(WORKLOAD, [*f["network"], f"device.preset='{f['device']}'"])
+    return resolve_network(w, resolve_device(w)), w.overlap.bidirectional
+
+
+def fc_grad_bytes(r: Row) -> float:
+    """The FC weight's gradient in bytes, fp16 (Eq. 5.8: 4H x H / TP elements)."""
+    return 4 * r["hidden"] ** 2 / r["tp"] * 2
+
+
+def dp_busbw(r: Row) -> float:
+    """The DP all-reduce's bus bandwidth (nccl-tests' busbw of its emulated time)."""
+    return bus_factor("all_reduce", r["dp"]) * fc_grad_bytes(r) / r["dp_comm_s"]

@@ -1,22 +1,21 @@
-"""README and plots of `mpiemu report comp_vs_comm`: every number from the rows, the data file
-or the preset (none typed here)."""
+"""`main`, README and plots of `mpiemu report comp_vs_comm` (`comp_vs_comm.py` runs the
+sweeps): every number from the rows, the data file or the preset (none typed here)."""
 from __future__ import annotations
 
+import argparse
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ..net.spec import NetworkSpec
 from ..runner.collective_sweep import bus_factor
-from .common import Row, load_figures, md_table, pct, plt
-
-
-def _fig() -> dict[str, Any]:
-    return {k: v.value for k, v in load_figures("comp_vs_comm").items()}
+from . import comp_vs_comm
+from .common import Row, md_table, pct, plt, write_csv
+from .comp_vs_comm import dp_busbw, fc_grad_bytes, figures, sweep_network, trend, sweep
 
 
 def _scales() -> list[str]:
     """The compute scales the thesis gives ranges for (keys of its TP-share figure)."""
-    return list(_fig()["tp_share"])
+    return list(figures()["tp_share"])
 
 
 def _k(h: int) -> str:
@@ -38,23 +37,8 @@ def _verdict(vals: list[float], lo: float, hi: float) -> str:
     return f"{inside} of {len(vals)} inside"
 
 
-def _trend(rows: list[Row], key: str, vary: str, rising: bool) -> tuple[int, int]:
-    """How many neighbouring pairs (only `vary` changes) move `key` the stated way."""
-    fixed = [c for c in ("hidden", "seq_len", "batch", "tp", "compute_scale") if c != vary]
-    groups: dict[tuple[Any, ...], list[Row]] = {}
-    for r in rows:
-        groups.setdefault(tuple(r[c] for c in fixed), []).append(r)
-    ok = total = 0
-    for g in groups.values():
-        g.sort(key=lambda r: r[vary])
-        for a, b in zip(g, g[1:]):
-            total += 1
-            ok += (b[key] > a[key]) == rising
-    return ok, total
-
-
 def tp_tables(rows: list[Row]) -> list[str]:
-    f = _fig()
+    f = figures()
     hi_rows = [r for r in rows if r["highlighted"]]
     pairs = sorted({(r["hidden"], r["tp"]) for r in hi_rows})
     body = []
@@ -92,7 +76,7 @@ def tp_tables(rows: list[Row]) -> list[str]:
 
 
 def dp_tables(rows: list[Row]) -> list[str]:
-    f = _fig()
+    f = figures()
     body = []
     for s in _scales():
         lo, hi = f["dp_share_slb4k"][s]
@@ -110,22 +94,22 @@ def dp_tables(rows: list[Row]) -> list[str]:
 
 def trend_lines(tp_rows: list[Row], dp_rows: list[Row]) -> list[str]:
     checks: list[tuple[str, tuple[int, int]]] = [
-        ("TP share rises with TP (fixed H, SL, B, scale)", _trend(tp_rows, "tp_share", "tp", True)),
+        ("TP share rises with TP (fixed H, SL, B, scale)", trend(tp_rows, "tp_share", "tp", True)),
         ("TP share falls with H (fixed TP, SL, B, scale)",
-         _trend(tp_rows, "tp_share", "hidden", False)),
+         trend(tp_rows, "tp_share", "hidden", False)),
         ("TP share falls with SL (fixed H, TP, B, scale)",
-         _trend(tp_rows, "tp_share", "seq_len", False))]
+         trend(tp_rows, "tp_share", "seq_len", False))]
     if dp_rows:
         checks.append(("DP share falls with SL (fixed H, B, scale)",
-                       _trend(dp_rows, "dp_over_bwd", "seq_len", False)))
+                       trend(dp_rows, "dp_over_bwd", "seq_len", False)))
         checks.append(("DP share falls with H (fixed SL, B, scale)",
-                       _trend(dp_rows, "dp_over_bwd", "hidden", False)))
+                       trend(dp_rows, "dp_over_bwd", "hidden", False)))
     return md_table(["thesis trend (5.2.5, 5.3.3.4-5)", "neighbouring pairs that follow it"],
                     [[c, f"{ok} of {n}"] for c, (ok, n) in checks])
 
 
 def missing_lines(tp_rows: list[Row], tps: Iterable[int]) -> list[str]:
-    f = _fig()
+    f = figures()
     ran = set(tps)
     absent = [t for t in f["tp_all"] if t not in ran]
     if not absent:
@@ -143,7 +127,7 @@ def missing_lines(tp_rows: list[Row], tps: Iterable[int]) -> list[str]:
 
 def case_lines(tp_rows: list[Row], case_rows: list[Row]) -> list[str]:
     """Future-2 and the Fig. 5.13 case study beside our points at their settings."""
-    f = _fig()
+    f = figures()
     cs, h_max = f["case_study"], max(f["hidden"])
     fut = [r["tp_share"] for r in tp_rows if r["hidden"] == h_max and r["highlighted"]
            and r["compute_scale"] == 1.0]
@@ -168,46 +152,26 @@ def case_lines(tp_rows: list[Row], case_rows: list[Row]) -> list[str]:
             *md_table(["figure", "thesis", "ours"], rows), ""]
 
 
-def _network() -> tuple[NetworkSpec, bool]:
-    """The network the sweep runs on (the device's preset with the study's overrides) and
-    whether its rings are bidirectional."""
-    from ..config.workload import load_workload, resolve_device, resolve_network  # noqa: PLC0415
-    from .comp_vs_comm import WORKLOAD  # noqa: PLC0415
-    f = _fig()
-    w = load_workload(WORKLOAD, [*f["network"], f"device.preset='{f['device']}'"])
-    return resolve_network(w, resolve_device(w)), w.overlap.bidirectional
-
-
-def _fc_bytes(r: Row) -> float:
-    """The FC weight's gradient in bytes, fp16 (Eq. 5.8: 4H x H / TP elements)."""
-    return 4 * r["hidden"] ** 2 / r["tp"] * 2
-
-
-def _bus(r: Row) -> float:
-    """The DP all-reduce's bus bandwidth (nccl-tests' busbw of its emulated time)."""
-    return bus_factor("all_reduce", r["dp"]) * _fc_bytes(r) / r["dp_comm_s"]
-
-
 def _dp_ends(rows: list[Row]) -> str:
     """Both ends of our 1x DP range at SL x B = 4K, from the messages' bus bandwidth and
     the GEMMs' rate: latency-bound small messages at small H, both at their peaks at large H."""
     at = [r for r in _at(rows, "1") if r["seq_len"] * r["batch"] == 4096]
     if not at:
         return ""
-    net, _ = _network()
-    f = _fig()
+    net, _ = sweep_network()
+    f = figures()
     small, big = min(at, key=lambda r: r["hidden"]), max(at, key=lambda r: r["hidden"])
     flops = 4 * 4 * big["hidden"] ** 2 / big["tp"] * big["seq_len"] * big["batch"]  # Eq. 5.7
     return (f"At SL x B = 4K our 1x DP shares run from {pct(big['dp_over_bwd'])} "
             f"(H = {_k(big['hidden'])}) to {pct(small['dp_over_bwd'])} "
             f"(H = {_k(small['hidden'])}). At large H both sides run at their peaks: the FC's "
             f"backward GEMMs at {flops / big['bwd_gemm_s'] / 1e12:.0f} TFLOPS and its "
-            f"{_fc_bytes(big) / 2**20:.0f} MiB all-reduce at a bus bandwidth of "
-            f"{_bus(big) / 1e9:.0f} GB/s, so the share settles where the thesis's lower "
+            f"{fc_grad_bytes(big) / 2**20:.0f} MiB all-reduce at a bus bandwidth of "
+            f"{dp_busbw(big) / 1e9:.0f} GB/s, so the share settles where the thesis's lower "
             f"bound ({pct(f['dp_share_slb4k']['1'][0], 0)}) is. At small H the message is "
             f"latency-bound: the FC gradient of H = {_k(small['hidden'])} "
-            f"({_fc_bytes(small) / 2**20:.0f} MiB over {small['dp']} ranks) reaches "
-            f"{_bus(small) / 1e9:.0f} GB/s (network {net.name}: base latency "
+            f"({fc_grad_bytes(small) / 2**20:.0f} MiB over {small['dp']} ranks) reaches "
+            f"{dp_busbw(small) / 1e9:.0f} GB/s (network {net.name}: base latency "
             f"{net.base('ring', 'simple') * 1e6:.1f} us per call, "
             f"{net.intra.latency('simple') * net.hop_scale('simple') * 1e6:.1f} us per step: "
             f"NCCL's latencies x the calibrated {net.call_latency_scale:g} and "
@@ -229,7 +193,7 @@ def _dp_scaling(rows: list[Row]) -> str:
         ratio = [r["dp_over_bwd"] / base[(r["hidden"], r["seq_len"], r["batch"])]
                  for r in _at(rows, s) if (r["hidden"], r["seq_len"], r["batch"]) in base]
         parts.append(f"{s}x {min(ratio):.2f}-{max(ratio):.2f} times")
-    f = _fig()
+    f = figures()
     lo1, hi1 = f["dp_share_slb4k"]["1"]
     own = ", ".join(f"{s}x {pct(lo1 * float(s), 0)}-{pct(hi1 * float(s), 0)} against the stated "
                     f"{pct(f['dp_share_slb4k'][s][0], 0)}-{pct(f['dp_share_slb4k'][s][1], 0)}"
@@ -249,7 +213,7 @@ def _ring_note(rows: list[Row]) -> str:
     if not at:
         return ""
     r = max(at, key=lambda r: (r["tp"], -r["seq_len"]))
-    net, bidirectional = _network()
+    net, bidirectional = sweep_network()
     bus = net.intra.bw_bytes_per_s * (2 if bidirectional else 1)
     n = r["tp"]
     nbytes = r["seq_len"] * r["batch"] * r["hidden"] * 2        # one all-reduce, fp16 (Eq. 5.5)
@@ -269,7 +233,7 @@ def _ring_note(rows: list[Row]) -> str:
 def _tp_low(rows: list[Row]) -> str:
     """The highlighted points below the thesis's lower bounds: where they lie (H, SL) and
     how much of their compute is the attention core, whose work grows with SL^2."""
-    f = _fig()
+    f = figures()
     hi_rows = [r for r in rows if r["highlighted"]]
     below = {s: [r for r in _at(hi_rows, s) if r["tp_share"] < f["tp_share"][s][0]]
              for s in _scales()}
@@ -311,7 +275,7 @@ def _tp_low(rows: list[Row]) -> str:
 
 def markdown(tp_rows: list[Row], dp_rows: list[Row], case_rows: list[Row],
              tps: Iterable[int]) -> list[str]:
-    f = _fig()
+    f = figures()
     g = f["dp_grid"]
     net = ", ".join(f"`{x}`" for x in f["network"])
     return [
@@ -385,14 +349,50 @@ def _panel(rows: list[Row], path: Path, x: Callable[[Row], float], y: str, band:
 
 
 def plot_tp(rows: list[Row], path: Path) -> None:
-    f = _fig()
+    f = figures()
     _panel(rows, path, lambda r: r["tp"], "tp_share", lambda s: f["tp_share"][s], "TP degree",
            "serialized TP communication / layer time", "every SL, B")
 
 
 def plot_dp(rows: list[Row], path: Path) -> None:
-    f = _fig()
+    f = figures()
     _panel(rows, path, lambda r: r["seq_len"] * r["batch"], "dp_over_bwd",
            lambda s: f["dp_share_slb4k"][s], "SL x B (tokens)",
            "FC gradient all-reduce / FC backward GEMMs", f"TP = {f['dp_grid']['tp']}",
            "thesis range at SL x B = 4K")
+
+
+def main(out_dir: Path, argv: list[str]) -> int:
+    f = figures()
+    ap = argparse.ArgumentParser(prog="mpiemu report comp_vs_comm",
+                                 description=comp_vs_comm.__doc__)
+    ap.add_argument("--tp", type=int, nargs="+", default=list(f["tp_run"]),
+                    help=f"TP degrees to run (Table 5.1: {f['tp_all']})")
+    ap.add_argument("--no-dp", action="store_true", help="skip the TP x DP job")
+    ap.add_argument("--set", action="append", default=[], help="extra workload overrides")
+    ap.add_argument("--keep-runs", type=Path, help="keep the run directories here")
+    ap.add_argument("--out", type=Path, help="output directory (as `mpiemu report --out`)")
+    args = ap.parse_args([a for a in argv if a != "--"])
+    out_dir = args.out or out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="mpiemu-cvc-") as tmp:
+        runs = args.keep_runs or Path(tmp)
+        tp_rows = [r for tp in args.tp for r in sweep(tp, 1, runs, extra=args.set)]
+        g, cs = f["dp_grid"], f["case_study"]
+        dp_rows = [] if args.no_dp else sweep(g["tp"], g["dp"], runs, extra=args.set)
+        # Fig. 5.13's point with its DP step, at its own TP (5.3.3.7)
+        case_rows = [] if args.no_dp else sweep(
+            cs["tp"], g["dp"], runs, [cs["hidden"]], [float(cs["scale"])],
+            extra=[*args.set, f"layer_sweep.seq_len=[{cs['seq_len']}]",
+                   f"layer_sweep.batch=[{cs['batch']}]"])
+    write_csv(out_dir / "tp.csv", tp_rows)
+    if dp_rows:
+        write_csv(out_dir / "dp.csv", dp_rows)
+        write_csv(out_dir / "case.csv", case_rows)
+    plot_tp(tp_rows, out_dir / "tp_share.png")
+    if dp_rows:
+        plot_dp(dp_rows, out_dir / "dp_share.png")
+    (out_dir / "README.md").write_text(
+        "\n".join(markdown(tp_rows, dp_rows, case_rows, args.tp)) + "\n")
+    print(f"wrote {out_dir}/README.md and CSV/PNG beside it")
+    return 0

@@ -1,69 +1,15 @@
-"""Statements, README and plot of the fusion study (`fusion.py` runs it)."""
+"""`mpiemu report fusion`: `main`, README and plot of the fusion study (`fusion.py` computes
+the runs and the statements)."""
 from __future__ import annotations
 
+import argparse
 import math
+import sys
 from pathlib import Path
 
-from .common import Row, geomean, load_figures, md_table, plt
-
-
-def _get(rows: list[Row], **kw: object) -> list[Row]:
-    return [r for r in rows if all(r[k] == v for k, v in kw.items())]
-
-
-def _ratio(rows: list[Row], **kw: object) -> float:
-    """Geomean over GPU counts of unfused / fused makespan."""
-    un = {r["gpus"]: r["makespan_ms"] for r in _get(rows, fused=False, **kw)}
-    fu = {r["gpus"]: r["makespan_ms"] for r in _get(rows, fused=True, **kw)}
-    return geomean(un[n] / fu[n] for n in un)
-
-
-def statements(rows: list[Row]) -> list[Row]:
-    """Seed 002's statements (V15-V19) with the number that decides each in our runs."""
-    fig = load_figures("fusion")
-    texts = fig["statements"].value
-    small, big = min(fig["batches"].value), max(fig["batches"].value)
-    gpus, tiles = fig["gpus"].value, fig["emb_tiles"].value
-    mid = sorted(tiles)[len(tiles) // 2]
-    r_small = _ratio(rows, workload="mlp", batch=small, emb_tile=mid)
-    lg = fig["large"].value
-    r_big = _ratio(rows, workload="mlp-large", batch=lg["batch"], emb_tile=lg["emb_tile"])
-    one = {r["gpus"]: r["makespan_ms"] for r in _get(rows, workload="mlp", batch=small,
-                                                     emb_tile=mid, fused=False)}
-    slower = max(one[n] / one[1] for n in gpus if n > 1)
-    attn = geomean(_ratio(rows, workload="attn", batch=b, emb_tile=t)
-                   for b in fig["batches"].value for t in tiles)
-    fused_big = {r["gpus"]: r for r in _get(rows, workload="mlp", batch=big, emb_tile=mid,
-                                             fused=True)}
-    scale = fused_big[max(gpus)]["tokens_per_s"] / fused_big[1]["tokens_per_s"]
-
-    def ratio_at(n: int) -> float:
-        u = _get(rows, workload="mlp", batch=big, emb_tile=mid, fused=False, gpus=n)[0]
-        return u["makespan_ms"] / fused_big[n]["makespan_ms"]
-
-    best = {n: min(tiles, key=lambda t: _get(rows, workload="mlp", batch=big, emb_tile=t,
-                                             fused=True, gpus=n)[0]["makespan_ms"])
-            for n in gpus}
-    at = {t: geomean(_get(rows, workload="mlp", batch=big, emb_tile=t, fused=True, gpus=n)[0]
-                     ["makespan_ms"] for n in gpus) for t in tiles}
-    checks = [
-        (f"unfused / fused makespan, batch {small}, tile {mid} (geomean over GPUs)", r_small,
-         r_small > 1.1),
-        ("unfused / fused makespan, MLP with a ReLU task longer than the threshold "
-         "(`large` in fusion.toml)", r_big, r_big < r_small and r_big < 1.1),
-        (f"worst makespan on n > 1 GPUs / on 1 GPU, unfused, batch {small}", slower,
-         slower > 1.0),
-        ("unfused / fused makespan, attention projections (geomean over batches, tiles)", attn,
-         attn > 1.0),
-        (f"fused tokens/s on {max(gpus)} GPUs / on 1, batch {big}; fused speedup on "
-         f"{max(gpus)} GPUs {ratio_at(max(gpus)):.2f}x vs {ratio_at(1):.2f}x on 1", scale,
-         scale > 1.0 and ratio_at(max(gpus)) < ratio_at(1)),
-        (f"fused makespan at tile {max(tiles)} / at {mid} (geomean over GPUs, batch {big}); "
-         f"best tile per GPU count {best}", at[max(tiles)] / at[mid],
-         at[max(tiles)] >= at[mid] and all(b == mid for b in best.values())),
-    ]
-    return [{"statement": s, "measure": m, "ours": round(v, 4), "holds": ok}
-            for s, (m, v, ok) in zip(texts, checks)]
+from . import fusion
+from .common import Row, load_figures, md_table, plt, write_csv
+from .fusion import select, granularity_rows, rows, statements
 
 
 def plot(rows: list[Row], path: Path) -> None:
@@ -75,7 +21,7 @@ def plot(rows: list[Row], path: Path) -> None:
     for ax, (kind, batch) in zip(axes, [(k, b) for k in ("mlp", "attn") for b in batches]):
         for tile in fig["emb_tiles"].value:
             for fused, ls in ((False, ":"), (True, "-")):
-                sel = _get(rows, workload=kind, batch=batch, emb_tile=tile, fused=fused)
+                sel = select(rows, workload=kind, batch=batch, emb_tile=tile, fused=fused)
                 ax.plot([r["gpus"] for r in sel], [r["tokens_per_s"] / 1e3 for r in sel], ls,
                         marker="o", ms=3, label=f"{'fused' if fused else 'naive'} {tile}")
         ax.set_title(f"{kind}, batch {batch}", fontsize=9)
@@ -157,3 +103,21 @@ def markdown(rows: list[Row], st: list[Row], grain: list[Row]) -> list[str]:
         "## Every run", "", *_runs_md(rows), "",
         "Regenerate: `mpiemu report fusion`.",
     ]
+
+
+def main(out_dir: Path, argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="mpiemu report fusion", description=fusion.__doc__)
+    ap.add_argument("--out", type=Path, help="output directory")
+    args = ap.parse_args(argv)
+    out_dir = args.out or out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    r, g = rows(), granularity_rows()
+    st = statements(r)
+    write_csv(out_dir / "runs.csv", r)
+    write_csv(out_dir / "statements.csv", st)
+    write_csv(out_dir / "granularity.csv", g)
+    plot(r, out_dir / "scaling.png")
+    (out_dir / "README.md").write_text("\n".join(markdown(r, st, g)) + "\n")
+    sys.stdout.write(f"wrote {out_dir}/README.md, runs.csv, statements.csv, granularity.csv, "
+                     "scaling.png\n")
+    return 0

@@ -13,18 +13,15 @@ second); the grid searches that chose the constants the presets carry run only i
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import sys
-from importlib import resources
-from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from ..devices.cost import GpuCost
 from ..devices.presets import load_device
 from ..devices.specs import DeviceSpec
 from . import kernels_here
-from .common import Golden, Row, geomean, load_figures, md_table, plt, write_csv
+from .common import Golden, Row, geomean, load_figures
+from .kernels_here import measurements
 
 PASSES = ("fwd", "dgrad", "wgrad")
 LAYOUT = {"fwd": "NN", "dgrad": "NT", "wgrad": "TN"}
@@ -48,19 +45,6 @@ def layer_gemms(hidden: int, tokens: int, tp: int) -> list[tuple[str, str, int, 
     for op, (i, o) in io.items():
         out += [(op, "fwd", t, o, i), (op, "dgrad", t, i, o), (op, "wgrad", i, o, t)]
     return out
-
-
-def measurements() -> dict[tuple[str, str, int, int, int, int], dict[str, str]]:
-    text = (resources.files("mpiemu.studies") / "kernels_measured.csv").read_text()
-    rows = read_csv_text(text)
-    return {(r["gpu"], r["dtype"], int(r["m"]), int(r["n"]), int(r["k"]), int(r["batch"])): r
-            for r in rows}
-
-
-def read_csv_text(text: str) -> list[dict[str, str]]:
-    import csv  # noqa: PLC0415
-    import io  # noqa: PLC0415
-    return list(csv.DictReader(io.StringIO(text)))
 
 
 def _cases() -> list[Row]:
@@ -157,69 +141,3 @@ def golden() -> list[Golden]:
     return [Golden("gemms.csv", rows_for(shipped()))] + [
         Golden(name, here[kind]) for kind, name in kernels_here.FILES.items()] + [
         Golden(kernels_here.LAYER_FILE, kernels_here.layer_rows(kernels_here.raw()[1]))]
-
-
-def plot(rows: list[Row], path: Path) -> None:
-    pyplot = plt()
-    fig, ax = pyplot.subplots(figsize=(6.5, 6))
-    for (gpu, s), mark in zip([(g, s) for g in ("a100-sxm4-80gb", "h100-sxm5")
-                               for s in ("calibrate", "judge")], "s^oD"):
-        sel = [r for r in rows if (r["gpu"], r["set"]) == (gpu, s)]
-        ax.scatter([r["measured_tflops"] for r in sel], [r["ours_tflops"] for r in sel],
-                   marker=mark, label=f"{gpu} ({s})", alpha=0.8)
-    top = max(max(r["measured_tflops"], r["ours_tflops"]) for r in rows) * 1.05
-    ax.plot([0, top], [0, top], color="black", lw=0.8)
-    for f in (0.9, 1.1):
-        ax.plot([0, top], [0, f * top], color="gray", lw=0.5, ls=":")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("published TFLOPS")
-    ax.set_ylabel("emulated TFLOPS (mpiemu GEMM model)")
-    ax.set_title("GEMM throughput: ours vs published (dotted: +-10%)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    pyplot.close(fig)
-
-
-def _fmt_rows(rows: Iterable[Row]) -> list[list[Any]]:
-    return [[r["gpu"], r["dtype"], f"{r['m']}x{r['n']}x{r['k']}" + (f" b{r['batch']}"
-             if r["batch"] > 1 else ""), r["used_by"], r["set"], f"{r['ours_tflops']:.1f}",
-             f"{r['measured_tflops']:.1f}", f"{100 * r['error']:+.1f}%",
-             f"{r['tile']} s{r['split_k']}", r["source"]] for r in rows]
-
-
-def markdown(rows: list[Row], summ: list[Row], fitted: tuple[float, float, float, float]
-             ) -> list[str]:
-    from .kernels_report import markdown as md  # noqa: PLC0415
-    return md(rows, summ, fitted, _fmt_rows)
-
-
-def main(out_dir: Path, argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="mpiemu report kernels", description=__doc__)
-    ap.add_argument("--out", type=Path, help="output directory")
-    args = ap.parse_args(argv)
-    out_dir = args.out or out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rows = rows_for(shipped())
-    summ = summary(rows)
-    fitted = fit(load_figures("kernels")["fit_grid"].value)
-    write_csv(out_dir / "gemms.csv", rows)
-    write_csv(out_dir / "summary.csv", summ)
-    plot(rows, out_dir / "throughput.png")
-    here = kernels_here.all_rows()
-    here_summ = kernels_here.summary(here)
-    for kind, name in kernels_here.FILES.items():
-        write_csv(out_dir / name, here[kind])
-    provenance, raw = kernels_here.raw()
-    here["layer"] = kernels_here.layer_rows(raw)
-    write_csv(out_dir / kernels_here.LAYER_FILE, here["layer"])
-    from .kernels_report import here_md  # noqa: PLC0415
-    (out_dir / "README.md").write_text("\n".join(
-        markdown(rows, summ, fitted) + here_md(here, here_summ, provenance, raw)) + "\n")
-    sys.stdout.write("\n".join(md_table(list(summ[0]), [list(r.values()) for r in summ]))
-                     + f"\nwrote {out_dir}/README.md, gemms.csv, summary.csv, throughput.png, "
-                     f"{', '.join(kernels_here.FILES.values())}, {kernels_here.LAYER_FILE}\n")
-    return 0
-
-

@@ -43,6 +43,18 @@ def packaged_csv(name: str) -> tuple[str, list[dict[str, str]]]:
     return "; ".join(head), list(csv.DictReader(io.StringIO(body)))
 
 
+def measurements() -> dict[tuple[str, str, int, int, int, int], dict[str, str]]:
+    """The published grid (`kernels_measured.csv`) by (gpu, dtype, M, N, K, batch)."""
+    text = (resources.files("mpiemu.studies") / "kernels_measured.csv").read_text()
+    rows = read_csv_text(text)
+    return {(r["gpu"], r["dtype"], int(r["m"]), int(r["n"]), int(r["k"]), int(r["batch"])): r
+            for r in rows}
+
+
+def read_csv_text(text: str) -> list[dict[str, str]]:
+    return list(csv.DictReader(io.StringIO(text)))
+
+
 def raw() -> tuple[str, list[dict[str, str]]]:
     """(the provenance lines, the rows) of the kernels measured here."""
     return packaged_csv("kernels_h100_here.csv")
@@ -156,7 +168,6 @@ def flash_rows(rows: list[dict[str, str]]) -> list[Row]:
 def published_vs_here(rows: list[dict[str, str]]) -> list[Row]:
     """The published H100 grid re-measured here: how far two measurements of one shape
     can sit apart (method: L2-warm CUDA-graph replay here)."""
-    from .kernels import measurements  # noqa: PLC0415
     pub = measurements()
     out = []
     for r in rows:

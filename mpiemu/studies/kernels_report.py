@@ -1,10 +1,17 @@
-"""README of the kernels study (`kernels.py` computes it); every number generated."""
+"""`mpiemu report kernels`: `main`, README and plot of the kernels study (`kernels.py` and
+`kernels_here.py` compute the rows); every number generated."""
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Iterable
 
 from ..devices.presets import all_quantities, read_preset
-from .common import Row, load_figures, md_table, signed_pct
+from . import kernels, kernels_here
+from .common import Row, load_figures, md_table, plt, signed_pct, write_csv
+from .kernels import fit, rows_for, shipped, summary
+from .kernels_here import packaged_csv
 
 HEAD = ["GPU", "dtype", "M x N x K", "used by", "set", "ours TFLOPS", "published", "error",
         "tile, split-K", "source"]
@@ -56,8 +63,15 @@ def _odd_shapes(rows: list[Row]) -> list[str]:
     return out
 
 
-def markdown(rows: list[Row], summ: list[Row], fitted: tuple[float, float, float, float],
-             fmt: Callable[[Iterable[Row]], list[list[Any]]]) -> list[str]:
+def _fmt_rows(rows: Iterable[Row]) -> list[list[Any]]:
+    return [[r["gpu"], r["dtype"], f"{r['m']}x{r['n']}x{r['k']}" + (f" b{r['batch']}"
+             if r["batch"] > 1 else ""), r["used_by"], r["set"], f"{r['ours_tflops']:.1f}",
+             f"{r['measured_tflops']:.1f}", f"{100 * r['error']:+.1f}%",
+             f"{r['tile']} s{r['split_k']}", r["source"]] for r in rows]
+
+
+def markdown(rows: list[Row], summ: list[Row], fitted: tuple[float, float, float, float]
+             ) -> list[str]:
     fig = load_figures("kernels")
     tol = float(fig["acceptance_geomean"])
     judged = next(r for r in summ if r["gpu"] == "all")
@@ -106,7 +120,7 @@ def markdown(rows: list[Row], summ: list[Row], fitted: tuple[float, float, float
         "in L2). The cheapest tile / split is taken, as cuBLAS's heuristic intends. The "
         "layout (NN forward, NT activation gradient, TN weight gradient) only decides which "
         "dimension is M and which N.", "",
-        "## Every row", "", *md_table(HEAD, fmt(rows)), "",
+        "## Every row", "", *md_table(HEAD, _fmt_rows(rows)), "",
         "## Where we differ, and why", "",
         "- **tf32 on H100** is over-predicted at mid sizes: the preset uses the bf16 "
         "efficiency for every tensor-core precision; the measured tf32 rate falls further "
@@ -134,7 +148,6 @@ def _span(xs: list[float]) -> str:
 def _layernorm_md() -> list[str]:
     """Megatron-LM's LayerNorm forward over rows x width (kernels_h100_layernorm_grid.csv):
     GB/s of its minimum traffic (read x, write y), measured, not modelled."""
-    from .kernels_here import packaged_csv  # noqa: PLC0415
     rows = [r for r in packaged_csv("kernels_h100_layernorm_grid.csv")[1]
             if (r["group"], r["op"]) == ("megatron", "fwd")]
     dims = [tuple(int(x) for x in r["shape"].split("x")) for r in rows]
@@ -297,3 +310,53 @@ def here_md(t: dict[str, list[Row]], summ: list[Row], provenance: str,
         "launch gap, which the published tables' methods do not share; the large shapes "
         "agree. The published rows stay the judged set above.", "",
     ]
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    pyplot = plt()
+    fig, ax = pyplot.subplots(figsize=(6.5, 6))
+    for (gpu, s), mark in zip([(g, s) for g in ("a100-sxm4-80gb", "h100-sxm5")
+                               for s in ("calibrate", "judge")], "s^oD"):
+        sel = [r for r in rows if (r["gpu"], r["set"]) == (gpu, s)]
+        ax.scatter([r["measured_tflops"] for r in sel], [r["ours_tflops"] for r in sel],
+                   marker=mark, label=f"{gpu} ({s})", alpha=0.8)
+    top = max(max(r["measured_tflops"], r["ours_tflops"]) for r in rows) * 1.05
+    ax.plot([0, top], [0, top], color="black", lw=0.8)
+    for f in (0.9, 1.1):
+        ax.plot([0, top], [0, f * top], color="gray", lw=0.5, ls=":")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("published TFLOPS")
+    ax.set_ylabel("emulated TFLOPS (mpiemu GEMM model)")
+    ax.set_title("GEMM throughput: ours vs published (dotted: +-10%)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot.close(fig)
+
+
+def main(out_dir: Path, argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="mpiemu report kernels", description=kernels.__doc__)
+    ap.add_argument("--out", type=Path, help="output directory")
+    args = ap.parse_args(argv)
+    out_dir = args.out or out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = rows_for(shipped())
+    summ = summary(rows)
+    fitted = fit(load_figures("kernels")["fit_grid"].value)
+    write_csv(out_dir / "gemms.csv", rows)
+    write_csv(out_dir / "summary.csv", summ)
+    plot(rows, out_dir / "throughput.png")
+    here = kernels_here.all_rows()
+    here_summ = kernels_here.summary(here)
+    for kind, name in kernels_here.FILES.items():
+        write_csv(out_dir / name, here[kind])
+    provenance, raw = kernels_here.raw()
+    here["layer"] = kernels_here.layer_rows(raw)
+    write_csv(out_dir / kernels_here.LAYER_FILE, here["layer"])
+    (out_dir / "README.md").write_text("\n".join(
+        markdown(rows, summ, fitted) + here_md(here, here_summ, provenance, raw)) + "\n")
+    sys.stdout.write("\n".join(md_table(list(summ[0]), [list(r.values()) for r in summ]))
+                     + f"\nwrote {out_dir}/README.md, gemms.csv, summary.csv, throughput.png, "
+                     f"{', '.join(kernels_here.FILES.values())}, {kernels_here.LAYER_FILE}\n")
+    return 0

@@ -15,7 +15,6 @@ ones every other study uses. Golden test: the first and last layer rows (8 ranks
 """
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import runs as launch
-from .common import ROOT, Golden, Row, load_figures, read_csv, write_csv
+from .common import ROOT, Golden, Row, load_figures, read_csv
 
 WORKLOADS = ROOT / "workloads"
 MEASURED = Path(__file__).with_name("megatron_measured.csv")
@@ -159,29 +158,3 @@ def golden() -> list[Golden]:
     with tempfile.TemporaryDirectory(prefix="mpiemu-megatron-") as tmp:
         rows = layer_rows(Path(tmp), keep)
     return [Golden("layers.csv", rows, lambda r: r["run"] in keep)]
-
-
-def main(out_dir: Path, argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="mpiemu report megatron", description=__doc__)
-    ap.add_argument("--out", type=Path, help="output directory (as `mpiemu report --out`)")
-    ap.add_argument("--keep-runs", type=Path, help="keep the run directories here")
-    ap.add_argument("--reuse", action="store_true",
-                    help="with --keep-runs: take complete runs already there instead of "
-                         "running them again (they must come from this code and config)")
-    ap.add_argument("--skip-175b", action="store_true",
-                    help="leave out the runs of more than 8 GPUs (175B, 530B: the slow part)")
-    args = ap.parse_args([a for a in argv if a != "--"])
-    out_dir = args.out or out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fig = load_figures("megatron")
-    labels = tuple(c["label"] for c in fig["iteration_runs"].value
-                   if not (args.skip_175b and c["ranks"] > 8))
-    with tempfile.TemporaryDirectory(prefix="mpiemu-megatron-") as tmp:
-        runs = args.keep_runs or Path(tmp)
-        lay, its = layer_rows(runs, reuse=args.reuse), iteration_rows(runs, labels, args.reuse)
-    write_csv(out_dir / "layers.csv", lay)
-    write_csv(out_dir / "iterations.csv", its)
-    from .megatron_report import markdown  # noqa: PLC0415
-    (out_dir / "README.md").write_text("\n".join(markdown(lay, its)) + "\n")
-    print(f"wrote {out_dir}/README.md and CSV beside it")
-    return 0

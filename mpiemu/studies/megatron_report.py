@@ -1,11 +1,17 @@
-"""Markdown of `mpiemu report megatron` (every number generated from the rows)."""
+"""`main` and Markdown of `mpiemu report megatron` (`megatron.py` runs it; every number
+generated from the rows)."""
 from __future__ import annotations
 
+import argparse
+import tempfile
 import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
-from .common import ROOT, Row, geomean, load_figures, md_table, pct, read_csv, signed_pct
+from . import megatron
+from .common import (ROOT, Row, geomean, load_figures, md_table, pct, read_csv, signed_pct,
+                     write_csv)
+from .megatron import iteration_rows, layer_rows
 
 if TYPE_CHECKING:
     from ..config.workload import Workload
@@ -256,3 +262,28 @@ def _overlap_note() -> str:
 
 def _p(x: float | None) -> str:
     return pct(x) if x is not None else "-"
+
+
+def main(out_dir: Path, argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="mpiemu report megatron", description=megatron.__doc__)
+    ap.add_argument("--out", type=Path, help="output directory (as `mpiemu report --out`)")
+    ap.add_argument("--keep-runs", type=Path, help="keep the run directories here")
+    ap.add_argument("--reuse", action="store_true",
+                    help="with --keep-runs: take complete runs already there instead of "
+                         "running them again (they must come from this code and config)")
+    ap.add_argument("--skip-175b", action="store_true",
+                    help="leave out the runs of more than 8 GPUs (175B, 530B: the slow part)")
+    args = ap.parse_args([a for a in argv if a != "--"])
+    out_dir = args.out or out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig = load_figures("megatron")
+    labels = tuple(c["label"] for c in fig["iteration_runs"].value
+                   if not (args.skip_175b and c["ranks"] > 8))
+    with tempfile.TemporaryDirectory(prefix="mpiemu-megatron-") as tmp:
+        runs = args.keep_runs or Path(tmp)
+        lay, its = layer_rows(runs, reuse=args.reuse), iteration_rows(runs, labels, args.reuse)
+    write_csv(out_dir / "layers.csv", lay)
+    write_csv(out_dir / "iterations.csv", its)
+    (out_dir / "README.md").write_text("\n".join(markdown(lay, its)) + "\n")
+    print(f"wrote {out_dir}/README.md and CSV beside it")
+    return 0

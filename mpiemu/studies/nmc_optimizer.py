@@ -12,11 +12,9 @@ Golden test: `updates.csv` in full and the Ph1-B32-FP32 rows of `e2e.csv` (two r
 """
 from __future__ import annotations
 
-import argparse
 import math
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from ..devices.caps import set_path
 from ..devices.nmc import (Access, NmcUpdate, gpu_update_s, nmc_update, update_accesses,
@@ -24,9 +22,9 @@ from ..devices.nmc import (Access, NmcUpdate, gpu_update_s, nmc_update, update_a
 from ..devices.presets import load_device
 from ..devices.specs import DeviceSpec, dtype_bytes
 from ..model.presets import load_model_preset
-from ..model.shard import local_params
+from ..model.tensor_parallel import local_params
 from . import runs as launch
-from .common import ROOT, Golden, Row, load_figures, write_csv
+from .common import ROOT, Golden, Row, load_figures
 
 WORKLOAD = ROOT / "workloads" / "bert-large-mi100.toml"
 
@@ -115,48 +113,3 @@ def golden() -> list[Golden]:
         e2e = e2e_rows(Path(tmp), ("Ph1-B32-FP32",))
     return [Golden("updates.csv", update_rows()),
             Golden("e2e.csv", e2e, lambda r: r["run"] == "Ph1-B32-FP32")]
-
-
-def main(out_dir: Path, argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="mpiemu report nmc_optimizer", description=__doc__)
-    ap.add_argument("--out", type=Path, help="output directory (as `mpiemu report --out`)")
-    ap.add_argument("--keep-runs", type=Path, help="keep the run directories here")
-    args = ap.parse_args([a for a in argv if a != "--"])
-    out_dir = args.out or out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    upd = update_rows()
-    with tempfile.TemporaryDirectory(prefix="mpiemu-nmc-") as tmp:
-        e2e = e2e_rows(args.keep_runs or Path(tmp))
-    write_csv(out_dir / "updates.csv", upd)
-    write_csv(out_dir / "e2e.csv", e2e)
-    plot(upd, out_dir / "speedup.png")
-    from .nmc_optimizer_report import markdown  # noqa: PLC0415
-    (out_dir / "README.md").write_text("\n".join(markdown(upd, e2e)) + "\n")
-    print(f"wrote {out_dir}/README.md and CSV/PNG beside it")
-    return 0
-
-
-def plot(rows: list[Row], path: Path) -> None:
-    """NMC speedup over the GPU vs temporary-storage size, the thesis's points marked."""
-    from .common import plt  # noqa: PLC0415
-    pyplot, fig_ = plt(), load_figures("nmc_optimizer")
-    fig, ax = pyplot.subplots(figsize=(7, 4.2))
-    base: Any = min(r["ts_bytes"] for r in rows) / min(fig_["ts_scales"].value)
-    for (model, opt), style in zip(sorted({(r["model"], r["optimizer"]) for r in rows}),
-                                   ("o-", "s--", "^-", "v--")):
-        for util, color in ((1.0, "tab:blue"), (0.8, "tab:orange")):
-            pts = [r for r in rows if (r["model"], r["optimizer"], r["gpu_util"])
-                   == (model, opt, util)]
-            ax.plot([r["ts_bytes"] for r in pts], [r["speedup"] for r in pts], style,
-                    color=color, ms=4, label=f"{model} {opt}, GPU at {util:.0%}")
-    ax.plot([base], [float(fig_["speedup_ideal"])], "k*", ms=12, label="thesis: ideal GPU")
-    ax.plot([4 * base] * 2, fig_["speedup_ts4"].value, "kx", ms=9, label="thesis: 4x TS")
-    ax.plot([4 * base] * 2, fig_["speedup_gpu80"].value, "k+", ms=11,
-            label="thesis: 4x TS, GPU at 80%")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("NMC temporary storage per bank (bytes)")
-    ax.set_ylabel("update speedup of NMC over the GPU")
-    ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    pyplot.close(fig)

@@ -1,11 +1,16 @@
-"""README of `mpiemu report nmc_optimizer`: every number from the rows, the data file or the
-preset (no number typed here)."""
+"""`main`, README and plot of `mpiemu report nmc_optimizer` (`nmc_optimizer.py` computes the
+rows): every number from the rows, the data file or the preset (no number typed here)."""
 from __future__ import annotations
 
+import argparse
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from ..devices.presets import load_device
-from .common import Row, load_figures, md_table, pct, signed_pct
+from . import nmc_optimizer
+from .common import Row, load_figures, md_table, pct, plt, signed_pct, write_csv
+from .nmc_optimizer import e2e_rows, update_rows
 
 
 def _pick(rows: list[Row], model: str, opt: str, scale_ts: float, util: float) -> Row:
@@ -151,3 +156,47 @@ def markdown(rows: list[Row], e2e: list[Row]) -> list[str]:
         "mpiemu compare runs/bert-gpu runs/bert-nmc",
         "```",
     ]
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    """NMC speedup over the GPU vs temporary-storage size, the thesis's points marked."""
+    pyplot, fig_ = plt(), load_figures("nmc_optimizer")
+    fig, ax = pyplot.subplots(figsize=(7, 4.2))
+    base: Any = min(r["ts_bytes"] for r in rows) / min(fig_["ts_scales"].value)
+    for (model, opt), style in zip(sorted({(r["model"], r["optimizer"]) for r in rows}),
+                                   ("o-", "s--", "^-", "v--")):
+        for util, color in ((1.0, "tab:blue"), (0.8, "tab:orange")):
+            pts = [r for r in rows if (r["model"], r["optimizer"], r["gpu_util"])
+                   == (model, opt, util)]
+            ax.plot([r["ts_bytes"] for r in pts], [r["speedup"] for r in pts], style,
+                    color=color, ms=4, label=f"{model} {opt}, GPU at {util:.0%}")
+    ax.plot([base], [float(fig_["speedup_ideal"])], "k*", ms=12, label="thesis: ideal GPU")
+    ax.plot([4 * base] * 2, fig_["speedup_ts4"].value, "kx", ms=9, label="thesis: 4x TS")
+    ax.plot([4 * base] * 2, fig_["speedup_gpu80"].value, "k+", ms=11,
+            label="thesis: 4x TS, GPU at 80%")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("NMC temporary storage per bank (bytes)")
+    ax.set_ylabel("update speedup of NMC over the GPU")
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot.close(fig)
+
+
+def main(out_dir: Path, argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="mpiemu report nmc_optimizer",
+                                 description=nmc_optimizer.__doc__)
+    ap.add_argument("--out", type=Path, help="output directory (as `mpiemu report --out`)")
+    ap.add_argument("--keep-runs", type=Path, help="keep the run directories here")
+    args = ap.parse_args([a for a in argv if a != "--"])
+    out_dir = args.out or out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    upd = update_rows()
+    with tempfile.TemporaryDirectory(prefix="mpiemu-nmc-") as tmp:
+        e2e = e2e_rows(args.keep_runs or Path(tmp))
+    write_csv(out_dir / "updates.csv", upd)
+    write_csv(out_dir / "e2e.csv", e2e)
+    plot(upd, out_dir / "speedup.png")
+    (out_dir / "README.md").write_text("\n".join(markdown(upd, e2e)) + "\n")
+    print(f"wrote {out_dir}/README.md and CSV/PNG beside it")
+    return 0

@@ -9,11 +9,8 @@ golden test regenerates every CSV. Setups and the seed's figures: `softmax.toml`
 """
 from __future__ import annotations
 
-import argparse
-import sys
 from collections import defaultdict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..devices import attention_gpu as ag
@@ -22,7 +19,7 @@ from ..devices.cost import GpuCost
 from ..devices.presets import load_device
 from ..devices.specs import DeviceSpec
 from ..devices.specs import dtype_bytes
-from .common import Golden, Row, load_figures, write_csv
+from .common import Golden, Row, load_figures
 
 VARIANTS = ("baseline", "sd", "sdf", "flash")
 GROUPS = ("projection GEMMs", "attention GEMMs", "softmax", "flash", "other")
@@ -198,24 +195,4 @@ def golden() -> list[Golden]:
             Golden("seed.csv", seed_rows(rows))]
 
 
-def main(out_dir: Path, argv: list[str]) -> int:
-    from .softmax_report import markdown, plot  # noqa: PLC0415
-    ap = argparse.ArgumentParser(prog="mpiemu report softmax", description=__doc__)
-    ap.add_argument("--out", type=Path, help="output directory")
-    args = ap.parse_args(argv)
-    out_dir = args.out or out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rows, krows = variant_rows(), kernel_rows()
-    seed = seed_rows(rows)
-    write_csv(out_dir / "variants.csv", rows)
-    write_csv(out_dir / "kernels.csv", krows)
-    write_csv(out_dir / "seed.csv", seed)
-    plot(rows, out_dir / "time.png")
-    (out_dir / "README.md").write_text("\n".join(markdown(rows, krows, seed)) + "\n")
-    ok = all(r["within"] for r in seed if r["required"])
-    sys.stdout.write(f"wrote {out_dir}/README.md, variants.csv, kernels.csv, seed.csv, "
-                     f"time.png; acceptance {'met' if ok else 'NOT met'}\n")
-    return 0
-
-
-__all__: list[Any] = ["main", "golden", "variant_rows", "seed_rows"]
+__all__: list[Any] = ["golden", "variant_rows", "seed_rows"]

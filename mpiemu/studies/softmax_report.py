@@ -1,12 +1,16 @@
-"""README and plot of the softmax study (`softmax.py` computes it); every number generated."""
+"""`mpiemu report softmax`: `main`, README and plot of the softmax study (`softmax.py` computes
+the rows); every number generated."""
 from __future__ import annotations
 
+import argparse
+import sys
 from collections import defaultdict
 from pathlib import Path
 
 from ..devices.presets import all_quantities, read_preset
-from .common import Row, load_figures, md_table, plt
-from .softmax import VARIANTS, device, nets
+from . import softmax
+from .common import Row, load_figures, md_table, plt, write_csv
+from .softmax import VARIANTS, device, kernel_rows, nets, seed_rows, variant_rows
 
 
 def plot(rows: list[Row], path: Path) -> None:
@@ -220,3 +224,22 @@ def markdown(rows: list[Row], krows: list[Row], seed: list[Row]) -> list[str]:
         "## Parameters (presets)", "", *_presets_md(), "",
         "Regenerate: `mpiemu report softmax`.",
     ]
+
+
+def main(out_dir: Path, argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="mpiemu report softmax", description=softmax.__doc__)
+    ap.add_argument("--out", type=Path, help="output directory")
+    args = ap.parse_args(argv)
+    out_dir = args.out or out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows, krows = variant_rows(), kernel_rows()
+    seed = seed_rows(rows)
+    write_csv(out_dir / "variants.csv", rows)
+    write_csv(out_dir / "kernels.csv", krows)
+    write_csv(out_dir / "seed.csv", seed)
+    plot(rows, out_dir / "time.png")
+    (out_dir / "README.md").write_text("\n".join(markdown(rows, krows, seed)) + "\n")
+    ok = all(r["within"] for r in seed if r["required"])
+    sys.stdout.write(f"wrote {out_dir}/README.md, variants.csv, kernels.csv, seed.csv, "
+                     f"time.png; acceptance {'met' if ok else 'NOT met'}\n")
+    return 0

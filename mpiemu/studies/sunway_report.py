@@ -1,10 +1,18 @@
-"""README of the Sunway study (`sunway.py` runs it): ours beside SWA / SWF, numbers generated."""
+"""`mpiemu report sunway`: `main`, README and plots of the Sunway study (rows from
+`sunway_rows.py`, the trace from `sunway.py`): ours beside SWA / SWF, numbers generated."""
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
 from typing import Any
 
+from ..devices.presets import load_device
 from ..devices.sunway import SunwayCost
-from .sunway_rows import B, FIG, GPT3, N
+from ..devices.sunway.schedule import Schedule
+from .common import write_csv
+from .sunway import write_trace
+from .sunway_rows import (B, FIG, GPT3, N, SEQS, attention_rows, fusion_rows, layer_schedules,
+                          memory_rows, schedule_rows, seed_rows)
 
 Rows = list[dict[str, Any]]
 
@@ -158,3 +166,90 @@ def markdown(m: SunwayCost, att: Rows, seed: Rows, sched: Rows, fus: Rows,
         "`attention.csv` (section 2), `seed.csv` (section 1), `schedule.csv` and `fusion.csv` "
         "(section 4), `speedup.png`, `schedule.png`, `trace/`.",
     ]
+
+
+# --- plots --------------------------------------------------------------------------------------
+PAPER_MEANS = {("fp32", "fwd"): ("fp32_fwd_speedup", (SEQS[0], SEQS[3])),
+               ("fp32", "bwd"): ("fp32_bwd_speedup", (SEQS[0], SEQS[3])),
+               ("fp16", "fwd"): ("fp16_fwd_speedup", (SEQS[2], SEQS[3]))}
+
+
+def plot_speedups(rows: list[dict[str, Any]], path: Path) -> None:
+    """Speedup of SWattention over standard attention vs S; the seed's means dashed."""
+    import matplotlib  # noqa: PLC0415
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharex=True)
+    for ax, (dtype, p) in zip(axes.flat, [("fp32", "fwd"), ("fp32", "bwd"), ("fp16", "fwd"),
+                                          ("fp16", "bwd")]):
+        for h, color in ((64, "tab:blue"), (128, "tab:orange")):
+            pts = [r for r in rows if (r["dtype"], r["pass_"], r["H"]) == (dtype, p, h)]
+            ok = [r for r in pts if r["speedup"] is not None]
+            ax.plot([r["S"] for r in ok], [r["speedup"] for r in ok], "o-", color=color,
+                    label=f"ours H={h}")
+            for r in pts:
+                if r["speedup"] is None:
+                    ax.annotate("OOM", (r["S"], 1.0), color=color, ha="center")
+            if (dtype, p) in PAPER_MEANS:
+                name, (lo, hi) = PAPER_MEANS[(dtype, p)]
+                ax.hlines(FIG[name].value[f"h{h}"], lo, hi, colors=color, linestyles="dashed",
+                          label=f"SWA mean H={h}")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{dtype} {p}, B=3 N=8")
+        ax.set_ylabel("speedup over standard")
+        ax.axhline(1.0, color="grey", lw=0.5)
+        ax.legend(fontsize=7)
+    for ax in axes[1]:
+        ax.set_xlabel("sequence length S")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_schedule(scheds: dict[str, Schedule], path: Path) -> None:
+    """Which op ran on which CG: intra-op vs KA for the GPT-3 6.7B-like backward layer."""
+    import matplotlib  # noqa: PLC0415
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+    names = sorted({s.op for sc in scheds.values() for s in sc.segments})
+    cmap = plt.get_cmap("tab20")
+    color = {n: cmap(i % 20) for i, n in enumerate(names)}
+    pols = [p for p in ("intra", "ka") if p in scheds]
+    fig, axes = plt.subplots(len(pols), 1, figsize=(11, 2.2 * len(pols)), sharex=True)
+    for ax, pol in zip(axes, pols):
+        for seg in scheds[pol].segments:
+            ax.broken_barh([(seg.start * 1e3, (seg.end - seg.start) * 1e3)], (seg.cg - 0.4, 0.8),
+                           color=color[seg.op])
+        ax.set_yticks(range(6), [f"cg{c}" for c in range(6)])
+        ax.set_title(f"{pol}: makespan {scheds[pol].makespan * 1e3:.1f} ms", fontsize=9)
+    axes[-1].set_xlabel("emulated ms")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=color[n]) for n in names]
+    fig.legend(handles, names, loc="upper right", fontsize=6, ncol=2)
+    fig.tight_layout(rect=(0, 0, 0.86, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(out_dir: Path, argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="mpiemu report sunway")
+    ap.add_argument("--quick", action="store_true", help="S up to 4k only (for tests)")
+    ap.add_argument("--out", type=Path, help="output directory (as `mpiemu report --out`)")
+    args = ap.parse_args([a for a in argv if a != "--"])
+    out_dir = args.out or out_dir
+    m = SunwayCost(load_device("sw26010pro"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    seqs = SEQS[:3] if args.quick else SEQS
+    att = attention_rows(m, seqs)
+    seed = seed_rows(m, att) if not args.quick else []
+    sched, fus, mem = schedule_rows(m), fusion_rows(m), memory_rows(m)
+    write_csv(out_dir / "attention.csv", att)
+    if seed:
+        write_csv(out_dir / "seed.csv", seed)
+    write_csv(out_dir / "schedule.csv", sched)
+    write_csv(out_dir / "fusion.csv", fus)
+    write_trace(m, out_dir)
+    plot_speedups(att, out_dir / "speedup.png")
+    plot_schedule(layer_schedules(m, 4, "bwd", coarse=True)[1], out_dir / "schedule.png")
+    (out_dir / "README.md").write_text("\n".join(markdown(m, att, seed, sched, fus, mem)) + "\n")
+    print(f"wrote {out_dir}/README.md and CSV/PNG beside it")
+    return 0

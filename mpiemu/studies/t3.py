@@ -16,7 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from . import runs as launch
-from .common import ROOT, Golden, Row, geomean, load_figures, write_csv
+from .common import ROOT, Golden, Row, geomean, load_figures
 
 ORDER = ("ideal", "ideal+nmc", "sw-overlap(16)", "sw-overlap(8)", "t3", "t3-mca")
 COMPARED = ("ideal", "t3", "t3-mca")         # strategies the thesis gives geomean / max for
@@ -30,7 +30,7 @@ def thesis() -> dict[str, tuple[float, float]]:
     return {s: (float(f[f"{s}_geomean"]), float(f[f"{s}_max"])) for s in COMPARED}
 
 
-def _args(argv: list[str]) -> argparse.Namespace:
+def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="mpiemu report t3", description=__doc__)
     p.add_argument("--tp", type=int, nargs="+", default=[8, 16])
     p.add_argument("--workload", default=str(ROOT / "workloads" / "t3_sublayers.toml"))
@@ -120,25 +120,5 @@ def sweep(args: argparse.Namespace) -> list[Row]:
 
 def golden() -> list[Golden]:
     """The tp=8 half of the sweep (8 ranks, timing only) against the committed tp=8 rows."""
-    rows = sweep(_args(["--tp", "8"]))
+    rows = sweep(parse_args(["--tp", "8"]))
     return [Golden("sublayers.csv", rows, lambda r: r["tp"] == "8")]
-
-
-def main(out_dir: Path, argv: list[str]) -> int:
-    """Run the sweeps, write the report; returns a process exit code."""
-    from .t3_report import markdown, plot_dram, plot_speedups  # noqa: PLC0415
-    args = _args(argv)
-    out_dir = Path(args.out) if args.out else out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rows = sweep(args)
-    summ = summarize(rows)
-    write_csv(out_dir / "sublayers.csv", rows)
-    write_csv(out_dir / "summary.csv", summary_rows(summ))
-    plot_speedups(rows, out_dir / "speedup.png")
-    plot_dram(rows, out_dir / "dram.png")
-    (out_dir / "README.md").write_text("\n".join(markdown(rows, summ, args.tp)) + "\n")
-    from .t3_report import summary_table  # noqa: PLC0415
-    sys.stdout.write("\n".join(summary_table(summ) + [""] + acceptance(summ)) + "\n")
-    sys.stdout.write(f"wrote {out_dir}/README.md, sublayers.csv, summary.csv, speedup.png, "
-                     "dram.png\n")
-    return 0

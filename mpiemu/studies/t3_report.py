@@ -1,13 +1,16 @@
-"""README and plots of the T3 study (`t3.py` runs it); every thesis number from `t3.toml`."""
+"""`mpiemu report t3`: `main`, README and plots of the T3 study (`t3.py` runs the sweeps);
+every thesis number from `t3.toml`."""
 from __future__ import annotations
 
 import math
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from .common import Row, geomean, load_figures, plt, signed_pct
-from .t3 import COMPARED, DRAM_KEYS, ORDER, acceptance, cases, thesis
+from .common import Row, geomean, load_figures, plt, signed_pct, write_csv
+from .t3 import (COMPARED, DRAM_KEYS, ORDER, parse_args, acceptance, cases, summarize, summary_rows,
+                 sweep, thesis)
 
 
 def summary_table(summ: dict[str, dict[str, float]]) -> list[str]:
@@ -295,4 +298,22 @@ def balance_note(rows: list[Row], fig: Any) -> list[str]:
             " for every GEMM cannot make both GEMM/RS ratios match; we do not tune it per case."]
 
 
-__all__ = ["COMPARED", "markdown", "plot_dram", "plot_speedups", "summary_table"]
+def main(out_dir: Path, argv: list[str]) -> int:
+    """Run the sweeps, write the report; returns a process exit code."""
+    args = parse_args(argv)
+    out_dir = Path(args.out) if args.out else out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = sweep(args)
+    summ = summarize(rows)
+    write_csv(out_dir / "sublayers.csv", rows)
+    write_csv(out_dir / "summary.csv", summary_rows(summ))
+    plot_speedups(rows, out_dir / "speedup.png")
+    plot_dram(rows, out_dir / "dram.png")
+    (out_dir / "README.md").write_text("\n".join(markdown(rows, summ, args.tp)) + "\n")
+    sys.stdout.write("\n".join(summary_table(summ) + [""] + acceptance(summ)) + "\n")
+    sys.stdout.write(f"wrote {out_dir}/README.md, sublayers.csv, summary.csv, speedup.png, "
+                     "dram.png\n")
+    return 0
+
+
+__all__ = ["COMPARED", "main", "markdown", "plot_dram", "plot_speedups", "summary_table"]

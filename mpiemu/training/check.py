@@ -15,7 +15,7 @@ from mpi4py import MPI
 from ..model.config import ModelConfig
 from .config import OptimizerConfig
 from .reference import Reference
-from ..model.shard import shard_params
+from ..model.tensor_parallel import shard_params
 
 
 @dataclass(frozen=True)

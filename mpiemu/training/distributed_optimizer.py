@@ -3,10 +3,11 @@ DistributedOptimizer): each DP rank holds the fp32 master weights and Adam state
 contiguous share of every gradient bucket, updates only that share and all-gathers the
 parameters afterwards.
 
-The buckets were reduce-scattered during backward (`buckets.GradBuckets(shard=True)`), so a
+The buckets were reduce-scattered during backward (`data_parallel.GradBuckets(shard=True)`), so a
 rank starts with its share's summed gradients. The global gradient norm is summed over the
 whole job (DP shares are disjoint; replicated tensors count on TP rank 0, the tied table on
-the first stage), by the optimizer's own `norm_of`; Adam's arithmetic is `adam.adam_direction`. The parameter all-gathers run on the DP links after the update; with
+the first stage), by the optimizer's own `norm_of`; Adam's arithmetic is
+`adam.adam_direction`. The parameter all-gathers run on the DP links after the update; with
 `overlap_param_gather` nothing waits for them there: the next forward of a layer waits for
 its bucket's gather instead (Megatron-LM --overlap-param-gather).
 """
@@ -17,13 +18,13 @@ from typing import Any, Callable
 import numpy as np
 
 from ..comm.collectives import all_gather
-from .buckets import BucketShard, GradBuckets
+from .data_parallel import BucketShard, GradBuckets
 from .config import OptimizerConfig
 from ..model.executor import Executor
 from ..model.layers import Params
 from .adam import (adam_cost, adam_direction, charge_passes, clip_coeff,
                    mixed_precision_passes)
-from ..model.shard import LocalParam
+from ..model.tensor_parallel import LocalParam
 
 
 def _masked_sq(g: Any, mask: np.ndarray) -> float:
@@ -34,10 +35,10 @@ def _masked_sq(g: Any, mask: np.ndarray) -> float:
 class DistributedAdam:
     """Adam on this DP rank's shares of the gradient buckets (numerics and charges)."""
 
-    def __init__(self, opt: OptimizerConfig, specs: list[LocalParam], eng: Executor,
+    def __init__(self, opt: OptimizerConfig, specs: list[LocalParam], ex: Executor,
                  buckets: GradBuckets, norm_of: Callable[[np.ndarray | None, int], float],
                  counted: Callable[[LocalParam], bool]) -> None:
-        self.opt, self.E, self.buckets, self.norm_of = opt, eng, buckets, norm_of
+        self.opt, self.E, self.buckets, self.norm_of = opt, ex, buckets, norm_of
         self.by_name = {lp.name: lp for lp in specs}
         self.counted = counted
         self.steps = 0

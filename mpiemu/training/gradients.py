@@ -2,12 +2,13 @@
 that end the step.
 
 Each micro-batch's gradient of a parameter reaches Megatron's `main_grad` buffer through its
-hook (`grad_buffer`); after the last micro-batch it joins the DP buckets (`buckets`), which
-reduce while backward goes on (Megatron: no_sync for the other micro-batches). Gradients
-reduced elsewhere first join the buckets at the step's end: under sequence parallelism those
-of parameters that saw only the rank's sequence rows (all-reduced over TP), and with pp > 1
-the tied embedding's (all-reduced between the first and last stage). With the distributed
-optimizer's overlapped parameter gather, a forward waits for its layer's parameters here.
+hook (`grad_buffer`); after the last micro-batch it joins the DP buckets (`data_parallel`),
+which reduce while backward goes on (Megatron: no_sync for the other micro-batches).
+Gradients reduced elsewhere first join the buckets at the step's end: under sequence
+parallelism those of parameters that saw only the rank's sequence rows (all-reduced over
+TP), and with pp > 1 the tied embedding's (all-reduced between the first and last stage).
+With the distributed optimizer's overlapped parameter gather, a forward waits for its
+layer's parameters here.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from ..model.executor import Executor
 from ..model.ops import Cost
 from ..model.stage import StageModel
 from ..sim.timeline import SimTime
-from .buckets import GradBuckets
+from .data_parallel import GradBuckets
 from .grad_buffer import GradBuffer
 
 
@@ -35,7 +36,7 @@ class StageGradients:
         self.model, self.E, self.embed, self.grad_buffer = model, ex, embed, grad_buffer
         # gradients travel in the dtype they are kept in: Megatron's buffer's, else the model's
         self.grad_bytes = ex.e if grad_buffer is None else grad_buffer.main
-        # Megatron's averaging over DP (`buckets`): per bucket (core), or the whole buffer
+        # Megatron's averaging over DP (`data_parallel`): per bucket (core), or the whole buffer
         # once after backward, then reduced in one call (local)
         scaled = grad_buffer is not None
         self.scale_whole_buffer = scaled and ddp == "local"
@@ -100,7 +101,7 @@ class StageGradients:
 
     def _scale(self, label: str, count: int) -> SimTime:
         """Gradients in Megatron's buffer divided by the DP size in place (read and write
-        `count` elements, `buckets`); cost only: the loss is already the global mean."""
+        `count` elements, `data_parallel`); cost only: the loss is already the global mean."""
         main = self.grad_bytes
         self.E.kernel(label, Cost(count, count * main, count * main))
         return self.E.t

@@ -20,7 +20,7 @@ from ..model.ops import MASK_BYTES, STAT_BYTES
 from .optimizer import state_bytes_per_param
 from ..model.pipeline_schedules import order
 from ..model.stage import edge_names
-from ..model.shard import local_params
+from ..model.tensor_parallel import local_params
 
 GIB = 2.0**30
 
@@ -175,7 +175,7 @@ def memory_report(cfg: ModelConfig, d: Dims, e: int, capacity_bytes: float,
 # [rows, hidden] tensors plus TRANSIENT_SCORES score-sized ones (scores, probabilities and
 # their gradient; none with flash attention). CALIBRATED: the two counts were fitted on
 # the peak RSS of three tiny-GPT runs (tp=2, fp64: H 512 / 1024 / 2048, seq 256 / 512 / 512)
-# and are judged on other shapes in tests/test_nn_memory.py::test_host_estimate_*.
+# and are judged on other shapes in tests/test_memory.py::test_host_estimate_*.
 PROCESS_BYTES = 63 * 2**20
 TRANSIENT_ROWS = 10
 TRANSIENT_SCORES = 3

@@ -22,13 +22,13 @@ from ..comm.p2p import TimedComm
 from ..devices import nmc
 from .adam import (LAMB1_FLOPS, MASTER_BYTES, adam_cost, adam_direction, charge_passes,
                    clip_coeff, mixed_precision_passes)
-from .buckets import GradBuckets
+from .data_parallel import GradBuckets
 from .config import OptimizerConfig
 from ..model.executor import Executor
 from .grad_buffer import megatron_optimizer
 from ..model.layers import Params
 from ..model.ops import Cost
-from ..model.shard import LocalParam
+from ..model.tensor_parallel import LocalParam
 from .distributed_optimizer import DistributedAdam
 
 
@@ -46,18 +46,18 @@ def state_bytes_per_param(e: int) -> int:
 class ShardedOptimizer:
     """One optimizer step over a rank's local parameters (numerics and charges)."""
 
-    def __init__(self, opt: OptimizerConfig, specs: list[LocalParam], eng: Executor,
+    def __init__(self, opt: OptimizerConfig, specs: list[LocalParam], ex: Executor,
                  tp_rank: int, P: Params, norm: TimedComm | None = None,
                  counted: Callable[[LocalParam], bool] | None = None,
                  buckets: GradBuckets | None = None) -> None:
-        self.opt, self.specs, self.E, self.tp_rank = opt, specs, eng, tp_rank
+        self.opt, self.specs, self.E, self.tp_rank = opt, specs, ex, tp_rank
         # the global gradient norm: summed over one model replica (TP x PP ranks), every
         # tensor once (replicated ones on TP rank 0, the tied table on the first stage)
-        self.norm_comm = norm if norm is not None else eng.tp
+        self.norm_comm = norm if norm is not None else ex.tp
         self.counted = counted or (lambda lp: lp.tp_split or tp_rank == 0)
         self.zero: DistributedAdam | None = None
         if opt.distributed and buckets is not None and buckets.dp.size > 1:
-            self.zero = DistributedAdam(opt, specs, eng, buckets, self.norm_of, self.counted)
+            self.zero = DistributedAdam(opt, specs, ex, buckets, self.norm_of, self.counted)
         self.m = {n: None if w is None else np.zeros_like(w) for n, w in P.items()}
         self.v = {n: None if w is None else np.zeros_like(w) for n, w in P.items()}
         self.steps = 0
@@ -68,7 +68,7 @@ class ShardedOptimizer:
         # Adam on the GPU runs as Megatron-LM's mixed-precision optimizer: fp32 gradients,
         # with the memory passes around the update (`adam.mixed_precision_passes`)
         self.fp32_grads = megatron_optimizer(opt)
-        e = eng.e
+        e = ex.e
         self.accesses = nmc.update_accesses(opt.name, e, e if e < MASTER_BYTES else 0)
 
     def _charge(self, phase: str, lps: list[LocalParam], cost: Cost) -> None:

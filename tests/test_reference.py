@@ -13,7 +13,7 @@ from mpiemu.model.dims import Dims
 from mpiemu.model.masks import Masks
 from mpiemu.model.presets import list_model_presets, load_model_preset
 from mpiemu.training.reference import Reference
-from mpiemu.model.shard import local_params, shard_params, unshard_params
+from mpiemu.model.tensor_parallel import local_params, shard_params, unshard_params
 
 SMALL = dataclasses.replace(load_model_preset("tiny").config, hidden=16, heads=4, ffn_hidden=32,
                             seq_len=6, vocab=11, vocab_multiple=1, layers=2)

@@ -1,4 +1,5 @@
-"""Which slice of which full parameter each TP rank holds (Megatron layout, thesis 2.3.3).
+"""Tensor parallelism's layout: which slice of which full parameter each TP rank holds
+(Megatron, thesis 2.3.3).
 
 Kinds: "rep" replicated (LayerNorm, biases after row-parallel GEMMs, positions), "qkv" the
 rank's heads of Wq | Wk | Wv side by side (column-parallel), "col" a column slice (FC-1),
