@@ -318,7 +318,7 @@ def markdown(tp_rows: list[Row], dp_rows: list[Row], case_rows: list[Row],
         "more) reach the ring's bandwidth, but each pays a hop latency per step: "
         + _ring_note(tp_rows), "",
         "* **Lowest TP shares.** " + _tp_low(tp_rows), "",
-        "* **Compute.** Our compute is the kernel model of `hw/` at the preset's GEMM "
+        "* **Compute.** Our compute is the kernel model of `devices/` at the preset's GEMM "
         "efficiency, where the thesis projects measured BERT operators whose GEMMs run "
         "below peak (5.3.3.8), which makes its compute longer and its TP share lower at a "
         "given point.",
