@@ -226,18 +226,19 @@ class GpuExecutor:
     # -- other groups, from the cursor -------------------------------------------------------
     def all_reduce(self, group: TimedComm, name: str, x: Array, count: int,
                    itemsize: int) -> Array:
-        y, span = all_reduce(group, x, reduce_s=self.cost.reduction_s, after=self._t,
-                             count=count, wire_itemsize=itemsize, label=name)
-        self._t = span.t_end
-        return y
+        return self._at_cursor(all_reduce, group, name, x, count, itemsize)
 
     def all_reduce_scalars(self, group: TimedComm, name: str, x: Array, count: int,
                            itemsize: int) -> Array:
-        y, span = all_reduce_scalars(group, x, reduce_s=self.cost.reduction_s, after=self._t,
-                                     count=count, wire_itemsize=itemsize, label=name)
+        return self._at_cursor(all_reduce_scalars, group, name, x, count, itemsize)
+
+    def _at_cursor(self, coll: Callable[..., tuple[Array, Span]], group: TimedComm, name: str,
+                   x: Array, count: int, itemsize: int) -> Array:
+        """A collective on another group, issued at the cursor and waited for."""
+        y, span = coll(group, x, reduce_s=self.cost.reduction_s, after=self._t, count=count,
+                       wire_itemsize=itemsize, label=name)
         self._t = span.t_end
         return y
-
 
 def _keeps_the_protocol(ex: GpuExecutor) -> Executor:
     """Never called: mypy checks here that the class implements `model.executor.Executor`."""
