@@ -18,6 +18,9 @@ class FieldError(ValueError):
 
 
 NORMS = ("pre", "post")                 # GPT-2/3 pre-LN, BERT post-LN ("Add & Norm")
+NORM_KINDS = ("layernorm", "rmsnorm")   # GPT / BERT; Llama (Zhang & Sennrich 2019)
+ACTIVATIONS = ("gelu", "swiglu")        # GPT / BERT; Llama (Shazeer 2020): W2(silu(W1 x) W3 x)
+POSITIONS = ("learned", "rope")         # GPT / BERT absolute; rotary (Su et al. 2021)
 MASKS = ("causal", "bidirectional")     # GPT decoder, BERT encoder
 # baseline: materialized S x S scores and a softmax kernel; sd / sdf: that softmax recomposed
 # (seed 004), unfused / fused into the GEMMs; flash: FlashAttention-2 (online softmax)
@@ -29,12 +32,20 @@ ATTENTION_ALIASES = {"dense": "baseline", "blockwise": "flash"}   # the names be
 # PaLM 118 layers, H = 18432, FFN 73728, 256K vocabularies, 1M-token contexts).
 MAX_SIZE = {"hidden": 1 << 20, "layers": 10_000, "heads": 1 << 16, "ffn_hidden": 1 << 22,
             "vocab": 1 << 24, "seq_len": 1 << 24, "attention_block": 1 << 24,
-            "vocab_multiple": 1 << 16}
+            "vocab_multiple": 1 << 16, "kv_heads": 1 << 16, "rope_original_max": 1 << 24}
+MAX_ROPE_SCALING = 1024.0                # Llama 3.1: 8; Llama 3.2 1B/3B: 32
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A GPT- or BERT-style transformer; every size in elements."""
+    """A GPT-, BERT- or Llama-style transformer; every size in elements.
+
+    Llama-family blocks (Touvron et al. 2023; Llama 3, 2407.21783): `norm_kind = "rmsnorm"`,
+    `activation = "swiglu"` (`ffn_hidden` is the gate's and the up projection's width),
+    `position = "rope"` (theta; Llama 3.1's frequency scaling when `rope_scaling` > 0),
+    `kv_heads` < heads (grouped-query attention; 1: multi-query), `bias = false`,
+    `tied_embeddings = false` (an output layer of its own).
+    """
 
     name: str
     hidden: int
@@ -53,6 +64,17 @@ class ModelConfig:
     init_std: float = 0.02
     vocab_multiple: int = 128        # Megatron --make-vocab-size-divisible-by
     vocab_padded: int = 0            # set by `for_tp`; 0 = vocab rounded to vocab_multiple
+    norm_kind: str = "layernorm"
+    activation: str = "gelu"
+    position: str = "learned"
+    kv_heads: int = 0                # 0: as many as heads (multi-head attention)
+    bias: bool = True                # the linear layers' biases
+    tied_embeddings: bool = True     # the LM head is the embedding table
+    rope_theta: float = 10000.0
+    rope_scaling: float = 0.0        # Llama 3.1's factor (8); 0: no scaling
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max: int = 8192    # the context the scaled frequencies were trained on
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attention",
@@ -74,6 +96,43 @@ class ModelConfig:
         for key in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise FieldError(f"model.{key}", getattr(self, key), "must be in [0, 1)")
+        for key, allowed in (("norm_kind", NORM_KINDS), ("activation", ACTIVATIONS),
+                             ("position", POSITIONS)):
+            if getattr(self, key) not in allowed:
+                raise FieldError(f"model.{key}", getattr(self, key),
+                                 f"choose one of {braces(allowed)}")
+        self._check_attention_heads()
+        self._check_rope()
+
+    def _check_attention_heads(self) -> None:
+        """Grouped-query attention: the KV heads divide the query heads."""
+        if not 0 <= self.kv_heads <= min(self.heads, MAX_SIZE["kv_heads"]):
+            raise FieldError("model.kv_heads", self.kv_heads,
+                             f"must be in 1..model.heads={self.heads} (or 0: as many as heads)")
+        if self.kv_heads and self.heads % self.kv_heads:
+            raise FieldError("model.kv_heads", self.kv_heads, f"does not divide model.heads="
+                             f"{self.heads}; choose kv_heads in {braces(divisors(self.heads))}")
+
+    def _check_rope(self) -> None:
+        """Rotary positions rotate pairs of a head's dimensions; Llama 3.1's scaling needs
+        a factor >= 1 and its low-frequency band below its high one."""
+        if self.position != "rope":
+            return
+        if self.head_dim % 2:
+            raise FieldError("model.heads", self.heads, f"gives an odd head size "
+                             f"{self.head_dim}; rotary positions need an even one")
+        if not 0 < self.rope_theta < math.inf:
+            raise FieldError("model.rope_theta", self.rope_theta, "must be > 0")
+        if self.rope_scaling and not 1.0 <= self.rope_scaling <= MAX_ROPE_SCALING:
+            raise FieldError("model.rope_scaling", self.rope_scaling,
+                             f"must be 0 (no scaling) or in [1, {MAX_ROPE_SCALING:g}]")
+        if self.rope_scaling and not 0 < self.rope_low_freq_factor < self.rope_high_freq_factor:
+            raise FieldError("model.rope_high_freq_factor", self.rope_high_freq_factor,
+                             "must exceed model.rope_low_freq_factor="
+                             f"{self.rope_low_freq_factor}, both > 0")
+        if not 1 <= self.rope_original_max <= MAX_SIZE["rope_original_max"]:
+            raise FieldError("model.rope_original_max", self.rope_original_max,
+                             f"must be in 1..{MAX_SIZE['rope_original_max']}")
 
     @property
     def head_dim(self) -> int:
@@ -82,6 +141,16 @@ class ModelConfig:
     @property
     def causal(self) -> bool:
         return self.attention_mask == "causal"
+
+    @property
+    def groups(self) -> int:
+        """KV heads: query heads share them in groups (GQA); as many as heads without."""
+        return self.kv_heads or self.heads
+
+    @property
+    def gated(self) -> bool:
+        """A gated MLP (SwiGLU): FC-1 is two projections, the gate and the up."""
+        return self.activation == "swiglu"
 
     @property
     def padded_vocab(self) -> int:
@@ -96,10 +165,17 @@ class ModelConfig:
                                                                           tp)))
 
     def param_count(self) -> int:
-        """Parameters of the unsharded model (embeddings tied with the LM head)."""
-        h, f = self.hidden, self.ffn_hidden
-        per_layer = 4 * h + 3 * h * h + 3 * h + h * h + h + h * f + f + f * h + h
-        return self.layers * per_layer + self.padded_vocab * h + self.seq_len * h + 2 * h
+        """Parameters of the unsharded model (with its padded vocabulary)."""
+        h, f, dh = self.hidden, self.ffn_hidden, self.head_dim
+        kv = self.groups * dh
+        b = 1 if self.bias else 0
+        norm = (2 if self.norm_kind == "layernorm" else 1) * h
+        fc1 = (2 if self.gated else 1) * f
+        per_layer = (2 * norm + h * (h + 2 * kv) + b * (h + 2 * kv) + h * h + b * h
+                     + h * fc1 + b * fc1 + f * h + b * h)
+        edge = self.padded_vocab * h * (1 if self.tied_embeddings else 2) + norm
+        edge += self.seq_len * h if self.position == "learned" else 0
+        return self.layers * per_layer + edge
 
 
 def divisors(n: int) -> list[int]:

@@ -25,27 +25,49 @@ def generator(*key: int) -> np.random.Generator:
 
 
 def full_param_specs(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...], str]]:
-    """(name, shape, init) of every parameter of the unsharded model.
+    """(name, shape, init) of every parameter of the unsharded model, in forward order.
 
     init: "normal" N(0, std), "scaled" N(0, std / sqrt(2 layers)) for the projections that
-    feed the residual stream (GPT-2, Megatron), "zeros" (biases), "ones" (LN gains).
+    feed the residual stream (GPT-2, Megatron), "zeros" (biases), "ones" (norm gains).
+    RMSNorm has no bias; a gated MLP has a gate `w1` and an up projection `w3` (Llama's
+    names); rotary positions have no table; an untied model has its own `lm_head`.
     """
-    h, f = cfg.hidden, cfg.ffn_hidden
+    h, f, kv = cfg.hidden, cfg.ffn_hidden, cfg.groups * cfg.head_dim
     yield "wte", (cfg.padded_vocab, h), "normal"
-    yield "wpe", (cfg.seq_len, h), "normal"
+    if cfg.position == "learned":
+        yield "wpe", (cfg.seq_len, h), "normal"
     if cfg.norm == "post":
-        yield from (("lne.g", (h,), "ones"), ("lne.b", (h,), "zeros"))
+        yield from _norm(cfg, "lne")
     for i in range(cfg.layers):
         p = f"layers.{i}."
-        yield from ((p + "ln1.g", (h,), "ones"), (p + "ln1.b", (h,), "zeros"))
-        for x in "qkv":
-            yield from ((p + f"attn.w{x}", (h, h), "normal"), (p + f"attn.b{x}", (h,), "zeros"))
-        yield from ((p + "attn.wo", (h, h), "scaled"), (p + "attn.bo", (h,), "zeros"))
-        yield from ((p + "ln2.g", (h,), "ones"), (p + "ln2.b", (h,), "zeros"))
-        yield from ((p + "mlp.w1", (h, f), "normal"), (p + "mlp.b1", (f,), "zeros"))
-        yield from ((p + "mlp.w2", (f, h), "scaled"), (p + "mlp.b2", (h,), "zeros"))
+        yield from _norm(cfg, p + "ln1")
+        for x, width in (("q", h), ("k", kv), ("v", kv)):
+            yield p + f"attn.w{x}", (h, width), "normal"
+            yield from _bias(cfg, p + f"attn.b{x}", width)
+        yield p + "attn.wo", (h, h), "scaled"
+        yield from _bias(cfg, p + "attn.bo", h)
+        yield from _norm(cfg, p + "ln2")
+        for x in ("1", "3") if cfg.gated else ("1",):
+            yield p + f"mlp.w{x}", (h, f), "normal"
+            yield from _bias(cfg, p + f"mlp.b{x}", f)
+        yield p + "mlp.w2", (f, h), "scaled"
+        yield from _bias(cfg, p + "mlp.b2", h)
     if cfg.norm == "pre":
-        yield from (("lnf.g", (h,), "ones"), ("lnf.b", (h,), "zeros"))
+        yield from _norm(cfg, "lnf")
+    if not cfg.tied_embeddings:
+        yield "lm_head", (cfg.padded_vocab, h), "normal"
+
+
+def _norm(cfg: ModelConfig, name: str) -> Iterator[tuple[str, tuple[int, ...], str]]:
+    """A norm's gain, and its bias for LayerNorm (RMSNorm has none)."""
+    yield name + ".g", (cfg.hidden,), "ones"
+    if cfg.norm_kind == "layernorm":
+        yield name + ".b", (cfg.hidden,), "zeros"
+
+
+def _bias(cfg: ModelConfig, name: str, width: int) -> Iterator[tuple[str, tuple[int, ...], str]]:
+    if cfg.bias:
+        yield name, (width,), "zeros"
 
 
 def init_tensor(cfg: ModelConfig, seed: int, name: str, shape: tuple[int, ...], init: str,

@@ -117,7 +117,7 @@ class StageModel:
             return None
         full = [seeded.init_tensor(self.cfg, self.seed, n, s, i, np_dtype)
                 for n, s, i in seeded.full_param_specs(self.cfg) if n in lp.full]
-        return cut(lp, full, self.tp_rank)
+        return cut(lp, full, self.tp_rank, self.cfg)
 
     def first_virtual(self, chunk: int) -> bool:
         return chunk == 0 and self.pp_rank == 0

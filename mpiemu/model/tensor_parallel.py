@@ -1,11 +1,18 @@
 """Tensor parallelism's layout: which slice of which full parameter each TP rank holds
 (Megatron, thesis 2.3.3).
 
-Kinds: "rep" replicated (LayerNorm, biases after row-parallel GEMMs, positions), "qkv" the
-rank's heads of Wq | Wk | Wv side by side (column-parallel), "col" a column slice (FC-1),
-"row" a row slice (output projection, FC-2), "vocab" a row slice of the embedding table.
-Under sequence parallelism a replicated parameter sees only the rank's sequence rows, so its
-gradient is a partial sum that must be all-reduced over TP (Megatron's layernorm grads).
+Kinds: "rep" replicated (norms, biases after row-parallel GEMMs, positions), "qkv" the
+rank's query heads and its KV heads of Wq | Wk | Wv side by side (column-parallel; KV heads
+split as the query heads when there are at least as many as TP ranks), "qkv_grouped" the
+rank's even slice of the fused QKV weight in Megatron-Core's grouped order (per KV group:
+its query heads, its K, its V) when TP exceeds the KV heads: the K and V heads are then
+replicated as activations by an all-gather of the QKV output (megatron/core/transformer/
+attention.py, `get_query_key_value_tensors`), "col" a column slice (FC-1), "glu" the rank's
+columns of the gate and of the up projection side by side (Megatron-Core's fused gated
+`linear_fc1`: [gate_r | up_r]), "row" a row slice (output projection, FC-2), "vocab" a
+row slice of the embedding table or the output layer. Under sequence parallelism a
+replicated parameter sees only the rank's sequence rows, so its gradient is a partial sum
+that must be all-reduced over TP (Megatron's layernorm grads).
 """
 from __future__ import annotations
 
@@ -25,6 +32,7 @@ class LocalParam(NamedTuple):
     kind: str
     shape: tuple[int, ...]     # local shape
     layer: int                 # -1 for embedding / final norm
+    split: tuple[int, ...] = ()    # "qkv", "glu": local columns of each full tensor, in order
 
     @property
     def tp_split(self) -> bool:
@@ -45,38 +53,98 @@ class LocalParam(NamedTuple):
         return math.prod(self.shape)
 
 
+def qkv_replicated(cfg: ModelConfig, tp: int) -> bool:
+    """Whether TP exceeds the KV heads (each KV head then serves several ranks)."""
+    return cfg.groups < tp
+
+
 def local_params(cfg: ModelConfig, tp: int) -> Iterator[LocalParam]:
     """Every parameter a TP rank holds, in forward order."""
-    h, vl = cfg.hidden, cfg.padded_vocab // tp
-    hl, fl = h // tp, cfg.ffn_hidden // tp
+    h, vl, dh = cfg.hidden, cfg.padded_vocab // tp, cfg.head_dim
+    fl = cfg.ffn_hidden // tp
     yield LocalParam("wte", ("wte",), "vocab", (vl, h), -1)
-    yield LocalParam("wpe", ("wpe",), "rep", (cfg.seq_len, h), -1)
+    if cfg.position == "learned":
+        yield LocalParam("wpe", ("wpe",), "rep", (cfg.seq_len, h), -1)
     if cfg.norm == "post":
-        yield from (LocalParam(f"lne.{x}", (f"lne.{x}",), "rep", (h,), -1) for x in "gb")
+        yield from _norm(cfg, "lne", -1)
     for i in range(cfg.layers):
         p = f"layers.{i}."
-        yield from (LocalParam(p + f"ln1.{x}", (p + f"ln1.{x}",), "rep", (h,), i) for x in "gb")
-        yield LocalParam(p + "qkv.w", tuple(p + f"attn.w{x}" for x in "qkv"), "qkv",
-                         (h, 3 * hl), i)
-        yield LocalParam(p + "qkv.b", tuple(p + f"attn.b{x}" for x in "qkv"), "qkv", (3 * hl,), i)
-        yield LocalParam(p + "proj.w", (p + "attn.wo",), "row", (hl, h), i)
-        yield LocalParam(p + "proj.b", (p + "attn.bo",), "rep", (h,), i)
-        yield from (LocalParam(p + f"ln2.{x}", (p + f"ln2.{x}",), "rep", (h,), i) for x in "gb")
-        yield LocalParam(p + "fc1.w", (p + "mlp.w1",), "col", (h, fl), i)
-        yield LocalParam(p + "fc1.b", (p + "mlp.b1",), "col", (fl,), i)
+        yield from _norm(cfg, p + "ln1", i)
+        yield from _qkv(cfg, tp, p, i)
+        yield LocalParam(p + "proj.w", (p + "attn.wo",), "row", (h // tp, h), i)
+        if cfg.bias:
+            yield LocalParam(p + "proj.b", (p + "attn.bo",), "rep", (h,), i)
+        yield from _norm(cfg, p + "ln2", i)
+        kind, parts = ("glu", ("1", "3")) if cfg.gated else ("col", ("1",))
+        split = (fl,) * len(parts) if cfg.gated else ()
+        yield LocalParam(p + "fc1.w", tuple(p + f"mlp.w{x}" for x in parts), kind,
+                         (h, fl * len(parts)), i, split)
+        if cfg.bias:
+            yield LocalParam(p + "fc1.b", tuple(p + f"mlp.b{x}" for x in parts), kind,
+                             (fl * len(parts),), i, split)
         yield LocalParam(p + "fc2.w", (p + "mlp.w2",), "row", (fl, h), i)
-        yield LocalParam(p + "fc2.b", (p + "mlp.b2",), "rep", (h,), i)
+        if cfg.bias:
+            yield LocalParam(p + "fc2.b", (p + "mlp.b2",), "rep", (h,), i)
     if cfg.norm == "pre":
-        yield from (LocalParam(f"lnf.{x}", (f"lnf.{x}",), "rep", (h,), -1) for x in "gb")
+        yield from _norm(cfg, "lnf", -1)
+    if not cfg.tied_embeddings:
+        yield LocalParam("lm_head", ("lm_head",), "vocab", (vl, h), -1)
 
 
-def cut(lp: LocalParam, full: Sequence[np.ndarray], rank: int) -> np.ndarray:
-    """TP rank `rank`'s slice of the full tensor(s) a local parameter is cut from."""
+def _norm(cfg: ModelConfig, name: str, layer: int) -> Iterator[LocalParam]:
+    for x in "gb" if cfg.norm_kind == "layernorm" else "g":
+        yield LocalParam(f"{name}.{x}", (f"{name}.{x}",), "rep", (cfg.hidden,), layer)
+
+
+def _qkv(cfg: ModelConfig, tp: int, p: str, i: int) -> Iterator[LocalParam]:
+    """The fused QKV weight (and bias) of a rank: its heads, or its grouped slice."""
+    h, dh, nh, ng = cfg.hidden, cfg.head_dim, cfg.heads, cfg.groups
+    names = ("w", "b") if cfg.bias else ("w",)
+    for x in names:
+        full = tuple(p + f"attn.{x}{t}" for t in "qkv")
+        rows = (h,) if x == "w" else ()
+        if qkv_replicated(cfg, tp):
+            yield LocalParam(p + f"qkv.{x}", full, "qkv_grouped",
+                             (*rows, (nh + 2 * ng) * dh // tp), i)
+        else:
+            split = (nh // tp * dh, ng // tp * dh, ng // tp * dh)
+            yield LocalParam(p + f"qkv.{x}", full, "qkv", (*rows, sum(split)), i, split)
+
+
+def grouped_qkv(cfg: ModelConfig, parts: Sequence[np.ndarray]) -> np.ndarray:
+    """Wq | Wk | Wv (or their biases) in Megatron-Core's grouped column order: per KV group,
+    its query heads, then its K head, then its V head."""
+    dh, per = cfg.head_dim, cfg.heads // cfg.groups
+    q, k, v = parts
+    cols = []
+    for g in range(cfg.groups):
+        cols += [q[..., g * per * dh:(g + 1) * per * dh], k[..., g * dh:(g + 1) * dh],
+                 v[..., g * dh:(g + 1) * dh]]
+    return np.concatenate(cols, axis=-1)
+
+
+def ungrouped_qkv(cfg: ModelConfig, grouped: np.ndarray) -> list[np.ndarray]:
+    """Wq, Wk, Wv back from Megatron-Core's grouped order (`grouped_qkv`)."""
+    dh, per = cfg.head_dim, cfg.heads // cfg.groups
+    blocks = np.split(grouped, cfg.groups, axis=-1)
+    return [np.concatenate([b[..., :per * dh] for b in blocks], axis=-1),
+            np.concatenate([b[..., per * dh:(per + 1) * dh] for b in blocks], axis=-1),
+            np.concatenate([b[..., (per + 1) * dh:] for b in blocks], axis=-1)]
+
+
+def cut(lp: LocalParam, full: Sequence[np.ndarray], rank: int,
+        cfg: ModelConfig | None = None) -> np.ndarray:
+    """TP rank `rank`'s slice of the full tensor(s) a local parameter is cut from
+    (`cfg`: the model, for the grouped QKV order)."""
     if lp.kind == "rep":
         return full[0].copy()
-    if lp.kind == "qkv":
-        w = lp.shape[-1] // 3
-        return np.concatenate([f[..., rank * w:(rank + 1) * w] for f in full], axis=-1)
+    if lp.split:                                          # "qkv", "glu": a slice of each
+        return np.concatenate([f[..., rank * w:(rank + 1) * w]
+                               for f, w in zip(full, lp.split)], axis=-1)
+    if lp.kind == "qkv_grouped":
+        assert cfg is not None, "the grouped QKV order needs the model"
+        w = lp.shape[-1]
+        return grouped_qkv(cfg, full)[..., rank * w:(rank + 1) * w].copy()
     if lp.kind == "col":
         w = lp.shape[-1]
         return full[0][..., rank * w:(rank + 1) * w].copy()
@@ -87,7 +155,7 @@ def cut(lp: LocalParam, full: Sequence[np.ndarray], rank: int) -> np.ndarray:
 def shard_params(full: dict[str, np.ndarray], cfg: ModelConfig, tp: int, rank: int
                  ) -> dict[str, np.ndarray]:
     """The local tensors of TP rank `rank`, cut from the full (reference) parameters."""
-    return {lp.name: cut(lp, [full[n] for n in lp.full], rank)
+    return {lp.name: cut(lp, [full[n] for n in lp.full], rank, cfg)
             for lp in local_params(cfg, tp)}
 
 
@@ -100,10 +168,14 @@ def unshard_params(by_rank: Sequence[dict[str, np.ndarray]], cfg: ModelConfig
         parts = [r[lp.name] for r in by_rank]
         if lp.kind == "rep":
             out[lp.full[0]] = parts[0].copy()
-        elif lp.kind == "qkv":
-            thirds = [np.split(p, 3, axis=-1) for p in parts]
+        elif lp.split:
+            edges = np.cumsum(lp.split)[:-1]
+            pieces = [np.split(p, edges, axis=-1) for p in parts]
             for j, name in enumerate(lp.full):
-                out[name] = np.concatenate([t[j] for t in thirds], axis=-1)
+                out[name] = np.concatenate([t[j] for t in pieces], axis=-1)
+        elif lp.kind == "qkv_grouped":
+            for name, t in zip(lp.full, ungrouped_qkv(cfg, np.concatenate(parts, axis=-1))):
+                out[name] = t
         elif lp.kind == "col":
             out[lp.full[0]] = np.concatenate(parts, axis=-1)
         else:

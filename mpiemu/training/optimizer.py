@@ -158,8 +158,9 @@ class ShardedOptimizer:
             self._charge("adam", lps, adam_cost(n))
 
     def _parts(self, lp: LocalParam, a: np.ndarray) -> list[np.ndarray]:
-        """The pieces of a local tensor that belong to distinct full tensors (Wq|Wk|Wv)."""
-        return np.split(a, 3, axis=-1) if lp.kind == "qkv" else [a]
+        """The pieces of a local tensor that belong to distinct full tensors (Wq|Wk|Wv, the
+        gate and the up projection)."""
+        return np.split(a, np.cumsum(lp.split)[:-1], axis=-1) if lp.split else [a]
 
     def _lamb(self, P: dict[str, np.ndarray], G: dict[str, np.ndarray]) -> None:
         E, e = self.E, self.E.e
@@ -172,7 +173,7 @@ class ShardedOptimizer:
             self._charge("stage1", lps, Cost(LAMB1_FLOPS * n, n * (e + 3 * MASTER_BYTES),
                                              3 * n * MASTER_BYTES))
         split = [(lp, j) for lp in self.specs if lp.tp_split
-                 for j in range(3 if lp.kind == "qkv" else 1)]
+                 for j in range(max(1, len(lp.split)))]
         for _, lps, n in self._layers():                            # per-tensor norms
             self._charge("norms", lps, Cost(4 * n, 2 * n * MASTER_BYTES, 0))
         self._reduce_partial_sums()
