@@ -5,7 +5,8 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from ..devices.kernels import MODES as KERNEL_MODES
-from ..model.config import ATTENTION_ALIASES, ATTENTIONS, MASKS, NORMS, FieldError, ModelConfig
+from ..model.config import (ACTIVATIONS, ATTENTION_ALIASES, ATTENTIONS, MASKS, NORM_KINDS, NORMS,
+                            POSITIONS, FieldError, ModelConfig)
 from ..model.executor import KernelOptions
 from ..training.config import DDP_IMPLS, OPTIMIZERS, OptimizerConfig
 from ..model.stage import RECOMPUTE
@@ -19,7 +20,7 @@ MEMORY_CHECKS = ("error", "warn")
 class ModelSection:
     """Which transformer: a preset name (mpiemu/model/presets) plus optional overrides.
 
-    Sizes of 0, empty strings and rates of -1 keep the preset's value.
+    Sizes of 0, empty strings, rates of -1 and unset switches keep the preset's value.
     """
 
     preset: str = "tiny"
@@ -35,6 +36,14 @@ class ModelSection:
     attention_block: int = 0
     hidden_dropout: float = -1.0
     attention_dropout: float = -1.0
+    norm_kind: str = ""              # "layernorm" or "rmsnorm"
+    activation: str = ""             # "gelu" or "swiglu"
+    position: str = ""               # "learned" or "rope"
+    kv_heads: int = -1               # 0: as many as heads (multi-head); -1: the preset's
+    bias: bool | None = None
+    tied_embeddings: bool | None = None
+    rope_theta: float = 0.0
+    rope_scaling: float = -1.0       # 0: no scaling; -1: the preset's
 
     def __post_init__(self) -> None:
         if not Path(self.preset).suffix.endswith("toml") \
@@ -46,7 +55,8 @@ class ModelSection:
                 raise ConfigError(f"model.{key}", getattr(self, key),
                                   "an integer >= 1 (or 0 for the preset's value)")
         for key, allowed in (("norm", NORMS), ("attention_mask", MASKS),
-                             ("attention", ATTENTIONS)):
+                             ("attention", ATTENTIONS), ("norm_kind", NORM_KINDS),
+                             ("activation", ACTIVATIONS), ("position", POSITIONS)):
             v = getattr(self, key)
             if v and v not in allowed and not (key == "attention" and v in ATTENTION_ALIASES):
                 raise ConfigError(f"model.{key}", v, allowed)
@@ -64,10 +74,16 @@ class ModelSection:
         changes = {k: getattr(self, k) for k in
                    ("hidden", "layers", "heads", "ffn_hidden", "vocab", "seq_len",
                     "attention_block") if getattr(self, k)}
-        changes.update({k: getattr(self, k) for k in ("norm", "attention_mask", "attention")
+        changes.update({k: getattr(self, k) for k in ("norm", "attention_mask", "attention",
+                                                      "norm_kind", "activation", "position")
                         if getattr(self, k)})
-        changes.update({k: getattr(self, k) for k in ("hidden_dropout", "attention_dropout")
-                        if getattr(self, k) != -1.0})
+        changes.update({k: getattr(self, k) for k in ("hidden_dropout", "attention_dropout",
+                                                      "rope_scaling", "kv_heads")
+                        if getattr(self, k) != -1})
+        changes.update({k: getattr(self, k) for k in ("bias", "tied_embeddings")
+                        if getattr(self, k) is not None})
+        if self.rope_theta:
+            changes["rope_theta"] = self.rope_theta
         try:
             return replace(base, **changes)
         except FieldError as exc:

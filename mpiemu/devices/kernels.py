@@ -5,7 +5,9 @@ residual add, scale, mask, softmax each their own kernel over DRAM). `fused`: Me
 fused kernels (megatron/model/fused_bias_gelu.py `bias_gelu_impl`,
 megatron/model/transformer.py `bias_dropout_add_fused_train`, megatron/model/fused_softmax.py
 `FusedScaleMaskSoftmax` over the scaled_(upper_triang_)masked_softmax CUDA kernels, apex
-`FusedLayerNorm`): one kernel where PyTorch runs several, the intermediate never written.
+`FusedLayerNorm`; for Llama-family blocks Megatron-Core's and Transformer Engine's fused
+RMSNorm, SwiGLU and RoPE): one kernel where PyTorch runs several, the intermediate never
+written.
 
 A kernel costs its launch plus max(DRAM bytes / achievable streaming bandwidth, vector flops
 / vector peak, special-function ops / SFU rate). The achievable bandwidth is the preset's
@@ -23,6 +25,9 @@ MASK_BYTES = 1          # a dropout keep-mask element
 GELU_FLOPS = 20         # ASSUMPTION: erf GeLU (thesis Eq. 4.1) as ~20 vector instructions
 LN_FLOPS_FWD, LN_FLOPS_BWD, LN_FLOPS_GB = 8, 12, 4   # ASSUMPTION: instruction counts
 SOFTMAX_FLOPS = 5       # seed 004 2.2: max, subtract, exp, sum, normalize per element
+RMS_FLOPS_FWD, RMS_FLOPS_BWD = 4, 8   # ASSUMPTION: instruction counts (LayerNorm's, less the mean)
+SILU_FLOPS = 4          # ASSUMPTION: z / (1 + exp(-z)): negate, add, divide around one exp
+ROPE_FLOPS = 3          # x cos + rotate_half(x) sin: two multiplies and an add per element
 
 
 @dataclass(frozen=True)
@@ -72,40 +77,96 @@ def layernorm(rows: int, width: int, e: int, backward: bool = False) -> list[Ker
     return [Kernel(LN_FLOPS_FWD * rows * width, act + params, act + stats)]
 
 
-def bias_gelu(rows: int, width: int, e: int, mode: str, backward: bool = False
-              ) -> list[Kernel]:
+def rmsnorm(rows: int, width: int, e: int, backward: bool = False) -> list[Kernel]:
+    """RMSNorm (Llama): Transformer Engine's kernels, fp32 math over half-precision rows
+    (transformer_engine/common/normalization/rmsnorm, as Megatron-Core's
+    `TENorm(normalization="RMSNorm")` runs it): forward reads x and gamma, writes y and one
+    fp32 rstd per row; backward one kernel reads dy, x, rstd and gamma, writes dx and the
+    gamma gradient (its per-block partial sums, a width each, are ASSUMPTION: folded into
+    the one write of gamma).
+    """
+    act, stats, gamma = rows * width * e, rows * STAT_BYTES, width * e
+    if backward:
+        return [Kernel(RMS_FLOPS_BWD * rows * width, 2 * act + stats + gamma, act + gamma)]
+    return [Kernel(RMS_FLOPS_FWD * rows * width, act + gamma, act + stats)]
+
+
+def swiglu(rows: int, width: int, e: int, mode: str, bias: bool, backward: bool = False
+           ) -> list[Kernel]:
+    """SwiGLU over FC-1's [rows, 2 width] output, the gate and the up halves: silu(gate) x up.
+
+    fused (Megatron-Core megatron/core/fusions/fused_bias_swiglu.py, `bias_swiglu_impl`):
+    read both halves (and the bias), write the product; backward reads the output gradient
+    and both halves, writes both halves' gradients. unfused (plain PyTorch): `silu` and the
+    product each a kernel; backward the product's two gradients, then `silu_backward`.
+    With a bias its gradient is a column sum of the halves' gradient.
+    """
+    n, act, b = rows * width, rows * width * e, 2 * width * e if bias else 0
+    grad_bias = [Kernel(2 * n, 2 * act, b, "bias_grad")] if bias else []
+    if backward and check_mode(mode) == "fused":
+        return [Kernel((SILU_FLOPS + 4) * n, 3 * act + b, 2 * act, "", n)] + grad_bias
+    if backward:
+        return [Kernel(2 * n, 3 * act, 2 * act, "mul.bwd"),
+                Kernel((SILU_FLOPS + 2) * n, 2 * act, act, "silu.bwd", n)] + grad_bias
+    if check_mode(mode) == "fused":
+        return [Kernel((SILU_FLOPS + 1) * n + (2 * n if bias else 0), 2 * act + b, act, "", n)]
+    pre = [Kernel(2 * n, 2 * act + b, 2 * act, "bias")] if bias else []
+    return pre + [Kernel(SILU_FLOPS * n, act, act, "silu", n),
+                  Kernel(n, 2 * act, act, "mul")]
+
+
+def rope(rows: int, width: int, seq: int, head_dim: int, e: int, mode: str
+         ) -> list[Kernel]:
+    """Rotary positions applied to one of q or k ([rows, width], heads side by side), its
+    backward alike. fused (Transformer Engine's `fused_apply_rotary_pos_emb`, Megatron-Core's
+    `apply_rope_fusion`): read x and the fp32 angles of the rows' positions ([seq,
+    head_dim]), write the rotated x. unfused (the reference PyTorch of Megatron-Core's
+    `_apply_rotary_pos_emb_bshd`): x cos, rotate_half(x) (a `cat` of the negated halves),
+    its product with sin, and the sum, each through DRAM.
+    """
+    n, act, angles = rows * width, rows * width * e, seq * head_dim * STAT_BYTES
+    if check_mode(mode) == "fused":
+        return [Kernel(ROPE_FLOPS * n, act + 2 * angles, act)]
+    return [Kernel(n, act + angles, act, "cos"), Kernel(n, act, act, "rotate_half"),
+            Kernel(n, act + angles, act, "sin"), Kernel(n, 2 * act, act, "add")]
+
+
+def bias_gelu(rows: int, width: int, e: int, mode: str, backward: bool = False,
+              bias: bool = True) -> list[Kernel]:
     """FC-1's bias + GeLU (the GEMM wrote f = x W without bias).
 
     fused (Megatron bias_gelu_impl): read f and b, write gelu(f + b); backward recomputes
     f + b: read dy, f, b, write dx. unfused: `f + b` then `gelu`, each through DRAM (forward
     keeps the sum for backward); backward is `gelu_backward`. Both modes then reduce dx over
-    rows for the bias gradient.
+    rows for the bias gradient. Without a bias: GeLU alone, no bias gradient.
     """
-    n, act, b = rows * width, rows * width * e, width * e
-    grad_bias = Kernel(n, act, b, "bias_grad")
+    n, act, b = rows * width, rows * width * e, width * e if bias else 0
+    grad_bias = [Kernel(n, act, b, "bias_grad")] if bias else []
     if backward:
-        return [Kernel(2 * GELU_FLOPS * n, 2 * act + b, act, "", n), grad_bias]
-    if check_mode(mode) == "fused":
-        return [Kernel(GELU_FLOPS * n + n, act + b, act, "", n)]
+        return [Kernel(2 * GELU_FLOPS * n, 2 * act + b, act, "", n)] + grad_bias
+    if check_mode(mode) == "fused" or not bias:
+        return [Kernel(GELU_FLOPS * n + (n if bias else 0), act + b, act, "", n)]
     return [Kernel(n, act + b, act, "bias"), Kernel(GELU_FLOPS * n, act, act, "gelu", n)]
 
 
 def bias_dropout_add(rows: int, width: int, e: int, dropout: bool, mode: str,
-                     backward: bool = False) -> list[Kernel]:
+                     backward: bool = False, bias: bool = True) -> list[Kernel]:
     """x + dropout(a + b) after the row-parallel GEMM (thesis 2.2.2 Add & Norm).
 
     fused (Megatron bias_dropout_add_fused_train): one kernel reads a, b, x and writes the sum
     and the keep-mask. unfused: `a + b`, `dropout`, `+ x` as three kernels. backward (both):
     the residual passes dy through; dropout's backward multiplies by the mask and the bias
     gradient reduces it over rows, fused into one kernel in both stacks' autograd graphs.
+    Without a bias (Llama) forward adds the residual (dropped out if dropout is on);
+    backward has nothing to compute unless dropout is on.
     """
-    n, act, b = rows * width, rows * width * e, width * e
+    n, act, b = rows * width, rows * width * e, width * e if bias else 0
     mask = n * MASK_BYTES if dropout else 0
     if backward:
-        return [Kernel(2 * n, act + mask, act + b)]
+        return [Kernel(2 * n, act + mask, act + b)] if bias or dropout else []
     if check_mode(mode) == "fused":
-        return [Kernel(3 * n, 2 * act + b, act + mask)]
-    out = [Kernel(n, act + b, act, "bias")]
+        return [Kernel((3 if bias else 2) * n, 2 * act + b, act + mask)]
+    out = [Kernel(n, act + b, act, "bias")] if bias else []
     if dropout:
         out.append(Kernel(n, act, act + mask, "dropout"))
     return out + [Kernel(n, 2 * act, act, "add")]

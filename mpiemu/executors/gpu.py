@@ -223,6 +223,38 @@ class GpuExecutor:
         self._t = span.t_end
         return y
 
+    def tp_gather_cols(self, name: str, x: Array, rows: int, width: int) -> Array:
+        """All-gather [rows, width] blocks into [rows, tp x width] (Megatron-Core's gather
+        of the QKV output when TP exceeds the KV heads); one ring all-gather of the
+        blocks, each rank's block whole."""
+        tp = self.tp.size
+        if tp == 1:
+            return x
+        flat = None if x is None else np.ascontiguousarray(x).reshape(-1)
+        y, span = all_gather(self.tp, flat, total=tp * rows * width, after=self._t,
+                             count=rows * width, wire_itemsize=self.e,
+                             bidirectional=self.overlap.bidirectional, label=f"{name}.ag",
+                             unit=rows * width)
+        self._t = span.t_end
+        if y is None:
+            return None
+        return y.reshape(tp, rows, width).transpose(1, 0, 2).reshape(rows, tp * width)
+
+    def tp_scatter_cols(self, name: str, x: Array, rows: int, width: int) -> Array:
+        """Conjugate of `tp_gather_cols`: one ring reduce-scatter of the [tp, rows, width]
+        blocks; this rank keeps the sum of its block."""
+        tp = self.tp.size
+        if tp == 1:
+            return x
+        flat = None if x is None else np.ascontiguousarray(
+            x.reshape(rows, tp, width).transpose(1, 0, 2)).reshape(-1)   # (tp, rows, width)
+        y, span = reduce_scatter(self.tp, flat, reduce_s=self.cost.reduction_s, after=self._t,
+                                 count=tp * rows * width, wire_itemsize=self.e,
+                                 bidirectional=self.overlap.bidirectional,
+                                 label=f"{name}.rs", unit=rows * width)
+        self._t = span.t_end
+        return None if y is None else y.reshape(rows, width)
+
     # -- other groups, from the cursor -------------------------------------------------------
     def all_reduce(self, group: TimedComm, name: str, x: Array, count: int,
                    itemsize: int) -> Array:

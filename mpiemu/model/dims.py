@@ -23,6 +23,9 @@ class Dims(NamedTuple):
     vocab: int                 # vocabulary rows of this TP rank
     tp: int
     sp: bool
+    groups: int = 0            # KV heads this rank attends with (0: as many as its heads)
+    gathered: int = 0          # TP exceeds the KV heads: the whole grouped QKV output's
+                               # columns, all-gathered (this rank's GEMM makes 1/tp of them)
 
     @property
     def rows(self) -> int:
@@ -37,9 +40,26 @@ class Dims(NamedTuple):
     def attn_width(self) -> int:
         return self.heads * self.head_dim
 
+    @property
+    def kv_heads(self) -> int:
+        """KV heads this rank attends with (its group's one, when they are replicated)."""
+        return self.groups or self.heads
+
+    @property
+    def qkv_width(self) -> int:
+        """Columns of this rank's QKV GEMM: its query and KV heads, or its even slice of the
+        grouped QKV when that is all-gathered."""
+        if self.gathered:
+            return self.gathered // self.tp
+        return (self.heads + 2 * self.kv_heads) * self.head_dim
+
 
 def make_dims(cfg: ModelConfig, tp: int, micro_batch: int, sp: bool) -> Dims:
     """Local sizes of one micro-batch on a TP rank (cfg already padded for tp)."""
+    replicated = cfg.groups < tp                 # each KV head serves several ranks
+    groups = 1 if replicated else cfg.groups // tp
+    gathered = (cfg.heads + 2 * cfg.groups) * cfg.head_dim if replicated else 0
     return Dims(seq=cfg.seq_len, batch=micro_batch, hidden=cfg.hidden,
                 heads=cfg.heads // tp, head_dim=cfg.head_dim, ffn=cfg.ffn_hidden // tp,
-                vocab=cfg.padded_vocab // tp, tp=tp, sp=sp and tp > 1)
+                vocab=cfg.padded_vocab // tp, tp=tp, sp=sp and tp > 1,
+                groups=0 if groups == cfg.heads // tp else groups, gathered=gathered)

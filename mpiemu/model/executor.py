@@ -116,6 +116,13 @@ class Executor(Protocol):
     def tp_sum(self, name: str, x: Array, count: int, itemsize: int) -> Array:
         """All-reduce a flat vector over TP (norms, SP-replicated gradients)."""
 
+    def tp_gather_cols(self, name: str, x: Array, rows: int, width: int) -> Array:
+        """All-gather [rows, width] blocks into [rows, tp x width], columns in rank order."""
+
+    def tp_scatter_cols(self, name: str, x: Array, rows: int, width: int) -> Array:
+        """Conjugate of `tp_gather_cols`: sum [rows, tp x width] over TP, keep this rank's
+        [rows, width] columns (a reduce-scatter)."""
+
     # -- other groups, from the cursor -------------------------------------------------------
     def all_reduce(self, group: TimedComm, name: str, x: Array, count: int,
                    itemsize: int) -> Array:

@@ -47,10 +47,102 @@ def layernorm_cost(rows: int, width: int, e: int, backward: bool = False) -> lis
     return hk.layernorm(rows, width, e, backward)
 
 
+# -- RMSNorm (Llama; Zhang & Sennrich 2019) ---------------------------------------------------
+def rmsnorm(x: np.ndarray, g: np.ndarray, eps: float) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """y = x / sqrt(mean(x^2) + eps) * g over the last axis; keeps x and rstd."""
+    rstd = 1.0 / np.sqrt((x * x).mean(-1) + eps)
+    return x * rstd[:, None] * g, {"x": x, "rstd": rstd}
+
+
+def rmsnorm_back(dy: np.ndarray, c: dict[str, np.ndarray], g: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(dx, dg) of `rmsnorm`."""
+    rstd = c["rstd"][:, None]
+    xhat = c["x"] * rstd
+    dg = (dy * xhat).sum(0)
+    dxhat = dy * g
+    return rstd * (dxhat - xhat * (dxhat * xhat).mean(-1, keepdims=True)), dg
+
+
+def norm_cost(kind: str, rows: int, width: int, e: int, backward: bool = False) -> list[Cost]:
+    """The kernels of a LayerNorm or an RMSNorm (`model.norm_kind`)."""
+    if kind == "rmsnorm":
+        return hk.rmsnorm(rows, width, e, backward)
+    return hk.layernorm(rows, width, e, backward)
+
+
+# -- SwiGLU (Shazeer 2020; Llama): silu(gate) * up over FC-1's [gate | up] --------------------
+def silu(z: np.ndarray) -> np.ndarray:
+    return z / (1.0 + np.exp(-z))
+
+
+def swiglu(f: np.ndarray, b: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(pre-activation [rows, 2w], silu(gate) * up [rows, w]); the bias added first if any."""
+    x = f if b is None else f + b
+    gate, up = np.split(x, 2, axis=-1)
+    return x, silu(gate) * up
+
+
+def swiglu_back(dy: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(d pre-activation [rows, 2w], its column sums: the bias gradient) of `swiglu`:
+    silu'(z) = s(z) (1 + z (1 - s(z))), s the sigmoid."""
+    gate, up = np.split(x, 2, axis=-1)
+    sig = 1.0 / (1.0 + np.exp(-gate))
+    dx = np.concatenate([dy * up * sig * (1.0 + gate * (1.0 - sig)), dy * gate * sig], axis=-1)
+    return dx, dx.sum(0)
+
+
+def swiglu_cost(rows: int, width: int, e: int, mode: str, bias: bool, backward: bool = False
+                ) -> list[Cost]:
+    return hk.swiglu(rows, width, e, mode, bias, backward)
+
+
+# -- rotary position embedding (Su et al. 2021), rotate-half pairs (Megatron's default) ------
+def rope_frequencies(head_dim: int, theta: float, scaling: float = 0.0, low: float = 1.0,
+                     high: float = 4.0, original_max: int = 8192) -> np.ndarray:
+    """theta^(-2i/d) for i < d/2 (float64), with Llama 3.1's scaling when `scaling` > 0:
+    wavelengths under original_max / high kept, over original_max / low divided by the
+    factor, blended in between (Meta llama-models `apply_scaling`; Megatron-Core
+    `_apply_scaling`)."""
+    f = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    if not scaling:
+        return f
+    wavelen = 2 * np.pi / f
+    s = (original_max / wavelen - low) / (high - low)
+    blended = (1 - s) * f / scaling + s * f
+    return np.where(wavelen < original_max / high, f,
+                    np.where(wavelen > original_max / low, f / scaling, blended))
+
+
+def rope_tables(freqs: np.ndarray, positions: np.ndarray, dtype: type
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [positions, d] of each position's angles, halves repeated (float64 math,
+    then the numeric dtype)."""
+    ang = positions.astype(np.float64)[:, None] * freqs[None, :]       # (S, d/2)
+    ang = np.concatenate([ang, ang], axis=-1)                          # (S, d)
+    return np.cos(ang).astype(dtype), np.sin(ang).astype(dtype)
+
+
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """x cos + rotate_half(x) sin on (B, heads, S, d); rotate_half(x) = [-x2, x1]."""
+    x1, x2 = np.split(x, 2, axis=-1)
+    return x * cos + np.concatenate([-x2, x1], axis=-1) * sin
+
+
+def rope_back(dy: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """dx of `rope`: dy cos + rotate_half^T(dy sin), rotate_half^T(z) = [z2, -z1]."""
+    z1, z2 = np.split(dy * sin, 2, axis=-1)
+    return dy * cos + np.concatenate([z2, -z1], axis=-1)
+
+
+def rope_cost(rows: int, width: int, seq: int, head_dim: int, e: int, mode: str) -> list[Cost]:
+    return hk.rope(rows, width, seq, head_dim, e, mode)
+
+
 # -- bias + GeLU (Megatron's fused bias_gelu), thesis Eq. 4.1 --------------------------------
-def bias_gelu(f: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(x, gelu(x)) with x = f + b and gelu(x) = x Phi(x)."""
-    x = f + b
+def bias_gelu(f: np.ndarray, b: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(x, gelu(x)) with x = f + b (f without a bias) and gelu(x) = x Phi(x)."""
+    x = f + b if b is not None else f
     return x, x * norm_cdf(x)
 
 
@@ -61,15 +153,15 @@ def bias_gelu_back(dy: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 
 def bias_gelu_cost(rows: int, width: int, e: int, backward: bool = False,
-                   mode: str = "fused") -> list[Cost]:
-    return hk.bias_gelu(rows, width, e, mode, backward)
+                   mode: str = "fused", bias: bool = True) -> list[Cost]:
+    return hk.bias_gelu(rows, width, e, mode, backward, bias)
 
 
 # -- bias + dropout + residual add (Megatron's fused bias_dropout_add) ------------------------
-def bias_dropout_add(x: np.ndarray, a: np.ndarray, b: np.ndarray, keep: np.ndarray | None,
-                     p: float) -> np.ndarray:
-    """x + DR(a + b): keep-mask scaled by 1 / (1 - p)."""
-    y = a + b
+def bias_dropout_add(x: np.ndarray, a: np.ndarray, b: np.ndarray | None,
+                     keep: np.ndarray | None, p: float) -> np.ndarray:
+    """x + DR(a + b) (b: None without a bias): keep-mask scaled by 1 / (1 - p)."""
+    y = a + b if b is not None else a.copy()
     if keep is not None:
         y *= keep
         y *= 1.0 / (1.0 - p)
@@ -85,8 +177,9 @@ def dropout(x: np.ndarray, keep: np.ndarray | None, p: float) -> np.ndarray:
 
 
 def dropout_add_cost(rows: int, width: int, e: int, dropout: bool,
-                     backward: bool = False, mode: str = "fused") -> list[Cost]:
-    return hk.bias_dropout_add(rows, width, e, dropout, mode, backward)
+                     backward: bool = False, mode: str = "fused", bias: bool = True
+                     ) -> list[Cost]:
+    return hk.bias_dropout_add(rows, width, e, dropout, mode, backward, bias)
 
 
 # -- vocab-parallel embedding (Megatron VocabParallelEmbedding) -------------------------------

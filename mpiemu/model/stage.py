@@ -20,17 +20,18 @@ from . import seeded
 from .config import ModelConfig
 from .dims import Dims
 from .executor import Array, Executor, Ready
-from .layers import Cache, Layer, Params, _t, acc
+from .block import Cache, Params, acc, norm_backward, norm_forward, transposed
+from .layers import Layer
 from .masks import Masks
 from .ops import (MASK_BYTES, Cost, bias_grad_cost, ce_back, ce_combine, ce_cost,
-                  ce_local_stats, dropout, embed_cost, embed_lookup, embed_scatter, layernorm,
-                  layernorm_back, layernorm_cost)
+                  ce_local_stats, dropout, embed_cost, embed_lookup, embed_scatter)
 from .pipeline_schedules import Pass
 from .tensor_parallel import LocalParam, cut, local_params
 
 RECOMPUTE = ("none", "selective", "full")
 EMBED_SIDE = ("wte", "wpe", "lne.g", "lne.b")      # parameters of the first virtual stage
-HEAD_SIDE = ("wte", "lnf.g", "lnf.b")              # ... and of the last
+HEAD_SIDE = ("lnf.g", "lnf.b")                     # ... and of the last, with its output
+                                                   # layer (the table itself when tied)
 
 
 def chunk_layers(layers: int, pp: int, chunks: int, stage: int, chunk: int) -> range:
@@ -41,16 +42,17 @@ def chunk_layers(layers: int, pp: int, chunks: int, stage: int, chunk: int) -> r
     return range(vs * n, (vs + 1) * n)
 
 
-def edge_names(pp: int, stage: int) -> set[str]:
-    """The embedding / head tensors (layer -1) a pipeline stage holds."""
-    return set(EMBED_SIDE if stage == 0 else ()) | set(HEAD_SIDE if stage == pp - 1 else ())
+def edge_names(cfg: ModelConfig, pp: int, stage: int) -> set[str]:
+    """The embedding / head tensors (layer -1) a pipeline stage may hold."""
+    head = HEAD_SIDE + (("wte",) if cfg.tied_embeddings else ("lm_head",))
+    return set(EMBED_SIDE if stage == 0 else ()) | set(head if stage == pp - 1 else ())
 
 
 def stage_params(cfg: ModelConfig, tp: int, pp: int, chunks: int, stage: int
                  ) -> list[LocalParam]:
     """The local parameters a (TP rank, pipeline stage) holds, in forward order."""
     mine = {i for c in range(chunks) for i in chunk_layers(cfg.layers, pp, chunks, stage, c)}
-    edge = edge_names(pp, stage)
+    edge = edge_names(cfg, pp, stage)
     return [lp for lp in local_params(cfg, tp)
             if (lp.layer in mine) or (lp.layer == -1 and lp.name in edge)]
 
@@ -102,6 +104,7 @@ class StageModel:
                               for i in chunk_layers(cfg.layers, pp, chunks, pp_rank, c)]
                              for c in range(chunks)]
         self.hooks: StageHooks = NoHooks()          # the training step's (`training.gradients`)
+        self.head = "wte" if cfg.tied_embeddings else "lm_head"   # the output layer's table
         s_loc = dims.seq // dims.tp if dims.sp else dims.seq
         self.s0 = tp_rank * s_loc if dims.sp else 0
         self.positions = np.repeat(np.arange(self.s0, self.s0 + s_loc), dims.batch)
@@ -212,13 +215,12 @@ class StageModel:
         part = E.kernel("embed.lookup", embed_cost(d.rows, h, E.e), embed_lookup, self.P["wte"],
                         ids, self.vocab_lo)
         x = E.tp_reduce("embed", part, d.rows, h)          # all-reduce, or RS to sequence rows
-        x = E.kernel("embed.pos_add", Cost(rows * h, 2 * rows * h * E.e, rows * h * E.e),
-                     self._add_positions, x)
+        if cfg.position == "learned":
+            x = E.kernel("embed.pos_add", Cost(rows * h, 2 * rows * h * E.e, rows * h * E.e),
+                         self._add_positions, x)
         c: Cache = {}
         if cfg.norm == "post":
-            res = E.kernel("lne.fwd", layernorm_cost(rows, h, E.e), layernorm, x,
-                           self.P["lne.g"], self.P["lne.b"], cfg.layernorm_eps)
-            x, c["lne"] = res if res is not None else (None, None)
+            x, c["lne"] = norm_forward(E, cfg, "lne", "lne", x, self.P, rows)
         p = cfg.hidden_dropout
         if p > 0:
             keep = masks.hidden(-1, "embed")
@@ -241,15 +243,11 @@ class StageModel:
             dx = E.kernel("embed.dropout.bwd", Cost(rows * h, rows * h * (E.e + MASK_BYTES),
                                                     rows * h * E.e), dropout, dx, c.get("keep"), p)
         if cfg.norm == "post":
-            res = E.kernel("lne.bwd", layernorm_cost(rows, h, E.e, backward=True),
-                           layernorm_back, dx, c["lne"], self.P["lne.g"])
-            dx, dg, db = res if res is not None else (None,) * 3
-            acc(self.G, "lne.g", dg)
-            acc(self.G, "lne.b", db)
-            ready(["lne.g", "lne.b"])
-        acc(self.G, "wpe", E.kernel("embed.pos.bwd", bias_grad_cost(rows, h, E.e),
-                                    self._position_grad, dx))
-        ready(["wpe"])
+            dx = norm_backward(E, cfg, "lne", "lne", dx, c["lne"], self.P, self.G, rows, ready)
+        if cfg.position == "learned":
+            acc(self.G, "wpe", E.kernel("embed.pos.bwd", bias_grad_cost(rows, h, E.e),
+                                        self._position_grad, dx))
+            ready(["wpe"])
         full = E.tp_gather_rows("embed.bwd", dx, d.rows, h) if d.sp else dx
         if E.on and self.G["wte"] is None:
             self.G["wte"] = np.zeros_like(self.P["wte"])
@@ -269,11 +267,9 @@ class StageModel:
         d, E, cfg = self.d, self.E, self.cfg
         c: Cache = {}
         if cfg.norm == "pre":
-            res = E.kernel("lnf.fwd", layernorm_cost(d.shard_rows, d.hidden, E.e), layernorm, x,
-                           self.P["lnf.g"], self.P["lnf.b"], cfg.layernorm_eps)
-            x, c["lnf"] = res if res is not None else (None, None)
-        logits, _ = E.column_parallel("head.fwd", x, _t(self.P["wte"]), d.rows, d.vocab,
-                                      d.hidden)
+            x, c["lnf"] = norm_forward(E, cfg, "lnf", "lnf", x, self.P, d.shard_rows)
+        logits, _ = E.column_parallel("head.fwd", x, transposed(self.P[self.head]), d.rows,
+                                      d.vocab, d.hidden)
         c["x"] = x                # the input (its sequence shard under SP: gathered again)
         c["logits"] = logits
         stats = E.kernel("head.ce.fwd", ce_cost(d.rows, d.vocab, E.e, E.kernels.mode),
@@ -293,15 +289,14 @@ class StageModel:
         dlogits = E.kernel("head.ce.bwd", ce_cost(d.rows, d.vocab, E.e, E.kernels.mode,
                                                      backward=True), ce_back,
                            c["logits"], c.get("lse"), targets, self.vocab_lo, scale)
-        dx, dw = E.column_parallel_back("head", dlogits, self.P["wte"], c["x"], d.rows,
+        dx, dw = E.column_parallel_back("head", dlogits, self.P[self.head], c["x"], d.rows,
                                         d.hidden, d.vocab)
-        acc(self.G, "wte", None if dw is None else np.ascontiguousarray(dw.T))   # [V/tp, H]
-        self.hooks.grad_accumulated("wte")
+        acc(self.G, self.head, None if dw is None else np.ascontiguousarray(dw.T))  # [V/tp, H]
+        if self.cfg.tied_embeddings:        # the table's gradient is not complete yet
+            self.hooks.grad_accumulated("wte")
+        else:
+            ready(["lm_head"])
         if self.cfg.norm == "pre":
-            res = E.kernel("lnf.bwd", layernorm_cost(d.shard_rows, d.hidden, E.e, backward=True),
-                           layernorm_back, dx, c["lnf"], self.P["lnf.g"])
-            dx, dg, db = res if res is not None else (None,) * 3
-            acc(self.G, "lnf.g", dg)
-            acc(self.G, "lnf.b", db)
-            ready(["lnf.g", "lnf.b"])
+            dx = norm_backward(E, self.cfg, "lnf", "lnf", dx, c["lnf"], self.P, self.G,
+                               d.shard_rows, ready)
         return dx

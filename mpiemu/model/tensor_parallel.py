@@ -60,7 +60,7 @@ def qkv_replicated(cfg: ModelConfig, tp: int) -> bool:
 
 def local_params(cfg: ModelConfig, tp: int) -> Iterator[LocalParam]:
     """Every parameter a TP rank holds, in forward order."""
-    h, vl, dh = cfg.hidden, cfg.padded_vocab // tp, cfg.head_dim
+    h, vl = cfg.hidden, cfg.padded_vocab // tp
     fl = cfg.ffn_hidden // tp
     yield LocalParam("wte", ("wte",), "vocab", (vl, h), -1)
     if cfg.position == "learned":

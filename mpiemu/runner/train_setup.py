@@ -51,6 +51,11 @@ def validate(w: Workload, world_size: int) -> None:
     if cfg.hidden % tp or cfg.ffn_hidden % tp:
         raise ConfigError("parallel.tp", tp, f"does not divide model.hidden={cfg.hidden} and "
                           f"model.ffn_hidden={cfg.ffn_hidden}; choose tp in {braces(ok_tp)}")
+    _validate_kv_heads(cfg, tp)
+    if w.optimizer.name == "lamb" and cfg.groups < tp:
+        raise ConfigError("optimizer.name", "lamb", f"LAMB's per-tensor norms need whole K "
+                          f"and V heads per rank; model.kv_heads={cfg.groups} < parallel.tp="
+                          f"{tp}: use 'adam' or tp <= kv_heads")
     if sp and cfg.seq_len % tp:
         raise ConfigError("model.seq_len", cfg.seq_len, f"is not divisible by parallel.tp={tp} "
                           "under parallel.sequence_parallel; choose tp in "
@@ -72,6 +77,21 @@ def validate(w: Workload, world_size: int) -> None:
     if resolve_device(w).kind == "gpu":
         check_overlap_devices(w, [w.overlap.strategy], "overlap.strategy")
     _validate_memory(w, world_size)
+
+
+def _validate_kv_heads(cfg: ModelConfig, tp: int) -> None:
+    """The KV heads split over TP, or TP a multiple of them (each then replicated over
+    tp / kv_heads ranks, Megatron-Core: "a multiple or divisor"), the grouped QKV output
+    split evenly."""
+    g = cfg.groups
+    if g % tp and tp % g:
+        ok = [t for t in divisors(cfg.heads) if g % t == 0 or t % g == 0]
+        raise ConfigError("parallel.tp", tp, f"neither divides nor is a multiple of "
+                          f"model.kv_heads={g}; choose tp in {braces(ok)}")
+    if g < tp and (cfg.heads + 2 * g) * cfg.head_dim % tp:
+        raise ConfigError("parallel.tp", tp, f"does not divide the QKV output's "
+                          f"{(cfg.heads + 2 * g) * cfg.head_dim} columns (model.kv_heads={g} "
+                          "is replicated over TP ranks, each making an even slice)")
 
 
 def _validate_pipeline(w: Workload, layers: int, gb: int) -> None:
@@ -106,11 +126,23 @@ def _validate_pipeline(w: Workload, layers: int, gb: int) -> None:
 
 
 def _validate_sunway(w: Workload) -> None:
-    """Sunway ranks: a matching preset, all-reduce TP (SWA 3.1) and no GPU overlap model."""
+    """Sunway ranks: a matching preset, all-reduce TP (SWA 3.1), no GPU overlap model, and
+    the GPT blocks SwFormer schedules (LayerNorm, GeLU, multi-head attention, biases)."""
     spec = resolve_device(w)
     if spec.kind != "sunway":
         return
     w.sunway.check_device(spec.kind, spec.compute_units)
+    cfg = w.model.resolve()
+    for key, gpt in (("norm_kind", "layernorm"), ("activation", "gelu"),
+                     ("position", "learned")):
+        if getattr(cfg, key) != gpt:
+            raise ConfigError(f"model.{key}", getattr(cfg, key), f"Sunway ranks schedule "
+                              f"SwFormer's GPT layer; use '{gpt}'")
+    if cfg.groups != cfg.heads or not cfg.bias:
+        raise ConfigError("model.kv_heads" if cfg.groups != cfg.heads else "model.bias",
+                          cfg.kv_heads if cfg.groups != cfg.heads else False,
+                          "Sunway ranks schedule SwFormer's GPT layer (multi-head attention "
+                          "with biases)")
     if w.parallel.sequence_parallel:
         raise ConfigError("parallel.sequence_parallel", True, "Sunway ranks model Megatron TP "
                           "with all-reduces (SWattention / SwFormer); set it to false")
@@ -121,7 +153,11 @@ def _validate_sunway(w: Workload) -> None:
 
 
 def _validate_kernels(w: Workload) -> None:
-    """Fused epilogues ride on the plain GEMM; the overlapped all-gather GEMM (SP) has none."""
+    """Fused epilogues ride on the plain GEMM; the overlapped all-gather GEMM (SP) has none;
+    they model cuBLASLt's GeLU epilogue (SwiGLU has none)."""
+    if w.train.fuse_epilogues and w.model.resolve().gated:
+        raise ConfigError("train.fuse_epilogues", True, "models cuBLASLt's bias + GeLU "
+                          "epilogues; it needs model.activation='gelu'")
     if w.train.fuse_epilogues and w.parallel.sequence_parallel and w.parallel.tp > 1:
         raise ConfigError("train.fuse_epilogues", True, "needs parallel.sequence_parallel="
                           "false (the all-gather -> GEMM of SP has no epilogue model)")

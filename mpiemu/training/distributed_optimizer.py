@@ -21,7 +21,7 @@ from ..comm.collectives import all_gather
 from .data_parallel import BucketShard, GradBuckets
 from .config import OptimizerConfig
 from ..model.executor import Executor
-from ..model.layers import Params
+from ..model.block import Params
 from .adam import (adam_cost, adam_direction, charge_passes, clip_coeff,
                    mixed_precision_passes)
 from ..model.tensor_parallel import LocalParam

@@ -49,7 +49,9 @@ class StageGradients:
         # gradients reduced elsewhere first (TP under SP; the tied table across stages):
         # they join the DP buckets at the end of the step
         sp_partial = [lp.name for lp in model.specs if lp.sp_partial] if model.d.sp else []
-        self.deferred = sp_partial + (["wte"] if model.pp > 1 and "wte" in model.P else [])
+        self.tied_across_stages = model.pp > 1 and model.cfg.tied_embeddings \
+            and "wte" in model.P            # a first or last stage, the table tied
+        self.deferred = sp_partial + (["wte"] if self.tied_across_stages else [])
         self.param_ready: dict[int, float] = {}     # layer -> parameters gathered (ZeRO)
         model.hooks = self
 
@@ -64,9 +66,9 @@ class StageGradients:
         """One micro-batch's gradients `names` are computed: each into Megatron's buffer
         (its hook), and into the DP buckets after the last micro-batch."""
         by_name = self.model.by_name
-        for n in names:
+        for n in names:      # a layer's matrix, or the output layer's: a wgrad GEMM's
             lp = by_name[n]
-            self._hook(n, from_gemm=lp.layer >= 0 and lp.decay)    # a layer's matrix: wgrad
+            self._hook(n, from_gemm=lp.decay and (lp.layer >= 0 or n == "lm_head"))
         if micro == self.model.micro_batches - 1:
             self.buckets.ready([n for n in names if n not in self.deferred], self.model.G,
                                self.E.t)
@@ -110,7 +112,7 @@ class StageGradients:
         """All-reduce the tied table's gradient between the first and last stage (Megatron
         `_allreduce_word_embedding_grads`)."""
         m = self.model
-        if self.embed is None or m.pp == 1 or "wte" not in m.G:
+        if self.embed is None or not self.tied_across_stages:
             return
         g = m.G["wte"]
         flat = None if g is None else np.ravel(g)

@@ -40,29 +40,36 @@ class Stored:
         return self.act * e + self.stats * STAT_BYTES + self.masks * MASK_BYTES
 
 
+def norm_stats(cfg: ModelConfig) -> int:
+    """fp32 statistics a norm keeps per row: LayerNorm's mean and rstd, RMSNorm's rstd."""
+    return 2 if cfg.norm_kind == "layernorm" else 1
+
+
 def layer_stored(cfg: ModelConfig, d: Dims, recompute: str = "none") -> Stored:
-    """What one layer keeps (pre- or post-LN alike): per sub-layer LN input and statistics,
-    the input of the column-parallel GEMM (a sequence shard under SP), and the sub-layer's
-    own tensors; under `full` recomputation only the layer's input."""
+    """What one layer keeps (pre- or post-norm alike): per sub-layer the norm's input and
+    statistics, the input of the column-parallel GEMM (a sequence shard under SP), and the
+    sub-layer's own tensors (q, the KV heads once each, the context; the MLP activation's
+    input and output); under `full` recomputation only the layer's input."""
     t, ts, h, w = d.rows, d.shard_rows, d.hidden, d.attn_width
     if recompute == "full":
         return Stored(act=ts * h)
     scores = d.batch * d.heads * d.seq * d.seq
     drop = cfg.hidden_dropout > 0
-    s = Stored(act=4 * ts * h, stats=4 * ts, masks=2 * ts * h if drop else 0)
-    s += Stored(act=3 * t * w + t * w)                        # q, k, v and the context
+    s = Stored(act=4 * ts * h, stats=2 * norm_stats(cfg) * ts, masks=2 * ts * h if drop else 0)
+    s += Stored(act=2 * t * w + 2 * t * d.kv_heads * d.head_dim)   # q, k, v, the context
     if cfg.attention == "flash":
         s += Stored(stats=d.batch * d.heads * d.seq)          # row log-sum-exp only
     elif recompute == "none":                                  # baseline, sd, sdf keep y
         pdrop = cfg.attention_dropout > 0
         s += Stored(act=scores * (2 if pdrop else 1), masks=scores if pdrop else 0)
-    return s + Stored(act=2 * t * d.ffn)                      # GeLU input and output
+    gated = 3 if cfg.gated else 2              # SwiGLU's [gate | up] input; GeLU's input
+    return s + Stored(act=gated * t * d.ffn)   # and the activation's output
 
 
 def embed_stored(cfg: ModelConfig, d: Dims) -> Stored:
     """What the first virtual stage keeps per micro-batch (post-LN norm; dropout mask)."""
     ts, h = d.shard_rows, d.hidden
-    s = Stored(act=ts * h, stats=2 * ts) if cfg.norm == "post" else Stored()
+    s = Stored(act=ts * h, stats=norm_stats(cfg) * ts) if cfg.norm == "post" else Stored()
     return s + (Stored(masks=ts * h) if cfg.hidden_dropout > 0 else Stored())
 
 
@@ -70,7 +77,7 @@ def head_stored(cfg: ModelConfig, d: Dims) -> Stored:
     """What the last virtual stage keeps per micro-batch: final norm (pre-LN), the head's
     input (a sequence shard under SP), logits and their log-sum-exp."""
     t, ts, h = d.rows, d.shard_rows, d.hidden
-    s = Stored(act=ts * h, stats=2 * ts) if cfg.norm == "pre" else Stored()
+    s = Stored(act=ts * h, stats=norm_stats(cfg) * ts) if cfg.norm == "pre" else Stored()
     return s + Stored(act=ts * h + t * d.vocab, stats=t)
 
 
@@ -126,7 +133,7 @@ def local_param_count(cfg: ModelConfig, tp: int, lay: Layout = Layout()) -> int:
     """Elements a rank of stage `lay.stage` holds: one layer's count times its layers, plus
     its embedding / head tensors (the cost grows with neither the layers nor the stages)."""
     params = list(local_params(replace(cfg, layers=1), tp))
-    edge = edge_names(lay.pp, lay.stage)
+    edge = edge_names(cfg, lay.pp, lay.stage)
     per_layer = sum(lp.size for lp in params if lp.layer == 0)
     edges = sum(lp.size for lp in params if lp.layer == -1 and lp.name in edge)
     return edges + per_layer * cfg.layers // lay.pp

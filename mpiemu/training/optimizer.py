@@ -26,7 +26,7 @@ from .data_parallel import GradBuckets
 from .config import OptimizerConfig
 from ..model.executor import Executor
 from .grad_buffer import megatron_optimizer
-from ..model.layers import Params
+from ..model.block import Params
 from ..model.ops import Cost
 from ..model.tensor_parallel import LocalParam
 from .distributed_optimizer import DistributedAdam

@@ -1,45 +1,24 @@
-"""One-process reference: a plain, unsharded numpy GPT/BERT, forward, backward, Adam/LAMB.
+"""One-process reference: a plain, unsharded numpy GPT/BERT/Llama, forward, backward, Adam/LAMB.
 
 Written independently of the sharded layers (batch-first [B, S, H], separate Wq/Wk/Wv, dense
-attention, its own LayerNorm/GeLU/softmax), sharing only what must be identical to compare
-at all: the seeded initial weights, data and dropout masks (`seeded`) and the normal CDF of
-the erf GeLU (`special`, thesis Eq. 4.1).
+attention, its own norms, activations, rotary positions and softmax in `reference_blocks`),
+sharing only what must be identical to compare at all: the seeded initial weights, data and
+dropout masks (`seeded`) and the normal CDF of the erf GeLU (`special`, thesis Eq. 4.1).
+
+Llama-family switches of `ModelConfig`: RMSNorm, SwiGLU (gate `w1`, up `w3`), rotary
+positions on q and k, grouped-query attention (`kv_heads`), linear layers without biases and
+an untied output layer `lm_head`; every combination, with the GPT and BERT paths unchanged.
 """
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 
 from ..model import seeded
 from ..model.config import ModelConfig
 from .config import CLIP_EPS, OptimizerConfig
-from ..model.special import norm_cdf, norm_pdf
-
-Cache = dict[str, Any]
-
-
-def _wgrad(x: np.ndarray, d: np.ndarray) -> np.ndarray:
-    """sum over batch and positions of x^T d: [B, S, I], [B, S, J] -> [I, J]."""
-    return x.reshape(-1, x.shape[-1]).T @ d.reshape(-1, d.shape[-1])
-
-
-def _ln(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> tuple[np.ndarray, Cache]:
-    mu = x.mean(-1, keepdims=True)
-    xc = x - mu
-    rstd = 1.0 / np.sqrt((xc * xc).mean(-1, keepdims=True) + eps)
-    xhat = xc * rstd
-    return xhat * g + b, {"xhat": xhat, "rstd": rstd, "g": g}
-
-
-def _ln_back(dy: np.ndarray, c: Cache) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    xhat, rstd = c["xhat"], c["rstd"]
-    axes = tuple(range(dy.ndim - 1))
-    dg, db = (dy * xhat).sum(axes), dy.sum(axes)
-    dxhat = dy * c["g"]
-    dx = rstd * (dxhat - dxhat.mean(-1, keepdims=True)
-                 - xhat * (dxhat * xhat).mean(-1, keepdims=True))
-    return dx, dg, db
+from .reference_blocks import (Cache, apply_rope, apply_rope_back, gelu, gelu_grad, layer_norm,
+                               layer_norm_back, repeat_kv, rms_norm, rms_norm_back, rope_tables,
+                               silu, silu_grad, sum_kv, wgrad)
 
 
 class Reference:
@@ -53,6 +32,8 @@ class Reference:
         self.m = {k: np.zeros_like(v) for k, v in self.params.items()}
         self.v = {k: np.zeros_like(v) for k, v in self.params.items()}
         self.step_count = 0
+        # rotary cos / sin [S, head_dim] of every position, shared by all layers and heads
+        self.rope = rope_tables(cfg, cfg.seq_len, dtype) if cfg.position == "rope" else None
 
     # -- dropout masks, generated over the whole global batch ------------------------------
     def _hidden_mask(self, it: int, layer: int, site: str) -> np.ndarray | None:
@@ -65,6 +46,7 @@ class Reference:
         return keep.astype(self.dtype) / self.dtype(1.0 - p)
 
     def _probs_mask(self, it: int, layer: int) -> np.ndarray | None:
+        """(B, heads, S, S): one mask per query head, also under grouped-query attention."""
         p = self.cfg.attention_dropout
         if p == 0.0:
             return None
@@ -74,29 +56,64 @@ class Reference:
                          for b in range(self.global_batch)])
         return keep.astype(self.dtype) / self.dtype(1.0 - p)
 
+    # -- linear layers and norms, with or without biases -----------------------------------
+    def _linear(self, x: np.ndarray, w: str, b: str) -> np.ndarray:
+        """x @ W (+ bias when the model has biases)."""
+        y = x @ self.params[w]
+        return y + self.params[b] if b in self.params else y
+
+    def _linear_back(self, x: np.ndarray, d: np.ndarray, w: str, b: str,
+                     g: dict[str, np.ndarray]) -> None:
+        """The weight's (and bias') gradient of `_linear` from its input x and output grad d."""
+        g[w] = wgrad(x, d)
+        if b in self.params:
+            g[b] = d.sum((0, 1))
+
+    def _norm(self, name: str, x: np.ndarray) -> tuple[np.ndarray, Cache]:
+        """The norm `name` (LayerNorm or RMSNorm, `cfg.norm_kind`) over the hidden axis."""
+        p, eps = self.params, self.cfg.layernorm_eps
+        if self.cfg.norm_kind == "rmsnorm":
+            return rms_norm(x, p[name + ".g"], eps)
+        return layer_norm(x, p[name + ".g"], p[name + ".b"], eps)
+
+    def _norm_back(self, name: str, dy: np.ndarray, c: Cache,
+                   g: dict[str, np.ndarray]) -> np.ndarray:
+        """Gradients of `_norm`: its gain's (and LayerNorm bias') into g, dx returned."""
+        if self.cfg.norm_kind == "rmsnorm":
+            dx, g[name + ".g"] = rms_norm_back(dy, c)
+            return dx
+        dx, g[name + ".g"], g[name + ".b"] = layer_norm_back(dy, c)
+        return dx
+
     # -- sub-layers -------------------------------------------------------------------------
     def _attention(self, x: np.ndarray, i: int, it: int) -> tuple[np.ndarray, Cache]:
-        cfg, p = self.cfg, self.params
+        """Softmax attention; query head j reads KV head j // (heads // groups) (GQA), q and
+        k rotated by their positions under rotary embeddings."""
+        cfg = self.cfg
         pre = f"layers.{i}.attn."
         bsz, s, h = x.shape
-        nh, dh = cfg.heads, cfg.head_dim
+        nh, ng, dh = cfg.heads, cfg.groups, cfg.head_dim
 
-        def heads(t: np.ndarray) -> np.ndarray:
-            return t.reshape(bsz, s, nh, dh).transpose(0, 2, 1, 3)   # (B, nh, S, dh)
+        def heads(t: np.ndarray, n: int) -> np.ndarray:
+            return t.reshape(bsz, s, n, dh).transpose(0, 2, 1, 3)     # (B, n, S, dh)
 
-        q = heads(x @ p[pre + "wq"] + p[pre + "bq"])
-        k = heads(x @ p[pre + "wk"] + p[pre + "bk"])
-        v = heads(x @ p[pre + "wv"] + p[pre + "bv"])
-        scores = (q @ k.transpose(0, 1, 3, 2)) / np.sqrt(dh)
+        q = heads(self._linear(x, pre + "wq", pre + "bq"), nh)
+        k = heads(self._linear(x, pre + "wk", pre + "bk"), ng)
+        v = heads(self._linear(x, pre + "wv", pre + "bv"), ng)
+        if self.rope is not None:
+            cos, sin = self.rope[0][:s], self.rope[1][:s]            # (S, dh)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k_all, v_all = repeat_kv(k, nh // ng), repeat_kv(v, nh // ng)   # (B, nh, S, dh)
+        scores = (q @ k_all.transpose(0, 1, 3, 2)) / np.sqrt(dh)        # (B, nh, S, S)
         if cfg.causal:
             scores = np.where(np.tril(np.ones((s, s), bool)), scores, -np.inf)
         e = np.exp(scores - scores.max(-1, keepdims=True))
         probs = e / e.sum(-1, keepdims=True)
         mask = self._probs_mask(it, i)
         dropped = probs if mask is None else probs * mask
-        o = (dropped @ v).transpose(0, 2, 1, 3).reshape(bsz, s, h)
-        out = o @ p[pre + "wo"] + p[pre + "bo"]
-        return out, {"x": x, "q": q, "k": k, "v": v, "probs": probs, "mask": mask,
+        o = (dropped @ v_all).transpose(0, 2, 1, 3).reshape(bsz, s, h)  # (B, S, H)
+        out = self._linear(o, pre + "wo", pre + "bo")
+        return out, {"x": x, "q": q, "k": k_all, "v": v_all, "probs": probs, "mask": mask,
                      "dropped": dropped, "o": o}
 
     def _attention_back(self, dout: np.ndarray, c: Cache, i: int,
@@ -104,59 +121,68 @@ class Reference:
         p = self.params
         pre = f"layers.{i}.attn."
         bsz, s, h = dout.shape
-        nh, dh = self.cfg.heads, self.cfg.head_dim
-        g[pre + "wo"] = _wgrad(c["o"], dout)
-        g[pre + "bo"] = dout.sum((0, 1))
+        nh, dh, rep = self.cfg.heads, self.cfg.head_dim, self.cfg.heads // self.cfg.groups
+        self._linear_back(c["o"], dout, pre + "wo", pre + "bo", g)
         do = (dout @ p[pre + "wo"].T).reshape(bsz, s, nh, dh).transpose(0, 2, 1, 3)
-        dv = c["dropped"].transpose(0, 1, 3, 2) @ do
+        dv = c["dropped"].transpose(0, 1, 3, 2) @ do                   # (B, nh, S, dh)
         ddropped = do @ c["v"].transpose(0, 1, 3, 2)
         dprobs = ddropped if c["mask"] is None else ddropped * c["mask"]
         probs = c["probs"]
         dscores = probs * (dprobs - (dprobs * probs).sum(-1, keepdims=True)) / np.sqrt(dh)
         dq = dscores @ c["k"]
         dk = dscores.transpose(0, 1, 3, 2) @ c["q"]
+        dk, dv = sum_kv(dk, rep), sum_kv(dv, rep)                      # (B, groups, S, dh)
+        if self.rope is not None:
+            cos, sin = self.rope[0][:s], self.rope[1][:s]
+            dq, dk = apply_rope_back(dq, cos, sin), apply_rope_back(dk, cos, sin)
         dx = np.zeros_like(c["x"])
         for name, d in (("q", dq), ("k", dk), ("v", dv)):
-            d2 = d.transpose(0, 2, 1, 3).reshape(bsz, s, h)
-            g[pre + f"w{name}"] = _wgrad(c["x"], d2)
-            g[pre + f"b{name}"] = d2.sum((0, 1))
+            d2 = d.transpose(0, 2, 1, 3).reshape(bsz, s, -1)           # (B, S, n * dh)
+            self._linear_back(c["x"], d2, pre + f"w{name}", pre + f"b{name}", g)
             dx += d2 @ p[pre + f"w{name}"].T
         return dx
 
     def _mlp(self, x: np.ndarray, i: int) -> tuple[np.ndarray, Cache]:
-        p = self.params
+        """GeLU: W2 gelu(W1 x); SwiGLU: W2 (silu(W1 x) * W3 x), W1 the gate, W3 the up."""
         pre = f"layers.{i}.mlp."
-        f = x @ p[pre + "w1"] + p[pre + "b1"]
-        act = f * norm_cdf(f)
-        return act @ p[pre + "w2"] + p[pre + "b2"], {"x": x, "f": f, "act": act}
+        f = self._linear(x, pre + "w1", pre + "b1")                    # (B, S, ffn)
+        c: Cache = {"x": x, "f": f}
+        if self.cfg.gated:
+            c["up"] = self._linear(x, pre + "w3", pre + "b3")
+            c["act"] = silu(f) * c["up"]
+        else:
+            c["act"] = gelu(f)
+        return self._linear(c["act"], pre + "w2", pre + "b2"), c
 
     def _mlp_back(self, dout: np.ndarray, c: Cache, i: int,
                   g: dict[str, np.ndarray]) -> np.ndarray:
         p = self.params
         pre = f"layers.{i}.mlp."
-        g[pre + "w2"] = _wgrad(c["act"], dout)
-        g[pre + "b2"] = dout.sum((0, 1))
+        self._linear_back(c["act"], dout, pre + "w2", pre + "b2", g)
         dact = dout @ p[pre + "w2"].T
         f = c["f"]
-        df = dact * (norm_cdf(f) + f * norm_pdf(f))
-        g[pre + "w1"] = _wgrad(c["x"], df)
-        g[pre + "b1"] = df.sum((0, 1))
-        return df @ p[pre + "w1"].T
+        if not self.cfg.gated:
+            df = dact * gelu_grad(f)
+            self._linear_back(c["x"], df, pre + "w1", pre + "b1", g)
+            return df @ p[pre + "w1"].T
+        df = dact * c["up"] * silu_grad(f)
+        dup = dact * silu(f)
+        self._linear_back(c["x"], df, pre + "w1", pre + "b1", g)
+        self._linear_back(c["x"], dup, pre + "w3", pre + "b3", g)
+        return df @ p[pre + "w1"].T + dup @ p[pre + "w3"].T
 
     def _sublayer(self, x: np.ndarray, i: int, it: int, which: str) -> tuple[np.ndarray, Cache]:
         """pre-LN: x + DR(F(LN(x))); post-LN: LN(x + DR(F(x))) (thesis 2.2.2 Add & Norm)."""
         ln = f"layers.{i}." + ("ln1" if which == "attn" else "ln2")
-        eps = self.cfg.layernorm_eps
         mask = self._hidden_mask(it, i, "attn_out" if which == "attn" else "mlp_out")
         fn = self._attention if which == "attn" else (lambda t, j, _: self._mlp(t, j))
         c: Cache = {"mask": mask}
         if self.cfg.norm == "pre":
-            y, c["ln"] = _ln(x, self.params[ln + ".g"], self.params[ln + ".b"], eps)
+            y, c["ln"] = self._norm(ln, x)
             out, c["f"] = fn(y, i, it)
             return x + (out if mask is None else out * mask), c
         out, c["f"] = fn(x, i, it)
-        y, c["ln"] = _ln(x + (out if mask is None else out * mask),
-                         self.params[ln + ".g"], self.params[ln + ".b"], eps)
+        y, c["ln"] = self._norm(ln, x + (out if mask is None else out * mask))
         return y, c
 
     def _sublayer_back(self, dy: np.ndarray, c: Cache, i: int, which: str,
@@ -166,9 +192,8 @@ class Reference:
         if self.cfg.norm == "pre":
             dout = dy if c["mask"] is None else dy * c["mask"]
             dln = back(dout, c["f"], i, g)
-            dx, g[ln + ".g"], g[ln + ".b"] = _ln_back(dln, c["ln"])
-            return dy + dx
-        dsum, g[ln + ".g"], g[ln + ".b"] = _ln_back(dy, c["ln"])
+            return dy + self._norm_back(ln, dln, c["ln"], g)
+        dsum = self._norm_back(ln, dy, c["ln"], g)
         dout = dsum if c["mask"] is None else dsum * c["mask"]
         return dsum + back(dout, c["f"], i, g)
 
@@ -178,9 +203,11 @@ class Reference:
         """Mean next-token cross-entropy over the global batch and its gradients."""
         cfg, p = self.cfg, self.params
         bsz, s = tokens.shape
-        x = p["wte"][tokens] + p["wpe"][None, :s]
+        learned = cfg.position == "learned"
+        head = "wte" if cfg.tied_embeddings else "lm_head"     # the output layer's weight
+        x = p["wte"][tokens] + p["wpe"][None, :s] if learned else p["wte"][tokens]
         if cfg.norm == "post":
-            x, c_lne = _ln(x, p["lne.g"], p["lne.b"], cfg.layernorm_eps)
+            x, c_lne = self._norm("lne", x)
         emb_mask = self._hidden_mask(it, -1, "embed")
         x = x if emb_mask is None else x * emb_mask
         caches = []
@@ -189,8 +216,8 @@ class Reference:
             x, cm = self._sublayer(x, i, it, "mlp")
             caches.append((ca, cm))
         if cfg.norm == "pre":
-            x, c_lnf = _ln(x, p["lnf.g"], p["lnf.b"], cfg.layernorm_eps)
-        logits = x @ p["wte"].T                                        # (B, S, V)
+            x, c_lnf = self._norm("lnf", x)
+        logits = x @ p[head].T                                         # (B, S, V)
         mx = logits.max(-1, keepdims=True)
         lse = mx[..., 0] + np.log(np.exp(logits - mx).sum(-1))
         n = bsz * s
@@ -202,19 +229,22 @@ class Reference:
         np.put_along_axis(dlogits, targets[..., None],
                           np.take_along_axis(dlogits, targets[..., None], -1) - 1.0, -1)
         dlogits /= n
-        g["wte"] = _wgrad(dlogits, x)
-        dx = dlogits @ p["wte"]
+        g[head] = wgrad(dlogits, x)
+        dx = dlogits @ p[head]
         if cfg.norm == "pre":
-            dx, g["lnf.g"], g["lnf.b"] = _ln_back(dx, c_lnf)
+            dx = self._norm_back("lnf", dx, c_lnf, g)
         for i in reversed(range(cfg.layers)):
             ca, cm = caches[i]
             dx = self._sublayer_back(dx, cm, i, "mlp", g)
             dx = self._sublayer_back(dx, ca, i, "attn", g)
         dx = dx if emb_mask is None else dx * emb_mask
         if cfg.norm == "post":
-            dx, g["lne.g"], g["lne.b"] = _ln_back(dx, c_lne)
-        g["wpe"] = np.zeros_like(p["wpe"])
-        g["wpe"][:s] = dx.sum(0)
+            dx = self._norm_back("lne", dx, c_lne, g)
+        if learned:
+            g["wpe"] = np.zeros_like(p["wpe"])
+            g["wpe"][:s] = dx.sum(0)
+        if not cfg.tied_embeddings:
+            g["wte"] = np.zeros_like(p["wte"])
         np.add.at(g["wte"], tokens.reshape(-1), dx.reshape(-1, cfg.hidden))
         return loss, g
 
