@@ -23,3 +23,16 @@ def test_model_and_hardware_flops_are_the_papers_formulas(name: str, batch: int)
 
 def test_utilization_is_flops_over_time_devices_and_peak() -> None:
     assert utilization(312e12 * 8 * 2.0 * 0.5, 2.0, 8, 312e12) == pytest.approx(0.5)
+
+
+def test_llama_flops_count_grouped_query_attention_and_swiglu() -> None:
+    """Llama 3 8B at s = 8192: 57.91 GFLOP per token with the attention core counted whole
+    (torchtitan's and PaLM App. B's count, 6 N_matmul + 12 L h s; Megatron-Core, which halves
+    the core for the causal mask, gives 51.47: modern_training.md 2.2)."""
+    cfg = load_model_preset("llama3-8b").config
+    per_token = model_flops(cfg, 1) / cfg.seq_len
+    assert per_token / 1e9 == pytest.approx(57.91, abs=0.005)
+    L, h, s = cfg.layers, cfg.hidden, cfg.seq_len
+    norms = (2 * L + 1) * h                                    # RMSNorm gains
+    n_matmul = cfg.param_count() - cfg.padded_vocab * h - norms    # nor the input embedding
+    assert per_token == pytest.approx(6 * n_matmul + 12 * L * h * s, rel=1e-9)

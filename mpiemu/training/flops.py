@@ -10,6 +10,9 @@ three times the attention core's forward GEMMs more (the recomputed forward GEMM
 are one time: Eq. 8 is what Megatron's HFU figures use, so we follow it); full, every
 layer's forward again (Narayanan et al. 2021 Eq. 3, 96 B s L h^2 (1 + s/(6h) +
 V/(16 h L))). MFU = model FLOPs / (time x devices x peak), HFU the same with hardware FLOPs.
+Llama-family blocks count as Megatron-Core's `num_floating_point_operations` does
+(megatron/training/training.py): QKV 2 h (h + 2 h_kv) with grouped-query attention, the MLP
+2 h f g with g = 3 for SwiGLU (gate, up, down) and 2 otherwise; the attention core as above.
 """
 from __future__ import annotations
 
@@ -19,8 +22,10 @@ from ..model.config import ModelConfig
 def layer_forward_flops(cfg: ModelConfig, tokens: int) -> tuple[float, float]:
     """(GEMM FLOPs of one layer's forward, of which the attention core) for `tokens`."""
     h, f, s = cfg.hidden, cfg.ffn_hidden, cfg.seq_len
+    kv = cfg.groups * cfg.head_dim                       # K and V widths (GQA: fewer heads)
+    mlp = (3 if cfg.gated else 2) * h * f
     core = 2.0 * 2 * s * h * tokens
-    return 2.0 * (4 * h * h + 2 * h * f) * tokens + core, core
+    return 2.0 * (h * (h + 2 * kv) + h * h + mlp) * tokens + core, core
 
 
 def model_flops(cfg: ModelConfig, global_batch: int) -> float:
