@@ -28,6 +28,20 @@ CASES = [
     (4, "tp-dp-full", ["parallel.tp=2", "parallel.dp=2", "train.recompute='full'",
                        "model.kv_heads=1"]),
     (4, "dp-distributed", ["parallel.dp=4", "optimizer.distributed=true"]),
+    # context parallelism (flash attention, as Transformer Engine requires)
+    (2, "cp2-ring", ["parallel.cp=2", "model.attention='flash'"]),
+    (2, "cp2-allgather-dropout", ["parallel.cp=2", "parallel.cp_comm='all_gather'",
+                                  "model.attention='flash'", "model.attention_dropout=0.1",
+                                  "model.hidden_dropout=0.1"]),
+    (4, "cp4-ring-selective", ["parallel.cp=4", "model.attention='flash'",
+                               "train.recompute='selective'"]),
+    (4, "cp4-allgather-full", ["parallel.cp=4", "parallel.cp_comm='all_gather'",
+                               "model.attention='flash'", "train.recompute='full'"]),
+    (4, "cp2-tp2-sp", ["parallel.cp=2", "parallel.tp=2", "parallel.sequence_parallel=true",
+                       "model.attention='flash'", "model.kv_heads=1"]),
+    (4, "cp2-pp2", ["parallel.cp=2", "parallel.pp=2", "model.attention='flash'"]),
+    (4, "cp2-dp2-distributed", ["parallel.cp=2", "parallel.dp=2", "optimizer.distributed=true",
+                                "model.attention='flash'"]),
 ]
 
 

@@ -1,8 +1,9 @@
-"""The TP x DP x PP process grid: sub-communicators for each group.
+"""The TP x CP x DP x PP process grid: sub-communicators for each group.
 
-Ranks are laid out tensor-parallel fastest, then data-parallel, then pipeline (Megatron-LM's
-default order "tp-dp-pp", megatron/core/parallel_state.py `RankGenerator`):
-rank = tp_rank + tp * (dp_rank + dp * pp_rank). Worked example, 8 ranks, tp=2, dp=2, pp=2:
+Ranks are laid out tensor-parallel fastest, then context-parallel, data-parallel, pipeline
+(Megatron-Core's default order "tp-cp-dp-pp", megatron/core/parallel_state.py
+`RankGenerator`): rank = tp_rank + tp (cp_rank + cp (dp_rank + dp pp_rank)). Worked example,
+8 ranks, tp=2, dp=2, pp=2 (cp=1):
 
     rank:       0  1  2  3  4  5  6  7
     tp_rank:    0  1  0  1  0  1  0  1
@@ -14,7 +15,9 @@ rank = tp_rank + tp * (dp_rank + dp * pp_rank). Worked example, 8 ranks, tp=2, d
     embedding groups: [0, 4], [1, 5], [2, 6], [3, 7]   (first and last stage: tied wte)
     model-parallel:   [0, 1, 4, 5], [2, 3, 6, 7]       (one replica: the gradient norm)
 
-With pp = 1 the embedding group is the rank alone (the table is not duplicated).
+With cp = 2 (tp=2, dp=1, pp=1: ranks 0..3) the CP groups are [0, 2] and [1, 3] (the same TP
+rank of each sequence chunk pair), and gradients are reduced over DP x CP (`dp_cp_comm`,
+Megatron-Core's intra_dp_cp_group). With pp = 1 the embedding group is the rank alone.
 
 Folded (`comm.mirror`, timing only): the job has one MPI rank per stage, MPI rank p playing
 emulated rank (0, 0, p); its TP and DP groups are `Mirror`s of their images, the PP and
@@ -44,19 +47,25 @@ class ProcessGrid:
             self._folded(world, shape, fold)
             return
         if world.Get_size() != shape.size:
-            raise ValueError(f"parallel.tp*parallel.dp*parallel.pp = {shape.tp}*{shape.dp}*"
-                             f"{shape.pp} = {shape.size} but the job has {world.Get_size()} "
-                             "ranks")
+            raise ValueError(f"parallel.tp*parallel.cp*parallel.dp*parallel.pp = {shape.tp}*"
+                             f"{shape.cp}*{shape.dp}*{shape.pp} = {shape.size} but the job "
+                             f"has {world.Get_size()} ranks")
         self.rank = world.Get_rank()
         self.tp_rank, self.dp_rank, self.pp_rank = shape.coords(self.rank)
-        t, d, p = self.tp_rank, self.dp_rank, self.pp_rank
-        self.tp_comm: Any = world.Split(color=d + shape.dp * p, key=t)
-        self.dp_comm: Any = world.Split(color=t + shape.tp * p, key=d)
-        self.pp_comm = world.Split(color=t + shape.tp * d, key=p)
-        self.mp_comm: Any = world.Split(color=d, key=t + shape.tp * p)
+        self.cp_rank = shape.cp_rank(self.rank)
+        t, c, d, p = self.tp_rank, self.cp_rank, self.dp_rank, self.pp_rank
+        tp, cp, dp = shape.tp, shape.cp, shape.dp
+        self.tp_comm: Any = world.Split(color=c + cp * (d + dp * p), key=t)
+        self.cp_comm: Any = world.Split(color=t + tp * (d + dp * p), key=c)
+        self.dp_comm: Any = world.Split(color=t + tp * (c + cp * p), key=d)
+        # gradients are reduced over DP x CP (Megatron-Core's intra_dp_cp_group)
+        self.dp_cp_comm: Any = world.Split(color=t + tp * p, key=c + cp * d) if cp > 1 \
+            else self.dp_comm
+        self.pp_comm = world.Split(color=t + tp * (c + cp * d), key=p)
+        self.mp_comm: Any = world.Split(color=c + cp * d, key=t + tp * p)
         self.world_comm: Any = world
         self.world_map = list(range(shape.size))    # device of each MPI world rank
-        self._embed(world, t + shape.tp * d)
+        self._embed(world, t + tp * (c + cp * d))
 
     def _embed(self, world: MPI.Comm, color: int) -> None:
         ends = self.pp_rank in (0, self.shape.pp - 1)
@@ -67,10 +76,11 @@ class ProcessGrid:
         """One MPI rank per stage: TP / DP groups mirrored, PP / embedding groups real."""
         p = world.Get_rank()
         self.rank = fold.rep(p)
-        self.tp_rank, self.dp_rank, self.pp_rank = 0, 0, p
+        self.tp_rank, self.dp_rank, self.pp_rank, self.cp_rank = 0, 0, p, 0
         s = shape
         self.tp_comm = Mirror("tp", s.tp, 0, [s.rank_of(t, 0, p) for t in range(s.tp)])
         self.dp_comm = Mirror("dp", s.dp, 0, [s.rank_of(0, d, p) for d in range(s.dp)])
+        self.cp_comm = self.dp_cp_comm = self.dp_comm if s.cp == 1 else None
         self.pp_comm = world.Dup()
         self.mp_comm = Mirror("mp", s.tp * s.pp, s.tp * p,
                               [s.rank_of(t, 0, k) for k in range(s.pp) for t in range(s.tp)],
@@ -93,6 +103,10 @@ class ProcessGrid:
         return self.shape.pp
 
     @property
+    def cp(self) -> int:
+        return self.shape.cp
+
+    @property
     def first_stage(self) -> bool:
         return self.pp_rank == 0
 
@@ -102,6 +116,9 @@ class ProcessGrid:
 
     def free(self) -> None:
         """Release the sub-communicators."""
-        for c in (self.tp_comm, self.dp_comm, self.pp_comm, self.mp_comm, self.embed_comm):
+        groups = [self.tp_comm, self.dp_comm, self.pp_comm, self.mp_comm, self.embed_comm]
+        if self.cp > 1:
+            groups += [self.cp_comm, self.dp_cp_comm]
+        for c in groups:
             if c != MPI.COMM_NULL:
                 c.Free()

@@ -16,28 +16,35 @@ from typing import Callable, NamedTuple
 
 @dataclass(frozen=True)
 class GridShape:
-    """tp x dp x pp must equal the world size."""
+    """tp x cp x dp x pp must equal the world size; ranks in Megatron-Core's order
+    "tp-cp-dp-pp": rank = tp_rank + tp (cp_rank + cp (dp_rank + dp pp_rank))."""
 
     tp: int
     dp: int
     pp: int = 1
+    cp: int = 1
 
     def __post_init__(self) -> None:
         for name, v in (("parallel.tp", self.tp), ("parallel.dp", self.dp),
-                        ("parallel.pp", self.pp)):
+                        ("parallel.pp", self.pp), ("parallel.cp", self.cp)):
             if v < 1:
                 raise ValueError(f"{name}={v} must be >= 1")
 
     @property
     def size(self) -> int:
-        return self.tp * self.dp * self.pp
+        return self.tp * self.cp * self.dp * self.pp
 
     def coords(self, rank: int) -> tuple[int, int, int]:
-        """(tp_rank, dp_rank, pp_rank) of a world rank."""
-        return rank % self.tp, rank // self.tp % self.dp, rank // (self.tp * self.dp)
+        """(tp_rank, dp_rank, pp_rank) of a world rank (its CP rank: `cp_rank`)."""
+        inner = self.tp * self.cp
+        return rank % self.tp, rank // inner % self.dp, rank // (inner * self.dp)
 
-    def rank_of(self, tp_rank: int, dp_rank: int, pp_rank: int) -> int:
-        return tp_rank + self.tp * (dp_rank + self.dp * pp_rank)
+    def cp_rank(self, rank: int) -> int:
+        """The context-parallel rank of a world rank."""
+        return rank // self.tp % self.cp
+
+    def rank_of(self, tp_rank: int, dp_rank: int, pp_rank: int, cp_rank: int = 0) -> int:
+        return tp_rank + self.tp * (cp_rank + self.cp * (dp_rank + self.dp * pp_rank))
 
 
 class Fold(NamedTuple):

@@ -21,7 +21,7 @@ from ..net import (ALGORITHMS, PROTOCOLS, TOPOLOGIES, Network, NetworkSpec, list
                    load_network)
 from .errors import ConfigError
 from .overlap_section import OverlapSection, SublayersSection
-from ..model.pipeline_schedules import SCHEDULES
+from .parallel_section import ParallelSection
 from .sunway_section import SunwaySection
 from .sweep_section import LayerSweepSection
 from .train_section import ModelSection, OptimizerSection, TrainSection
@@ -142,41 +142,6 @@ class NetworkSection:
                 raise ConfigError(exc.field, exc.value, exc.allowed) from None
 
 
-MAX_DEVICES = 1 << 17   # emulator limit: 131072 emulated devices, above any cluster's GPUs
-
-
-@dataclass(frozen=True)
-class ParallelSection:
-    """The TP x DP x PP grid (tp * dp * pp must equal the number of ranks) and the pipeline
-    schedule: `gpipe`, `1f1b` or `interleaved` with `virtual_stages` model chunks per
-    stage (Megatron-LM --num-layers-per-virtual-pipeline-stage = layers / (pp v))."""
-
-    tp: int = 1
-    dp: int = 1
-    pp: int = 1
-    sequence_parallel: bool = False  # RS after row-parallel, AG before column-parallel GEMMs
-    schedule: str = "1f1b"
-    virtual_stages: int = 1
-
-    def __post_init__(self) -> None:
-        for name in ("tp", "dp", "pp", "virtual_stages"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"parallel.{name}", getattr(self, name), "an integer >= 1")
-        if self.tp * self.dp * self.pp > MAX_DEVICES:
-            raise ConfigError("parallel.tp*parallel.dp*parallel.pp",
-                              f"{self.tp}*{self.dp}*{self.pp}={self.tp * self.dp * self.pp}",
-                              f"at most {MAX_DEVICES} emulated devices (a folded job still "
-                              "lists every device's place)")
-        if self.schedule not in SCHEDULES:
-            raise ConfigError("parallel.schedule", self.schedule, SCHEDULES)
-        if self.schedule == "interleaved" and self.virtual_stages < 2:
-            raise ConfigError("parallel.virtual_stages", self.virtual_stages,
-                              "an integer >= 2 with parallel.schedule = 'interleaved'")
-        if self.schedule != "interleaved" and self.virtual_stages != 1:
-            raise ConfigError("parallel.virtual_stages", self.virtual_stages,
-                              "1 unless parallel.schedule = 'interleaved'")
-
-
 @dataclass(frozen=True)
 class CollectivesSection:
     """A sweep of ring collectives over message sizes."""
@@ -249,13 +214,12 @@ class Workload:
                               "(it names the run directory)")
 
     def check_world(self, world_size: int) -> None:
-        """tp * dp must equal the number of ranks the job was launched with."""
+        """tp * cp * dp * pp must equal the number of ranks the job was launched with."""
         resolve_network(self, resolve_device(self, 0))      # its values first: any world
         self._check_debug(world_size)
-        tp, dp, pp = self.parallel.tp, self.parallel.dp, self.parallel.pp
-        if tp * dp * pp != world_size:
-            raise ConfigError("parallel.tp*parallel.dp*parallel.pp",
-                              f"{tp}*{dp}*{pp}={tp * dp * pp}",
+        par = self.parallel
+        if par.devices != world_size:
+            raise ConfigError(par.grid_field, par.grid_value,
                               f"must equal the {world_size} ranks of this job")
         presets = self.device.rank_presets
         if presets and len(presets) != world_size:

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..comm.collectives import all_gather, all_reduce, all_reduce_scalars, reduce_scatter
-from ..comm.p2p import TimedComm
+from ..comm.p2p import RecvHandle, SendHandle, TimedComm
 from ..devices import attention_gpu as ag
 from ..devices.attention_gpu import AttnShape
 from ..devices.gemm import NO_EPILOGUE, Epilogue
@@ -31,7 +31,7 @@ class GpuExecutor:
     """Math plus emulated charge for every op of one rank, on one critical-path cursor."""
 
     def __init__(self, setup: ExecutorSetup) -> None:
-        self.tl, self.cost, self.tp = setup.tl, setup.cost, setup.tp
+        self.tl, self.cost, self.tp, self.cp = setup.tl, setup.cost, setup.tp, setup.cp
         self.tp_async, self.kernels = setup.tp_async, setup.kernels
         self.dtype, self.e = setup.dtype, dtype_bytes(setup.dtype)
         self.on, self.overlap, self.sp = setup.numerics, setup.overlap, setup.dims.sp
@@ -264,11 +264,33 @@ class GpuExecutor:
                            itemsize: int) -> Array:
         return self._at_cursor(all_reduce_scalars, group, name, x, count, itemsize)
 
+    def all_gather(self, group: TimedComm, name: str, x: Array, count: int,
+                   itemsize: int) -> Array:
+        y, span = all_gather(group, x, total=group.size * count, after=self._t, count=count,
+                             wire_itemsize=itemsize, label=name, unit=count)
+        self._t = span.t_end
+        return y
+
+    def reduce_scatter(self, group: TimedComm, name: str, x: Array, count: int,
+                       itemsize: int) -> Array:
+        return self._at_cursor(reduce_scatter, group, name, x, count, itemsize,
+                               unit=count // group.size)
+
+    def send(self, group: TimedComm, name: str, buf: Array, dest: int, tag: int,
+             nbytes: float) -> SendHandle:
+        return group.isend(buf, dest, tag, nbytes, self._t, label=name)
+
+    def recv(self, group: TimedComm, buf: Array, source: int, tag: int) -> RecvHandle:
+        return group.irecv(buf, source, tag, self._t)
+
+    def wait_recv(self, handle: RecvHandle) -> None:
+        self._t = max(self._t, handle.wait())
+
     def _at_cursor(self, coll: Callable[..., tuple[Array, Span]], group: TimedComm, name: str,
-                   x: Array, count: int, itemsize: int) -> Array:
+                   x: Array, count: int, itemsize: int, **kw: int) -> Array:
         """A collective on another group, issued at the cursor and waited for."""
         y, span = coll(group, x, reduce_s=self.cost.reduction_s, after=self._t, count=count,
-                       wire_itemsize=itemsize, label=name)
+                       wire_itemsize=itemsize, label=name, **kw)
         self._t = span.t_end
         return y
 

@@ -40,6 +40,7 @@ class ExecutorSetup:
     tp_async: bool = True             # Megatron's asynchronous TP gradient reduction
     # Megatron's gradient buffer: a weight-gradient GEMM's [rows, cols] epilogue, or None
     wgrad_epilogue: Callable[[int, int], Epilogue] | None = None
+    cp: TimedComm | None = None       # the context-parallel group (parallel.cp > 1)
     sunway_scheduler: str = "ka"      # [sunway] scheduler and attention kernel
     sunway_attention: str = "swattention"
 

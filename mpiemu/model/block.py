@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from .config import ModelConfig
 from .dims import Dims
 from .executor import Array, Executor, Ready
@@ -63,8 +65,13 @@ class Block:
     """A part of layer `index` on one rank: parameters `layers.<index>.*`, events `l<index>.*`."""
 
     def __init__(self, ex: Executor, cfg: ModelConfig, dims: Dims, index: int,
-                 recompute: str = "none") -> None:
+                 recompute: str = "none", positions: np.ndarray | None = None,
+                 cp_comm: str = "p2p") -> None:
         self.E, self.cfg, self.d, self.i = ex, cfg, dims, index
+        # the sequence positions of the rank's rows (its two chunks under context
+        # parallelism) and how its CP group runs attention (`context_parallel`)
+        self.positions = np.arange(dims.seq) if positions is None else positions
+        self.cp_comm = cp_comm
         self.p, self.tag = f"layers.{index}.", f"l{index}"
         # selective: the attention core's S x S tensors are dropped after forward and
         # recomputed in backward (Korthikanti et al. 2022, 4.2); flash keeps none anyway

@@ -26,6 +26,7 @@ class Dims(NamedTuple):
     groups: int = 0            # KV heads this rank attends with (0: as many as its heads)
     gathered: int = 0          # TP exceeds the KV heads: the whole grouped QKV output's
                                # columns, all-gathered (this rank's GEMM makes 1/tp of them)
+    cp: int = 1                # context parallelism: `seq` is this rank's share, 1/cp
 
     @property
     def rows(self) -> int:
@@ -54,12 +55,13 @@ class Dims(NamedTuple):
         return (self.heads + 2 * self.kv_heads) * self.head_dim
 
 
-def make_dims(cfg: ModelConfig, tp: int, micro_batch: int, sp: bool) -> Dims:
-    """Local sizes of one micro-batch on a TP rank (cfg already padded for tp)."""
+def make_dims(cfg: ModelConfig, tp: int, micro_batch: int, sp: bool, cp: int = 1) -> Dims:
+    """Local sizes of one micro-batch on a TP rank (cfg already padded for tp); with
+    context parallelism the rank holds 1/cp of the sequence."""
     replicated = cfg.groups < tp                 # each KV head serves several ranks
     groups = 1 if replicated else cfg.groups // tp
     gathered = (cfg.heads + 2 * cfg.groups) * cfg.head_dim if replicated else 0
-    return Dims(seq=cfg.seq_len, batch=micro_batch, hidden=cfg.hidden,
+    return Dims(seq=cfg.seq_len // cp, batch=micro_batch, hidden=cfg.hidden,
                 heads=cfg.heads // tp, head_dim=cfg.head_dim, ffn=cfg.ffn_hidden // tp,
                 vocab=cfg.padded_vocab // tp, tp=tp, sp=sp and tp > 1,
-                groups=0 if groups == cfg.heads // tp else groups, gathered=gathered)
+                groups=0 if groups == cfg.heads // tp else groups, gathered=gathered, cp=cp)

@@ -28,7 +28,7 @@ from ..devices.kernels import check_mode
 from ..sim.timeline import SimTime
 
 if TYPE_CHECKING:                  # the protocol names the group type; MPI loads with an executor
-    from ..comm.p2p import TimedComm
+    from ..comm.p2p import RecvHandle, SendHandle, TimedComm
 
 Array = np.ndarray | None
 Ready = Callable[[list[str]], None]     # "these gradients are final" (DP buckets)
@@ -61,6 +61,7 @@ class Executor(Protocol):
     kernels: KernelOptions
     cost: DeviceCost               # what the device's work costs
     tp: TimedComm                  # the TP group
+    cp: TimedComm | None           # the context-parallel group, if any
 
     @property
     def t(self) -> SimTime:
@@ -131,6 +132,27 @@ class Executor(Protocol):
     def all_reduce_scalars(self, group: TimedComm, name: str, x: Array, count: int,
                            itemsize: int) -> Array:
         """Sum a few scalars over `group` (a norm), issued at the cursor and waited for."""
+
+    def all_gather(self, group: TimedComm, name: str, x: Array, count: int,
+                   itemsize: int) -> Array:
+        """Every member's `count` elements, in rank order, issued at the cursor and waited
+        for."""
+
+    def reduce_scatter(self, group: TimedComm, name: str, x: Array, count: int,
+                       itemsize: int) -> Array:
+        """The sum of x over `group`, this member's 1/size of it, issued at the cursor and
+        waited for."""
+
+    def send(self, group: TimedComm, name: str, buf: Array, dest: int, tag: int,
+             nbytes: float) -> SendHandle:
+        """A message whose data exists at the cursor; nothing waits for it here (`wait()`
+        on the handle only frees its buffer)."""
+
+    def recv(self, group: TimedComm, buf: Array, source: int, tag: int) -> RecvHandle:
+        """A receive posted at the cursor, into `buf` (None: timing only)."""
+
+    def wait_recv(self, handle: RecvHandle) -> None:
+        """The cursor waits for the message's arrival."""
 
     def wait_until(self, t: SimTime) -> None:
         """The next op needs something that exists at emulated time t (a message, a

@@ -36,9 +36,10 @@ class Layer(Block):
     """Forward and backward of layer `index` on one rank (pre-norm GPT / Llama, post-LN BERT)."""
 
     def __init__(self, ex: Executor, cfg: ModelConfig, dims: Dims, index: int,
-                 recompute: str = "none") -> None:
-        super().__init__(ex, cfg, dims, index, recompute)
-        self.attention = SelfAttention(ex, cfg, dims, index, recompute)
+                 recompute: str = "none", positions: np.ndarray | None = None,
+                 cp_comm: str = "p2p") -> None:
+        super().__init__(ex, cfg, dims, index, recompute, positions, cp_comm)
+        self.attention = SelfAttention(ex, cfg, dims, index, recompute, positions, cp_comm)
         self.mlp = Mlp(ex, cfg, dims, index, recompute)
 
     # -- forward ----------------------------------------------------------------------------

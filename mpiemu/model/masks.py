@@ -17,13 +17,15 @@ class Masks:
     """Keep-masks of one rank for one iteration (bool; scaled by 1/(1-p) where applied)."""
 
     def __init__(self, cfg: ModelConfig, seed: int, iteration: int, dims: Dims,
-                 sample0: int, tp_rank: int, numerics: bool) -> None:
+                 sample0: int, tp_rank: int, numerics: bool,
+                 positions: np.ndarray | None = None) -> None:
         self.cfg, self.seed, self.it, self.d = cfg, seed, iteration, dims
         self.samples = range(sample0, sample0 + dims.batch)      # this micro-batch's
         self.heads = range(tp_rank * dims.heads, (tp_rank + 1) * dims.heads)
         s_loc = dims.seq // dims.tp if dims.sp else dims.seq
-        self.s0 = tp_rank * s_loc if dims.sp else 0
-        self.s1 = self.s0 + s_loc
+        s0 = tp_rank * s_loc if dims.sp else 0
+        seq = np.arange(dims.seq) if positions is None else positions   # the rank's (CP)
+        self.rows = seq[s0:s0 + s_loc]              # sequence positions of its shard's rows
         self.on = numerics
 
     def hidden(self, layer: int, site: str) -> np.ndarray | None:
@@ -33,7 +35,7 @@ class Masks:
             return None
         shape = (self.cfg.seq_len, self.cfg.hidden)
         per_sample = [seeded.hidden_keep(self.seed, self.it, layer, site, b, shape, p)
-                      [self.s0:self.s1] for b in self.samples]
+                      [self.rows] for b in self.samples]
         return np.stack(per_sample, axis=1).reshape(-1, self.cfg.hidden)   # (S_loc*B, H)
 
     def probs(self, layer: int) -> np.ndarray | None:

@@ -19,6 +19,7 @@ from ..devices.attention_gpu import AttnShape
 from ..devices.gemm import NO_EPILOGUE, Epilogue
 from . import attention as attn
 from .block import Block, Cache, Params, acc, transposed
+from .context_parallel import CpAttention, MaskFn
 from .executor import Array, Ready
 from .masks import Masks
 from .ops import (Cost, bias_add_cost, bias_grad_cost, rope, rope_back, rope_cost,
@@ -48,7 +49,11 @@ class SelfAttention(Block):
             qkv = E.tp_gather_cols(f"{self.tag}.qkv.gather", qkv, d.rows, w)
         c: Cache = {"h": y}       # the input (its sequence shard under SP: gathered again)
         qkv = self._rope(qkv, backward=False)
-        if E.on:
+        if d.cp > 1:              # the whole sequence's KV, from the other CP ranks
+            q, k, v = self._split(qkv) if qkv is not None else (None, None, None)
+            o, c["attn"] = self._cp().forward(q, k, v, self._cp_keep(masks))
+            c["ctx"] = None if o is None else self._merge(o)
+        elif E.on:
             assert qkv is not None
             q, k, v = self._split(qkv)
             o, a = attn.forward(cfg.attention, q, self._repeat(k), self._repeat(v), cfg.causal,
@@ -57,7 +62,8 @@ class SelfAttention(Block):
             a.update(k=k, v=v)    # kept once per KV head, repeated again in backward
             c["ctx"] = self._merge(o)
             c["attn"] = {key: a[key] for key in ("q", "k", "v")} if self.selective else a
-        self._charge_core(backward=False)
+        if d.cp == 1:
+            self._charge_core(backward=False)
         out = E.row_parallel(f"{self.tag}.proj.fwd", c.get("ctx"), P[p + "proj.w"], d.rows,
                              d.hidden, d.attn_width)
         return out, c
@@ -72,11 +78,14 @@ class SelfAttention(Block):
         acc(G, p + "proj.w", E.wgrad(f"{self.tag}.proj.wgrad", transposed(c.get("ctx")),
                                     da_full, w, d.hidden, d.rows))
         ready([p + "proj.w"] + with_bias)
-        dqkv = self._core_back(dctx, c, masks) if E.on else None
-        if self.selective:
-            with E.labelled(phase="recompute"):
-                self._charge_core(backward=False, suffix=".recompute")
-        self._charge_core(backward=True)
+        if d.cp > 1:
+            dqkv = self._cp_back(dctx, c, masks)
+        else:
+            dqkv = self._core_back(dctx, c, masks) if E.on else None
+            if self.selective:
+                with E.labelled(phase="recompute"):
+                    self._charge_core(backward=False, suffix=".recompute")
+            self._charge_core(backward=True)
         dqkv = self._rope(dqkv, backward=True)
         if d.gathered:            # each rank's share of every rank's gradient, summed
             dqkv = E.tp_scatter_cols(f"{self.tag}.qkv.scatter", dqkv, d.rows, d.qkv_width)
@@ -111,6 +120,32 @@ class SelfAttention(Block):
                                              cfg.attention_dropout, cfg.attention_block)
         grads = [dq, self._fold(dk), self._fold(dv)]
         return np.concatenate([self._merge(g) for g in grads], axis=1)   # (S*B, q | k | v)
+
+    # -- context parallelism (`context_parallel`) ------------------------------------------------
+    def _cp(self) -> CpAttention:
+        """The CP group's attention over this layer's heads (the ring, or gathered KV)."""
+        d, cfg = self.d, self.cfg
+        kv_bytes = 2 * d.rows * d.kv_heads * d.head_dim * self.E.e
+        return CpAttention(self.E, f"{self.tag}.attn", cfg.seq_len, cfg.causal,
+                           cfg.attention_dropout, self.cp_comm, self._attn_shape(), kv_bytes,
+                           self._repeat, self._fold)
+
+    def _cp_keep(self, masks: Masks) -> MaskFn:
+        """The attention dropout's keep-mask of (query, key) positions."""
+        return lambda pq, pk: masks.probs(self.i)[:, :, pq][:, :, :, pk]   # type: ignore[index]
+
+    def _cp_back(self, dctx: Array, c: Cache, masks: Masks) -> Array:
+        """The CP attention's input gradients as the QKV output's ([rows, q | k | v])."""
+        d = self.d
+        do = o = None
+        if dctx is not None:
+            do = np.ascontiguousarray(dctx.reshape(d.seq, d.batch, d.heads, d.head_dim)
+                                      .transpose(1, 2, 0, 3))           # (B, hl, S, dh)
+            o = c["ctx"].reshape(d.seq, d.batch, d.heads, d.head_dim).transpose(1, 2, 0, 3)
+        dq, dk, dv = self._cp().backward(do, o, c["attn"], self._cp_keep(masks))
+        if dq is None or dk is None or dv is None:
+            return None
+        return np.concatenate([self._merge(g) for g in (dq, dk, dv)], axis=1)  # (S*B, q|k|v)
 
     # -- heads: split, merged, shared by a group -----------------------------------------------
     def _split(self, qkv: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -169,7 +204,7 @@ class SelfAttention(Block):
         freqs = rope_frequencies(d.head_dim, cfg.rope_theta, cfg.rope_scaling,
                                  cfg.rope_low_freq_factor, cfg.rope_high_freq_factor,
                                  cfg.rope_original_max)
-        cos, sin = rope_tables(freqs, np.arange(d.seq), dtype)          # (S, dh)
+        cos, sin = rope_tables(freqs, self.positions, dtype)            # (S, dh)
         return np.repeat(cos, d.batch, axis=0), np.repeat(sin, d.batch, axis=0)
 
     def _rotate(self, qkv: np.ndarray, lo: int, width: int) -> None:

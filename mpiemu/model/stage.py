@@ -18,6 +18,7 @@ import numpy as np
 
 from . import seeded
 from .config import ModelConfig
+from .context_parallel import positions as cp_positions
 from .dims import Dims
 from .executor import Array, Executor, Ready
 from .block import Cache, Params, acc, norm_backward, norm_forward, transposed
@@ -90,7 +91,7 @@ class StageModel:
     def __init__(self, cfg: ModelConfig, ex: Executor, dims: Dims, *, tp_rank: int,
                  dp_rank: int, seed: int, global_batch: int, np_dtype: type, pp: int = 1,
                  pp_rank: int = 0, chunks: int = 1, micro_batches: int = 1,
-                 recompute: str = "none") -> None:
+                 recompute: str = "none", cp_rank: int = 0, cp_comm: str = "p2p") -> None:
         self.cfg, self.E, self.d = cfg, ex, dims
         self.tp_rank, self.dp_rank, self.seed = tp_rank, dp_rank, seed
         self.pp, self.pp_rank, self.chunks = pp, pp_rank, chunks
@@ -100,14 +101,18 @@ class StageModel:
         self.by_name = {lp.name: lp for lp in self.specs}
         self.P: Params = {lp.name: self._init(lp, np_dtype) for lp in self.specs}
         self.G: Params = {lp.name: None for lp in self.specs}
-        self.chunk_layers = [[Layer(ex, cfg, dims, i, recompute)
+        # the sequence positions of the rank's rows: its two chunks under CP
+        self.seq_positions = cp_positions(cfg.seq_len, dims.cp, cp_rank) if dims.cp > 1 \
+            else np.arange(dims.seq)
+        self.chunk_layers = [[Layer(ex, cfg, dims, i, recompute, self.seq_positions, cp_comm)
                               for i in chunk_layers(cfg.layers, pp, chunks, pp_rank, c)]
                              for c in range(chunks)]
         self.hooks: StageHooks = NoHooks()          # the training step's (`training.gradients`)
         self.head = "wte" if cfg.tied_embeddings else "lm_head"   # the output layer's table
         s_loc = dims.seq // dims.tp if dims.sp else dims.seq
-        self.s0 = tp_rank * s_loc if dims.sp else 0
-        self.positions = np.repeat(np.arange(self.s0, self.s0 + s_loc), dims.batch)
+        s0 = tp_rank * s_loc if dims.sp else 0
+        self.shard_positions = self.seq_positions[s0:s0 + s_loc]     # this SP shard's
+        self.positions = np.repeat(self.shard_positions, dims.batch)  # of each row
         self.vocab_lo = tp_rank * dims.vocab
         self.saved: dict[tuple[int, int], Any] = {}
         self.peak_saved = 0                          # most (micro-batch, chunk) kept at once
@@ -140,7 +145,7 @@ class StageModel:
     def _masks(self, micro: int) -> Masks:
         """The dropout masks of micro-batch `micro` of this DP rank (drawn lazily)."""
         return Masks(self.cfg, self.seed, self.iteration, self.d, self._first_sample(micro),
-                     self.tp_rank, self.E.on)
+                     self.tp_rank, self.E.on, self.seq_positions)
 
     def _tokens(self, micro: int, chunk: int) -> tuple[Array, Array]:
         """Token ids and targets of micro-batch `micro`, where chunk `chunk` uses them (the
@@ -150,7 +155,8 @@ class StageModel:
         lo = self._first_sample(micro)
         tok, tgt = seeded.batch(self.cfg, self.seed, self.iteration, self.global_batch,
                                 lo, lo + self.d.batch)
-        return tok.T.reshape(-1), tgt.T.reshape(-1)                    # (S*B,) position-major
+        pos = self.seq_positions                                       # the rank's (CP)
+        return tok[:, pos].T.reshape(-1), tgt[:, pos].T.reshape(-1)    # (S*B,) position-major
 
     def forward(self, ps: Pass, x: Array) -> Array:
         """Forward of micro-batch ps.micro through chunk ps.chunk: its output (None on the
@@ -257,9 +263,8 @@ class StageModel:
 
     def _position_grad(self, dx: np.ndarray) -> np.ndarray:
         d = self.d
-        g = np.zeros((d.seq, d.hidden), dx.dtype)
-        rows = dx.reshape(-1, d.batch, d.hidden).sum(1)                # (S_loc, H)
-        g[self.s0:self.s0 + rows.shape[0]] = rows
+        g = np.zeros((self.cfg.seq_len, d.hidden), dx.dtype)
+        g[self.shard_positions] = dx.reshape(-1, d.batch, d.hidden).sum(1)   # (S_loc, H)
         return g
 
     # -- LM head and cross-entropy ----------------------------------------------------------
@@ -280,12 +285,12 @@ class StageModel:
             return 0.0, c
         lse, picked = ce_combine(every.reshape(d.tp, d.rows, 2))
         c["lse"] = lse
-        n_tokens = self.global_batch * d.seq
+        n_tokens = self.global_batch * self.cfg.seq_len
         return float((lse - picked).sum() / n_tokens), c
 
     def _head_back(self, c: Cache, targets: Array, ready: Ready) -> Array:
         d, E = self.d, self.E
-        scale = 1.0 / (self.global_batch * d.seq)
+        scale = 1.0 / (self.global_batch * self.cfg.seq_len)
         dlogits = E.kernel("head.ce.bwd", ce_cost(d.rows, d.vocab, E.e, E.kernels.mode,
                                                      backward=True), ce_back,
                            c["logits"], c.get("lse"), targets, self.vocab_lo, scale)

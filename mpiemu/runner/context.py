@@ -113,7 +113,7 @@ def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str],
              fold: Fold | None = None) -> RankContext:
     """Collective: build the grid, create the run directory, manifest and rank trace files
     (`fold`: one MPI rank per stage, each file standing for its stage's images)."""
-    shape = GridShape(w.parallel.tp, w.parallel.dp, w.parallel.pp)
+    shape = GridShape(w.parallel.tp, w.parallel.dp, w.parallel.pp, w.parallel.cp)
     grid = ProcessGrid(world, shape, fold)
     spec = resolve_device(w, grid.rank)
     hosts = world.allgather(socket.gethostname())
@@ -128,7 +128,8 @@ def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str],
             stale.unlink()
         write_manifest(out, {"status": "running", "config": w.as_dict(),
                              "config_hash": w.config_hash(), "world_size": world.Get_size(),
-                             "grid": {"tp": grid.tp, "dp": grid.dp, "pp": grid.pp},
+                             "grid": {"tp": grid.tp, "dp": grid.dp, "pp": grid.pp}
+                             | ({"cp": grid.cp} if grid.cp > 1 else {}),
                              "versions": _versions(), "command": argv, "start": _now(),
                              "end": None, "device": as_table(spec),
                              "processes": processes,     # [host, pid] per rank
@@ -143,6 +144,8 @@ def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str],
              "config_hash": w.config_hash(), "mpiemu_version": __version__,
              "workload": w.name,
              "stands_for": fold.members(world.Get_rank()) if fold else [grid.rank]}
+    if grid.cp > 1:                 # context parallelism: the rank's chunk pair
+        attrs |= {"cp_rank": grid.cp_rank, "grid": [grid.tp, grid.dp, grid.pp, grid.cp]}
     writer = TraceWriter(rank_file(out, grid.rank), attrs)
     tl = Timeline(writer)
     cost = device_cost(spec)

@@ -41,6 +41,8 @@ def obstacle(w: Workload, stages: list[int] | None = None) -> str | None:
         return "device.rank_presets gives ranks different devices"
     if w.debug.fail_rank != -1:
         return "debug.fail_rank injects a fault on one rank"
+    if w.parallel.cp > 1:
+        return "parallel.cp > 1 (context-parallel ranks attend to different sequence chunks)"
     shape = GridShape(w.parallel.tp, w.parallel.dp, w.parallel.pp)
     net = w.network_of(shape.size)
     if net.spec.fabric == "ring" and shape.size > shape.tp:
@@ -96,7 +98,7 @@ def plan_fold(w: Workload, world_size: int, stages: list[int] | None = None) -> 
     stages whose symmetry to check; default all)."""
     resolve_network(w, resolve_device(w, 0))        # a bad value there is named first
     tp, dp, pp = w.parallel.tp, w.parallel.dp, w.parallel.pp
-    full, mode = tp * dp * pp, w.run.fold
+    full, mode = w.parallel.devices, w.run.fold
     if world_size == full and (mode != "on" or full == pp):
         return None
     if mode == "on" and world_size != pp:
@@ -105,7 +107,7 @@ def plan_fold(w: Workload, world_size: int, stages: list[int] | None = None) -> 
     if mode == "off" or world_size != pp:
         hint = "" if mode == "off" or full == pp else (
             f", or {pp} (one per pipeline stage) with run.fold = \"auto\" in timing-only runs")
-        raise ConfigError("parallel.tp*parallel.dp*parallel.pp", f"{tp}*{dp}*{pp}={full}",
+        raise ConfigError(w.parallel.grid_field, w.parallel.grid_value,
                           f"must equal the {world_size} ranks of this job{hint}")
     why = obstacle(w, stages)
     if why is not None:

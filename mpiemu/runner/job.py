@@ -45,7 +45,7 @@ def validate_job(path: str | None, overrides: Sequence[str], world_size: int,
     w = load_workload(path, overrides)
     fold = plan_fold(w, world_size, None if rank is None else [rank])
     if fold is not None:                # folded: checked on the emulated grid
-        world_size = w.parallel.tp * w.parallel.dp * w.parallel.pp
+        world_size = w.parallel.devices
     w.check_world(world_size)
     resolve_device(w)
     kind_module(w.run.kind).validate(w, world_size)

@@ -78,10 +78,12 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
             made.append(tc)
         return tc
 
-    tp, dp = comm(grid.tp_comm, "tp"), comm(grid.dp_comm, "dp")
-    pp = comm(grid.pp_comm, "pp") if grid.pp > 1 else None
+    tp, pp = comm(grid.tp_comm, "tp"), comm(grid.pp_comm, "pp") if grid.pp > 1 else None
+    cp = comm(grid.cp_comm, "cp") if grid.cp > 1 else None
+    # gradients are reduced (and the distributed optimizer sharded) over DP x CP
+    dp = comm(grid.dp_cp_comm, "dp") if grid.cp > 1 else comm(grid.dp_comm, "dp")
     embed = comm(grid.embed_comm, "embed") if grid.pp > 1 else None
-    distributed = w.optimizer.distributed and grid.dp > 1
+    distributed = w.optimizer.distributed and grid.dp * grid.cp > 1
     mp = comm(grid.world_comm if distributed else grid.mp_comm, "world" if distributed else "mp")
     assert tp is not None and dp is not None and mp is not None
     buf = grad_buffer(w, ctx.spec.kind)
@@ -89,14 +91,15 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
     ex = make_executor(ctx.spec.kind, ExecutorSetup(
         tl, ctx.cost, tp, dims, w.run.emulated_dtype, numerics, overlap,
         kernels=w.train.kernel_options(), tp_async=w.train.tp_comm_async,
-        wgrad_epilogue=None if buf is None else buf.wgrad_epilogue,
+        wgrad_epilogue=None if buf is None else buf.wgrad_epilogue, cp=cp,
         sunway_scheduler=w.sunway.scheduler, sunway_attention=w.sunway.attention))
     m = micro_batches(w)
     opt_cfg = w.optimizer.to_config()
     model = StageModel(cfg, ex, dims, tp_rank=grid.tp_rank, dp_rank=grid.dp_rank,
                        seed=w.run.seed, global_batch=gb, np_dtype=ctx.np_dtype, pp=grid.pp,
                        pp_rank=grid.pp_rank, chunks=w.parallel.virtual_stages,
-                       micro_batches=m, recompute=w.train.recompute)
+                       micro_batches=m, recompute=w.train.recompute, cp_rank=grid.cp_rank,
+                       cp_comm=w.parallel.cp_comm)
     grads = StageGradients(model, ex, dp, grad_buffer=buf,
                            bucket_bytes=w.train.dp_bucket_MiB * 2**20,
                            bidirectional=overlap.bidirectional, embed=embed,

@@ -27,7 +27,7 @@ def resolve(w: Workload) -> tuple[ModelConfig, int, Dims]:
     cfg = w.model.resolve().for_tp(tp)
     gb = w.train.global_batch or w.model.preset_global_batch()
     mb = w.train.micro_batch or max(gb // dp, 1)
-    return cfg, gb, make_dims(cfg, tp, mb, w.parallel.sequence_parallel)
+    return cfg, gb, make_dims(cfg, tp, mb, w.parallel.sequence_parallel, w.parallel.cp)
 
 
 def micro_batches(w: Workload) -> int:
@@ -52,6 +52,7 @@ def validate(w: Workload, world_size: int) -> None:
         raise ConfigError("parallel.tp", tp, f"does not divide model.hidden={cfg.hidden} and "
                           f"model.ffn_hidden={cfg.ffn_hidden}; choose tp in {braces(ok_tp)}")
     _validate_kv_heads(cfg, tp)
+    _validate_cp(w, cfg)
     if w.optimizer.name == "lamb" and cfg.groups < tp:
         raise ConfigError("optimizer.name", "lamb", f"LAMB's per-tensor norms need whole K "
                           f"and V heads per rank; model.kv_heads={cfg.groups} < parallel.tp="
@@ -77,6 +78,25 @@ def validate(w: Workload, world_size: int) -> None:
     if resolve_device(w).kind == "gpu":
         check_overlap_devices(w, [w.overlap.strategy], "overlap.strategy")
     _validate_memory(w, world_size)
+
+
+def _validate_cp(w: Workload, cfg: ModelConfig) -> None:
+    """Context parallelism: 2 cp chunks of whole positions (with SP, the rank's rows split
+    over TP too), flash attention (Megatron-Core runs CP in Transformer Engine's)."""
+    cp, tp = w.parallel.cp, w.parallel.tp
+    if cp == 1:
+        return
+    if cfg.seq_len % (2 * cp):
+        raise ConfigError("model.seq_len", cfg.seq_len, f"is not divisible into 2 x "
+                          f"parallel.cp = {2 * cp} chunks (context parallelism's causal "
+                          "balance); choose a multiple of 2 cp")
+    if w.parallel.sequence_parallel and (cfg.seq_len // cp) % tp:
+        raise ConfigError("parallel.sequence_parallel", True, f"splits a CP rank's "
+                          f"{cfg.seq_len // cp} positions over parallel.tp={tp}: they do not "
+                          "divide")
+    if cfg.attention != "flash":
+        raise ConfigError("model.attention", cfg.attention, "context parallelism runs flash "
+                          "attention (Transformer Engine's); set model.attention='flash'")
 
 
 def _validate_kv_heads(cfg: ModelConfig, tp: int) -> None:
