@@ -85,7 +85,7 @@ def tp8_sets(ranks: int) -> list[str]:
     """GPT-3 175B TP 8 on `ranks` ranks: DP = ranks / 8, two sequences per replica."""
     return [f"parallel.dp={ranks // 8}", f"train.global_batch={2 * (ranks // 8)}"]
 
-ZERO = ["optimizer.distributed=true"]
+ZERO = ["optimizer.zero=1"]
 FOLDED = [(8, 1024, PP8, ["parallel.dp=16", "train.global_batch=1536", *ZERO]),
           (8, 2048, PP8, ["parallel.dp=32", "train.global_batch=1536", *ZERO]),
           (8, 4096, PP8, ["parallel.dp=64", "train.global_batch=1536", *ZERO]),

@@ -86,7 +86,7 @@ def test_analyze_shows_every_emulated_rank_of_a_folded_run(tmp_path: Path) -> No
 def test_a_fold_that_is_not_exact_stops_at_its_first_uneven_collective(tmp_path: Path) -> None:
     res = run_mpi(1, ["run", "workloads/pipeline-small.toml", *TIMING, "--set",
                       "parallel.tp=1", "--set", "parallel.pp=1", "--set", "parallel.dp=3",
-                      "--set", "train.global_batch=6", "--set", "optimizer.distributed=false",
+                      "--set", "train.global_batch=6", "--set", "optimizer.zero=0",
                       "--out", str(tmp_path)])
     assert res.returncode != 0
     lines = [ln for ln in our_lines(res.stderr) if "FoldError" in ln]
@@ -100,7 +100,7 @@ def test_a_fold_that_is_not_exact_stops_at_its_first_uneven_collective(tmp_path:
     (["run.fold=on"], 8, "a job of parallel.pp = 2 ranks"),
     (["run.fold=sometimes"], 2, "choose one of 'auto', 'on', 'off'"),
     (["parallel.pp=1", "train.global_batch=4", "device.preset=t3-gpu"], 1, "ring fabric"),
-    (["parallel.pp=1", "train.global_batch=4", "optimizer.distributed=false",
+    (["parallel.pp=1", "train.global_batch=4", "optimizer.zero=0",
       "network.preset=dgx-a100", "network.devices_per_node=2"], 1, "tree"),
     (["parallel.pp=1", "parallel.tp=4", "parallel.dp=2", "train.global_batch=4",
       "network.preset=dgx-a100", "network.devices_per_node=2"], 1, "not the same"),

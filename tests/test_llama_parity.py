@@ -27,7 +27,7 @@ CASES = [
                             "parallel.sequence_parallel=true"]),
     (4, "tp-dp-full", ["parallel.tp=2", "parallel.dp=2", "train.recompute='full'",
                        "model.kv_heads=1"]),
-    (4, "dp-distributed", ["parallel.dp=4", "optimizer.distributed=true"]),
+    (4, "dp-distributed", ["parallel.dp=4", "optimizer.zero=1"]),
     # context parallelism (flash attention, as Transformer Engine requires)
     (2, "cp2-ring", ["parallel.cp=2", "model.attention='flash'"]),
     (2, "cp2-allgather-dropout", ["parallel.cp=2", "parallel.cp_comm='all_gather'",
@@ -40,7 +40,21 @@ CASES = [
     (4, "cp2-tp2-sp", ["parallel.cp=2", "parallel.tp=2", "parallel.sequence_parallel=true",
                        "model.attention='flash'", "model.kv_heads=1"]),
     (4, "cp2-pp2", ["parallel.cp=2", "parallel.pp=2", "model.attention='flash'"]),
-    (4, "cp2-dp2-distributed", ["parallel.cp=2", "parallel.dp=2", "optimizer.distributed=true",
+    # ZeRO-2 and ZeRO-3 / FSDP (prefetch on and off, resharded after forward or not)
+    (2, "zero2-micro", ["parallel.dp=2", "optimizer.zero=2", "train.micro_batch=1"]),
+    (2, "zero3-micro", ["parallel.dp=2", "optimizer.zero=3", "train.micro_batch=2"]),
+    (2, "zero3-no-prefetch-keep", ["parallel.dp=2", "optimizer.zero=3",
+                                   "optimizer.prefetch=false",
+                                   "optimizer.reshard_after_forward=false"]),
+    (4, "zero3-tp2-sp-full", ["parallel.dp=2", "parallel.tp=2", "optimizer.zero=3",
+                              "parallel.sequence_parallel=true", "train.recompute='full'"]),
+    (4, "zero3-pp2-selective", ["parallel.dp=2", "parallel.pp=2", "optimizer.zero=3",
+                                "train.recompute='selective'", "train.micro_batch=1"]),
+    (4, "zero2-cp2", ["parallel.dp=2", "parallel.cp=2", "optimizer.zero=2",
+                      "model.attention='flash'"]),
+    (4, "zero3-dp4-no-prefetch", ["parallel.dp=4", "optimizer.zero=3",
+                                  "optimizer.prefetch=false"]),
+    (4, "cp2-dp2-distributed", ["parallel.cp=2", "parallel.dp=2", "optimizer.zero=1",
                                 "model.attention='flash'"]),
 ]
 

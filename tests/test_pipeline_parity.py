@@ -35,7 +35,7 @@ def overrides(tp: int, pp: int, dp: int, micro: int, recompute: str, dist: bool,
             "model.preset='tiny'", f"model.layers={4 * v}",
             f"train.global_batch={GLOBAL_BATCH}",
             f"train.micro_batch={GLOBAL_BATCH // dp // micro}", f"train.recompute='{recompute}'",
-            f"optimizer.distributed={str(dist).lower()}", "train.check_reference=true",
+            f"optimizer.zero={int(dist)}", "train.check_reference=true",
             "train.dp_bucket_MiB=0.02"]
 
 

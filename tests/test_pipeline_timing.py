@@ -90,7 +90,7 @@ def test_distributed_optimizer_reduce_scatters_and_gathers_and_shards_its_state(
         mpi_tmp_path: Path) -> None:
     dp = MPI.COMM_WORLD.Get_size()
     plain = run(mpi_tmp_path / "plain", f"parallel.dp={dp}")
-    zero = run(mpi_tmp_path / "zero", f"parallel.dp={dp}", "optimizer.distributed=true")
+    zero = run(mpi_tmp_path / "zero", f"parallel.dp={dp}", "optimizer.zero=1")
     rt = load(mpi_tmp_path / "zero").ranks[MPI.COMM_WORLD.Get_rank()]
     names = set(rt.names.astype(str))
     assert any(n.startswith("dp.param_gather") for n in names)

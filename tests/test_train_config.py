@@ -101,8 +101,8 @@ def test_bad_input_under_mpiexec_exits_2_with_one_line_on_rank_0(tmp_path) -> No
      "must equal the 4 ranks of this job"),
     (1, ["parallel.schedule='zb'"], "parallel.schedule='zb': choose one of 'gpipe', '1f1b', "
      "'interleaved'"),
-    (2, ["parallel.dp=2", "optimizer.distributed=true", "optimizer.name='lamb'"],
-     "optimizer.distributed=True: needs optimizer.name='adam'"),
+    (2, ["parallel.dp=2", "optimizer.zero=1", "optimizer.name='lamb'"],
+     "optimizer.zero=1: needs optimizer.name='adam'"),
 ])
 def test_pipeline_settings_are_refused_in_one_line(world: int, sets: list[str],
                                                    line: str) -> None:

@@ -160,9 +160,10 @@ class ModelConfig:
         return _round_up(self.vocab, self.vocab_multiple)
 
     def for_tp(self, tp: int) -> "ModelConfig":
-        """The model with its vocabulary padded to a multiple of lcm(vocab_multiple, tp)."""
-        return replace(self, vocab_padded=_round_up(self.vocab, math.lcm(self.vocab_multiple,
-                                                                          tp)))
+        """The model with its vocabulary padded to a multiple of vocab_multiple x tp, as
+        Megatron pads it (megatron/training/tokenizer/tokenizer.py, `_vocab_size_with_padding`:
+        multiple = make_vocab_size_divisible_by * tensor_model_parallel_size)."""
+        return replace(self, vocab_padded=_round_up(self.vocab, self.vocab_multiple * tp))
 
     def param_count(self) -> int:
         """Parameters of the unsharded model (with its padded vocabulary)."""

@@ -61,8 +61,13 @@ def stage_params(cfg: ModelConfig, tp: int, pp: int, chunks: int, stage: int
 class StageHooks(Protocol):
     """What the training step does around a stage's passes (`training.gradients`)."""
 
-    def params_needed(self, layer: int) -> None:
-        """A forward is about to use layer `layer`'s parameters (-1: embedding, head)."""
+    def params_needed(self, layer: int, upcoming: int | None = None,
+                      backward: bool = False) -> None:
+        """A pass is about to use layer `layer`'s parameters (-1: embedding, head);
+        `upcoming`: the layer this pass uses next (None: the pass ends)."""
+
+    def params_done(self, layer: int, backward: bool) -> None:
+        """The pass is done with layer `layer`'s parameters."""
 
     def grads_ready(self, names: list[str], micro: int) -> None:
         """Backward of micro-batch `micro` has computed these parameters' gradients."""
@@ -75,7 +80,11 @@ class StageHooks(Protocol):
 class NoHooks:
     """A stage outside a training step (forward and backward alone)."""
 
-    def params_needed(self, layer: int) -> None:
+    def params_needed(self, layer: int, upcoming: int | None = None,
+                      backward: bool = False) -> None:
+        return None
+
+    def params_done(self, layer: int, backward: bool) -> None:
         return None
 
     def grads_ready(self, names: list[str], micro: int) -> None:
@@ -83,6 +92,12 @@ class NoHooks:
 
     def grad_accumulated(self, name: str) -> None:
         return None
+
+
+def _after(units: list[int], unit: int) -> int | None:
+    """The unit a pass uses after `unit` (None: the last)."""
+    i = units.index(unit)
+    return units[i + 1] if i + 1 < len(units) else None
 
 
 class StageModel:
@@ -127,6 +142,16 @@ class StageModel:
                 for n, s, i in seeded.full_param_specs(self.cfg) if n in lp.full]
         return cut(lp, full, self.tp_rank, self.cfg)
 
+    def units(self, chunk: int, backward: bool = False) -> list[int]:
+        """The parameter units a pass of chunk `chunk` uses, in order: its layers, and the
+        embedding and head's (-1) where the pass first meets them (forward: the embedding
+        first, else the head last; backward: the head first, else the embedding last)."""
+        layers = [layer.i for layer in self.chunk_layers[chunk]]
+        starts, ends = (self.last_virtual, self.first_virtual) if backward else \
+            (self.first_virtual, self.last_virtual)
+        return ([-1] if starts(chunk) else []) + (layers[::-1] if backward else layers) + \
+            ([-1] if ends(chunk) and not starts(chunk) else [])
+
     def first_virtual(self, chunk: int) -> bool:
         return chunk == 0 and self.pp_rank == 0
 
@@ -165,24 +190,29 @@ class StageModel:
         masks, (ids, targets) = self._masks(ps.micro), self._tokens(ps.micro, c)
         c_emb: Cache = {}
         caches: list[Any] = []
+        hooks, units = self.hooks, self.units(c)
         with ex.labelled(phase="fwd"):
             if self.first_virtual(c):
                 with ex.labelled(layer=-1):
-                    self.hooks.params_needed(-1)
+                    hooks.params_needed(-1, _after(units, -1))
                     x, c_emb = self._embed(ids, masks)
             for layer in self.chunk_layers[c]:
-                self.hooks.params_needed(layer.i)
                 with ex.labelled(layer=layer.i):
+                    hooks.params_needed(layer.i, _after(units, layer.i))
                     x_in = x
                     x, cache = layer.forward(x, self.P, masks)
+                hooks.params_done(layer.i, backward=False)
                 # full recompute keeps the layer's input only (Korthikanti et al. 2022, 2)
                 caches.append({"input": x_in} if self.recompute == "full" else cache)
             c_head: Cache = {}
             if self.last_virtual(c):
                 with ex.labelled(layer=-1):
+                    hooks.params_needed(-1)
                     loss, c_head = self._head(x, targets)
                 self.loss += loss
                 x = None
+            if -1 in units:
+                hooks.params_done(-1, backward=False)
         self.saved[(ps.micro, c)] = (c_emb, caches, c_head, ids, targets)
         self.peak_saved = max(self.peak_saved, len(self.saved))
         if self.keep_caches:
@@ -198,20 +228,27 @@ class StageModel:
 
         def ready(names: list[str]) -> None:
             hooks.grads_ready(names, ps.micro)
+        units = self.units(c, backward=True)
         with ex.labelled(phase="bwd"):
             if self.last_virtual(c):
                 with ex.labelled(layer=-1):
+                    hooks.params_needed(-1, _after(units, -1), backward=True)
                     dy = self._head_back(c_head, targets, ready)
             for layer, cache in zip(reversed(self.chunk_layers[c]), reversed(caches)):
                 with ex.labelled(layer=layer.i):
+                    hooks.params_needed(layer.i, _after(units, layer.i), backward=True)
                     if self.recompute == "full":       # the layer's forward again
                         with ex.labelled(phase="recompute"):
                             _, cache = layer.forward(cache["input"], self.P, masks)
                     dy = layer.backward(dy, cache, self.P, self.G, masks, ready)
+                hooks.params_done(layer.i, backward=True)
             if self.first_virtual(c):
                 with ex.labelled(layer=-1):
+                    hooks.params_needed(-1, backward=True)
                     self._embed_back(dy, c_emb, ids, ready)
                 dy = None
+            if -1 in units:
+                hooks.params_done(-1, backward=True)
         return dy
 
     # -- embedding --------------------------------------------------------------------------

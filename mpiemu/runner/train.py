@@ -103,13 +103,14 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
     grads = StageGradients(model, ex, dp, grad_buffer=buf,
                            bucket_bytes=w.train.dp_bucket_MiB * 2**20,
                            bidirectional=overlap.bidirectional, embed=embed,
-                           shard=opt_cfg.distributed,
-                           overlap_grad_reduce=w.train.overlap_grad_reduce, ddp=w.train.ddp)
+                           zero=opt_cfg.zero, overlap_grad_reduce=w.train.overlap_grad_reduce,
+                           ddp=w.train.ddp, prefetch=opt_cfg.prefetch,
+                           reshard_after_forward=opt_cfg.reshard_after_forward)
     step = PipelineStep(model, grads, pp, w.parallel.schedule, m, ctx.np_dtype)
     opt = ShardedOptimizer(opt_cfg, model.specs, ex, grid.tp_rank, model.P, norm=mp,
                            counted=lambda lp: (lp.tp_split or grid.tp_rank == 0)
                            and not (lp.name == "wte" and grid.pp_rank > 0),
-                           buckets=grads.buckets)
+                           buckets=grads.buckets, params=grads.params)
     if opt.zero is not None:       # forwards wait for their layers' parameter gathers
         grads.param_ready = opt.zero.param_ready
     return Trainer(model, grads, step, opt, made)
@@ -163,6 +164,8 @@ def run(ctx: RankContext) -> dict[str, Any]:
             "estimate_bytes": host_bytes(cfg, dims, 8 if w.run.numeric_dtype == "fp64" else 4,
                                          layout(w, grid.pp_rank)),
             "peak_bytes": ctx.world.gather(peak, root=0)}
+    if trainer.grads.params is not None and ctx.numerics:    # ZeRO-3: whole again
+        trainer.grads.params.unshard()
     held = ctx.world.allgather((grid.pp_rank, model.peak_saved))
     summary["in_flight"] = {str(stage): n for stage, n in sorted(set(held))}
     if ctx.numerics:                # bit-level identity of every rank's parameters
@@ -215,7 +218,7 @@ def _header(ctx: RankContext, cfg: ModelConfig, gb: int, dims: Dims, mem: str) -
             f" ({_pipeline_words(w)}) on "
             f"{ctx.spec.name}, {w.run.emulated_dtype} emulated, numerics "
             f"{w.run.numerics}{' (' + w.run.numeric_dtype + ')' if ctx.numerics else ''}, "
-            f"{w.optimizer.name}{' (distributed)' if w.optimizer.distributed else ''}, "
+            f"{w.optimizer.name}{f' (ZeRO-{w.optimizer.zero})' if w.optimizer.zero else ''}, "
             f"overlap {w.overlap.strategy}"
             + (f", Sunway {w.sunway.mode} {w.sunway.attention} scheduler {w.sunway.scheduler}"
                if ctx.spec.kind == "sunway" else ""),

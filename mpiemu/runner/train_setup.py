@@ -75,6 +75,7 @@ def validate(w: Workload, world_size: int) -> None:
     _validate_sunway(w)
     _validate_kernels(w)
     _validate_update_unit(w)
+    _validate_zero(w, cfg)
     if resolve_device(w).kind == "gpu":
         check_overlap_devices(w, [w.overlap.strategy], "overlap.strategy")
     _validate_memory(w, world_size)
@@ -202,6 +203,25 @@ def _validate_update_unit(w: Workload) -> None:
                               f"{', '.join(have)})")
 
 
+def _validate_zero(w: Workload, cfg: ModelConfig) -> None:
+    """ZeRO-2 / 3 reduce-scatter each layer's gradient during every micro-batch's backward
+    (`training.fully_sharded`): no reduction deferred to the step's end."""
+    zero = w.optimizer.zero
+    if zero < 2:
+        return
+    if not w.train.overlap_grad_reduce:
+        raise ConfigError("train.overlap_grad_reduce", False, f"must be true with "
+                          f"optimizer.zero={zero} (gradients are reduce-scattered during "
+                          "backward, layer by layer)")
+    if w.train.ddp != "core":
+        raise ConfigError("train.ddp", w.train.ddp, f"must be 'core' with optimizer.zero="
+                          f"{zero} (local DDP reduces one buffer after backward)")
+    if w.parallel.pp > 1 and cfg.tied_embeddings:
+        raise ConfigError("optimizer.zero", zero, "needs untied embeddings with parallel.pp > "
+                          "1 (the tied table's gradient is summed across stages first); set "
+                          "model.tied_embeddings=false or optimizer.zero <= 1")
+
+
 def grad_buffer(w: Workload, kind: str) -> GradBuffer | None:
     """Megatron-LM's `main_grad` buffer, where a GPU rank (`kind`) trains as Megatron's
     mixed-precision stack (`training.grad_buffer`); Sunway ranks and the thesis's LAMB keep none."""
@@ -216,7 +236,8 @@ def layout(w: Workload, stage: int, micro: int | None = None) -> Layout:
     par = w.parallel
     return Layout(pp=par.pp, stage=stage, chunks=par.virtual_stages, schedule=par.schedule,
                   micro_batches=micro or micro_batches(w), recompute=w.train.recompute,
-                  dp=par.dp, distributed=w.optimizer.distributed)
+                  dp=par.dp * par.cp, zero=w.optimizer.zero, prefetch=w.optimizer.prefetch,
+                  reshard_after_forward=w.optimizer.reshard_after_forward)
 
 
 def stage_memories(w: Workload, capacity_bytes: float, stages: Sequence[int]
@@ -247,7 +268,7 @@ def _validate_memory(w: Workload, world_size: int) -> None:
                           f"pp={w.parallel.pp}: {reps[stage].line()} per rank{where}; raise "
                           "parallel.tp or parallel.pp, lower train.micro_batch, set "
                           "parallel.sequence_parallel=true, train.recompute, "
-                          "optimizer.distributed=true or model.attention='flash', or "
+                          "optimizer.zero=1 or model.attention='flash', or "
                           "train.memory_check='warn' to emulate it anyway")
     if w.run.numerics == "on":
         item = 8 if w.run.numeric_dtype == "fp64" else 4

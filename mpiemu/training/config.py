@@ -8,6 +8,7 @@ from ..model.config import FieldError, braces
 CLIP_EPS = 1e-6   # Megatron: clip_coeff = max_norm / (total_norm + 1e-6)
 OPTIMIZERS = ("adam", "lamb")
 DDP_IMPLS = ("core", "local")      # Megatron core's bucketed DDP; Megatron-LM 2022's local DDP
+ZERO_STAGES = (0, 1, 2, 3)
 UPDATE_UNITS = ("gpu", "nmc")     # where the update runs (thesis ch. 6: near-memory compute)
 
 
@@ -27,8 +28,13 @@ class OptimizerConfig:
     weight_decay: float = 0.01
     clip_grad_norm: float = 1.0
     on: str = "gpu"                  # "nmc": the update on the DRAM banks' ALUs (devices/nmc.py)
-    distributed: bool = False        # ZeRO-1: states and master weights sharded over DP
-    overlap_param_gather: bool = False   # distributed: gather parameters under next forward
+    # ZeRO stage over the DP (x CP) group (Rajbhandari et al. 2020, 5): 1 shards the fp32
+    # master weights and Adam states (Megatron-LM's distributed optimizer), 2 the gradients
+    # too (reduce-scattered per micro-batch), 3 the parameters too (FSDP: gathered per layer)
+    zero: int = 0
+    overlap_param_gather: bool = False   # ZeRO-1/2: gather parameters under next forward
+    prefetch: bool = True            # ZeRO-3: the next layer's gather under this one's compute
+    reshard_after_forward: bool = True   # ZeRO-3: free a layer's parameters after forward
 
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZERS:
@@ -44,15 +50,37 @@ class OptimizerConfig:
         for key in ("weight_decay", "clip_grad_norm"):
             if getattr(self, key) < 0:
                 raise FieldError(f"optimizer.{key}", getattr(self, key), "must be >= 0")
+        if self.zero not in ZERO_STAGES:
+            raise FieldError("optimizer.zero", self.zero, f"choose one of {braces(ZERO_STAGES)}")
         if self.distributed and self.name != "adam":
-            raise FieldError("optimizer.distributed", True, "needs optimizer.name='adam' "
+            raise FieldError("optimizer.zero", self.zero, "needs optimizer.name='adam' "
                              "(LAMB's per-tensor trust ratio is not sharded; Megatron-LM's "
                              "distributed optimizer is Adam's)")
         if self.distributed and self.on != "gpu":
-            raise FieldError("optimizer.distributed", True, "needs optimizer.on='gpu'")
-        if self.overlap_param_gather and not self.distributed:
+            raise FieldError("optimizer.zero", self.zero, "needs optimizer.on='gpu'")
+        if self.overlap_param_gather and self.zero not in (1, 2):
             raise FieldError("optimizer.overlap_param_gather", True,
-                             "needs optimizer.distributed=true")
+                             "needs optimizer.zero = 1 or 2 (ZeRO-3 gathers every layer "
+                             "before its forward anyway)")
+        for key in ("prefetch", "reshard_after_forward"):
+            if not getattr(self, key) and self.zero != 3:
+                raise FieldError(f"optimizer.{key}", False, "applies to optimizer.zero = 3 "
+                                 "only (the parameters sharded)")
+
+    @property
+    def distributed(self) -> bool:
+        """Optimizer states sharded over DP (ZeRO-1 and above)."""
+        return self.zero >= 1
+
+    @property
+    def shards_grads(self) -> bool:
+        """Gradients reduce-scattered per micro-batch and kept as shards (ZeRO-2, 3)."""
+        return self.zero >= 2
+
+    @property
+    def shards_params(self) -> bool:
+        """Parameters sharded, each layer gathered when used (ZeRO-3 / FSDP)."""
+        return self.zero == 3
 
     @property
     def needs_global_norm(self) -> bool:

@@ -50,6 +50,7 @@ class BucketShard:
     hi: int
     grad: Array
     padded: int
+    unit: int | None = None         # ZeRO-2 / 3: the layer unit it is (`fully_sharded`)
 
     def pad(self, a: np.ndarray) -> np.ndarray:
         """A concatenation of the bucket's count elements, zero-padded to `padded`."""

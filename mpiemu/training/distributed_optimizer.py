@@ -19,6 +19,7 @@ import numpy as np
 
 from ..comm.collectives import all_gather
 from .data_parallel import BucketShard, GradBuckets
+from .fully_sharded import ShardedGrads, ShardedParams
 from .config import OptimizerConfig
 from ..model.executor import Executor
 from ..model.block import Params
@@ -36,9 +37,12 @@ class DistributedAdam:
     """Adam on this DP rank's shares of the gradient buckets (numerics and charges)."""
 
     def __init__(self, opt: OptimizerConfig, specs: list[LocalParam], ex: Executor,
-                 buckets: GradBuckets, norm_of: Callable[[np.ndarray | None, int], float],
-                 counted: Callable[[LocalParam], bool]) -> None:
+                 buckets: GradBuckets | ShardedGrads,
+                 norm_of: Callable[[np.ndarray | None, int], float],
+                 counted: Callable[[LocalParam], bool],
+                 params: ShardedParams | None = None) -> None:
         self.opt, self.E, self.buckets, self.norm_of = opt, ex, buckets, norm_of
+        self.params = params            # ZeRO-3: the shards are the parameters
         self.by_name = {lp.name: lp for lp in specs}
         self.counted = counted
         self.steps = 0
@@ -83,14 +87,20 @@ class DistributedAdam:
                for b, sh in enumerate(shards)]
         E.kernel("optim.adam", adam_cost(n))
         charge_passes(E, after)
-        self._gather(P, shards, new)
+        if self.params is None:     # ZeRO-3 keeps its shards: each layer gathers when used
+            self._gather(P, shards, new)
 
     def _update(self, b: int, sh: BucketShard, P: Params, coeff: float, dtype: Any
                 ) -> np.ndarray:
         """Adam (decoupled weight decay on matrices) on bucket b's share; the new values."""
         o = self.opt
         m, v, decay, _ = self._masks(b, sh, dtype)
-        w = sh.pad(np.concatenate([np.ravel(P[n]) for n in sh.names]))[sh.lo:sh.hi]   # type: ignore[arg-type]
+        if self.params is not None and sh.unit is not None:
+            shard = self.params.shard(sh.unit)
+            assert shard is not None
+            w = shard                                        # updated in place
+        else:
+            w = sh.pad(np.concatenate([np.ravel(P[n]) for n in sh.names]))[sh.lo:sh.hi]   # type: ignore[arg-type]
         g: np.ndarray = sh.grad if coeff >= 1.0 else sh.grad * coeff     # type: ignore[assignment,operator]
         step = adam_direction(o, self.steps, m, v, g)
         if o.weight_decay > 0:

@@ -23,6 +23,7 @@ from ..model.ops import Cost
 from ..model.stage import StageModel
 from ..sim.timeline import SimTime
 from .data_parallel import GradBuckets
+from .fully_sharded import ShardedGrads, ShardedParams, units
 from .grad_buffer import GradBuffer
 
 
@@ -31,8 +32,9 @@ class StageGradients:
 
     def __init__(self, model: StageModel, ex: Executor, dp: TimedComm, *,
                  grad_buffer: GradBuffer | None, bucket_bytes: float, bidirectional: bool,
-                 embed: TimedComm | None = None, shard: bool = False,
-                 overlap_grad_reduce: bool = True, ddp: str = "core") -> None:
+                 embed: TimedComm | None = None, zero: int = 0,
+                 overlap_grad_reduce: bool = True, ddp: str = "core",
+                 prefetch: bool = True, reshard_after_forward: bool = True) -> None:
         self.model, self.E, self.embed, self.grad_buffer = model, ex, embed, grad_buffer
         # gradients travel in the dtype they are kept in: Megatron's buffer's, else the model's
         self.grad_bytes = ex.e if grad_buffer is None else grad_buffer.main
@@ -40,36 +42,54 @@ class StageGradients:
         # once after backward, then reduced in one call (local)
         scaled = grad_buffer is not None
         self.scale_whole_buffer = scaled and ddp == "local"
-        self.buckets = GradBuckets(dp, self.grad_bytes,
-                                   math.inf if ddp == "local" else bucket_bytes,
-                                   {lp.name: lp.size for lp in model.specs}, bidirectional,
-                                   shard=shard, overlap=overlap_grad_reduce,
-                                   prescale=self._scale if scaled and ddp == "core" else None,
-                                   reduce_s=ex.cost.reduction_s)
+        sharded = zero >= 2 and dp.size > 1       # ZeRO-2 / 3: per unit, per micro-batch
+        self.buckets: GradBuckets | ShardedGrads = ShardedGrads(
+            dp, self.grad_bytes, units(model.specs, dp),
+            {lp.name: lp.layer for lp in model.specs}, ex.cost.reduction_s, bidirectional,
+            partial=self._sp_grad_sync if model.d.sp else None) if sharded else GradBuckets(
+            dp, self.grad_bytes, math.inf if ddp == "local" else bucket_bytes,
+            {lp.name: lp.size for lp in model.specs}, bidirectional, shard=zero == 1,
+            overlap=overlap_grad_reduce,
+            prescale=self._scale if scaled and ddp == "core" else None,
+            reduce_s=ex.cost.reduction_s)
         # gradients reduced elsewhere first (TP under SP; the tied table across stages):
-        # they join the DP buckets at the end of the step
-        sp_partial = [lp.name for lp in model.specs if lp.sp_partial] if model.d.sp else []
+        # they join the DP buckets at the end of the step (ZeRO-2 / 3: each unit's SP ones
+        # are summed over TP just before it is reduce-scattered)
+        sp_partial = [lp.name for lp in model.specs if lp.sp_partial] \
+            if model.d.sp and not sharded else []
         self.tied_across_stages = model.pp > 1 and model.cfg.tied_embeddings \
             and "wte" in model.P            # a first or last stage, the table tied
         self.deferred = sp_partial + (["wte"] if self.tied_across_stages else [])
-        self.param_ready: dict[int, float] = {}     # layer -> parameters gathered (ZeRO)
+        self.param_ready: dict[int, float] = {}     # layer -> parameters gathered (ZeRO-1)
+        self.params = ShardedParams(model.P, self.buckets.units, ex, dp, prefetch=prefetch,
+                                    reshard_after_forward=reshard_after_forward) \
+            if zero == 3 and isinstance(self.buckets, ShardedGrads) else None
         model.hooks = self
 
     # -- the hooks a stage's passes call ----------------------------------------------------
-    def params_needed(self, layer: int) -> None:
-        """A forward needs its layer's parameters back from the distributed optimizer's
-        all-gather (overlapped with the forwards before it)."""
-        if self.param_ready:
+    def params_needed(self, layer: int, upcoming: int | None = None,
+                      backward: bool = False) -> None:
+        """A pass needs its layer's parameters: ZeRO-3 gathers them (and prefetches the
+        next unit's); ZeRO-1 / 2 with the overlapped gather waits for the optimizer's."""
+        if self.params is not None:
+            self.params.need(layer, upcoming)
+        elif self.param_ready and not backward:
             self.E.wait_until(self.param_ready.get(layer, 0.0))
+
+    def params_done(self, layer: int, backward: bool) -> None:
+        """ZeRO-3 frees the layer's gathered parameters."""
+        if self.params is not None:
+            self.params.done(layer, backward)
 
     def grads_ready(self, names: list[str], micro: int) -> None:
         """One micro-batch's gradients `names` are computed: each into Megatron's buffer
-        (its hook), and into the DP buckets after the last micro-batch."""
+        (its hook), and into the DP buckets after the last micro-batch (ZeRO-2 / 3: every
+        micro-batch, into the shards)."""
         by_name = self.model.by_name
         for n in names:      # a layer's matrix, or the output layer's: a wgrad GEMM's
             lp = by_name[n]
             self._hook(n, from_gemm=lp.decay and (lp.layer >= 0 or n == "lm_head"))
-        if micro == self.model.micro_batches - 1:
+        if micro == self.model.micro_batches - 1 or isinstance(self.buckets, ShardedGrads):
             self.buckets.ready([n for n in names if n not in self.deferred], self.model.G,
                                self.E.t)
 
@@ -121,14 +141,17 @@ class StageGradients:
         if out is not None and g is not None:
             m.G["wte"] = out.reshape(g.shape)
 
-    def _sp_grad_sync(self) -> None:
+    def _sp_grad_sync(self, among: list[str] | None = None) -> None:
         """All-reduce over TP the gradients of replicated parameters, which saw only this
-        rank's sequence rows (Megatron SP)."""
+        rank's sequence rows (Megatron SP); `among`: of these tensors only (one unit's)."""
         m = self.model
         if not m.d.sp:
             return
-        names = [lp.name for lp in m.specs if lp.sp_partial]
-        count = sum(lp.size for lp in m.specs if lp.sp_partial)
+        names = [lp.name for lp in m.specs if lp.sp_partial and
+                 (among is None or lp.name in among)]
+        if not names or (among is None and isinstance(self.buckets, ShardedGrads)):
+            return
+        count = sum(m.by_name[n].size for n in names)
         flat = None
         if self.E.on:
             flat = np.concatenate([np.ravel(m.G[n]) for n in names])   # type: ignore[arg-type]

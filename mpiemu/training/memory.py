@@ -124,19 +124,25 @@ class Layout(NamedTuple):
     schedule: str = "1f1b"
     micro_batches: int = 1
     recompute: str = "none"
-    dp: int = 1
-    distributed: bool = False       # ZeRO-1: fp32 master weights and states sharded over DP
+    dp: int = 1                     # the ranks ZeRO shards over (DP x CP)
+    zero: int = 0                   # ZeRO stage (training.config.OptimizerConfig.zero)
     grad_bytes: int = 0             # a gradient element (Megatron's buffer); 0: the dtype's
+    prefetch: bool = True           # ZeRO-3: the next layer gathered under this one
+    reshard_after_forward: bool = True   # ZeRO-3: a layer's parameters freed after forward
+
+
+def layer_param_count(cfg: ModelConfig, tp: int) -> int:
+    """Elements of one transformer layer on a TP rank."""
+    return sum(lp.size for lp in local_params(replace(cfg, layers=1), tp) if lp.layer == 0)
 
 
 def local_param_count(cfg: ModelConfig, tp: int, lay: Layout = Layout()) -> int:
     """Elements a rank of stage `lay.stage` holds: one layer's count times its layers, plus
     its embedding / head tensors (the cost grows with neither the layers nor the stages)."""
-    params = list(local_params(replace(cfg, layers=1), tp))
     edge = edge_names(cfg, lay.pp, lay.stage)
-    per_layer = sum(lp.size for lp in params if lp.layer == 0)
-    edges = sum(lp.size for lp in params if lp.layer == -1 and lp.name in edge)
-    return edges + per_layer * cfg.layers // lay.pp
+    edges = sum(lp.size for lp in local_params(replace(cfg, layers=1), tp)
+                if lp.layer == -1 and lp.name in edge)
+    return edges + layer_param_count(cfg, tp) * cfg.layers // lay.pp
 
 
 def stage_activations(cfg: ModelConfig, d: Dims, e: int, lay: Layout = Layout()) -> Stored:
@@ -169,12 +175,27 @@ def stage_activations(cfg: ModelConfig, d: Dims, e: int, lay: Layout = Layout())
 
 def memory_report(cfg: ModelConfig, d: Dims, e: int, capacity_bytes: float,
                   lay: Layout = Layout()) -> MemoryReport:
-    """Parameters and gradients in the emulated dtype, fp32 master + Adam/LAMB states
-    (sharded over DP by the distributed optimizer), activations at the stage's peak."""
+    """Parameters and gradients in the emulated dtype, fp32 master + Adam/LAMB states,
+    activations at the stage's peak. ZeRO (Rajbhandari et al. 2020, 5, Fig. 1: (2 + 2 + K)
+    Psi / N_d at stage 3) shards over DP the states (stage 1), the gradients (2: plus the
+    unit being reduce-scattered, whole) and the parameters (3: plus the layers gathered at
+    once: the one computing and, prefetched, the next; every layer when none is resharded
+    after forward; the embedding and head unit stays gathered)."""
     n = local_param_count(cfg, d.tp, lay)
-    states = n * state_bytes_per_param(e) / (lay.dp if lay.distributed else 1)
+    g = lay.grad_bytes or e
+    unit = layer_param_count(cfg, d.tp)
+    params, grads = float(n * e), float(n * g)
+    if lay.zero >= 2:
+        grads = (n - unit) * g / lay.dp + unit * g
+    if lay.zero == 3:
+        layers = cfg.layers // lay.pp
+        edge = n - unit * layers
+        live = (2 if lay.prefetch else 1) if lay.reshard_after_forward else layers
+        params = (unit * (layers - min(live, layers))) * e / lay.dp \
+            + (unit * min(live, layers) + edge) * e
+    states = n * state_bytes_per_param(e) / (lay.dp if lay.zero >= 1 else 1)
     acts = stage_activations(cfg, d, e, lay).bytes(e)
-    return MemoryReport(n * e, n * (lay.grad_bytes or e), states, acts, capacity_bytes)
+    return MemoryReport(params, grads, states, acts, capacity_bytes)
 
 
 # Host memory of a numerics run beyond what it stores: the process itself (Python, numpy,

@@ -30,6 +30,7 @@ from ..model.block import Params
 from ..model.ops import Cost
 from ..model.tensor_parallel import LocalParam
 from .distributed_optimizer import DistributedAdam
+from .fully_sharded import ShardedGrads, ShardedParams
 
 
 
@@ -49,7 +50,8 @@ class ShardedOptimizer:
     def __init__(self, opt: OptimizerConfig, specs: list[LocalParam], ex: Executor,
                  tp_rank: int, P: Params, norm: TimedComm | None = None,
                  counted: Callable[[LocalParam], bool] | None = None,
-                 buckets: GradBuckets | None = None) -> None:
+                 buckets: GradBuckets | ShardedGrads | None = None,
+                 params: ShardedParams | None = None) -> None:
         self.opt, self.specs, self.E, self.tp_rank = opt, specs, ex, tp_rank
         # the global gradient norm: summed over one model replica (TP x PP ranks), every
         # tensor once (replicated ones on TP rank 0, the tied table on the first stage)
@@ -57,7 +59,8 @@ class ShardedOptimizer:
         self.counted = counted or (lambda lp: lp.tp_split or tp_rank == 0)
         self.zero: DistributedAdam | None = None
         if opt.distributed and buckets is not None and buckets.dp.size > 1:
-            self.zero = DistributedAdam(opt, specs, ex, buckets, self.norm_of, self.counted)
+            self.zero = DistributedAdam(opt, specs, ex, buckets, self.norm_of, self.counted,
+                                        params)
         self.m = {n: None if w is None else np.zeros_like(w) for n, w in P.items()}
         self.v = {n: None if w is None else np.zeros_like(w) for n, w in P.items()}
         self.steps = 0
