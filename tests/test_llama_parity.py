@@ -28,6 +28,14 @@ CASES = [
     (4, "tp-dp-full", ["parallel.tp=2", "parallel.dp=2", "train.recompute='full'",
                        "model.kv_heads=1"]),
     (4, "dp-distributed", ["parallel.dp=4", "optimizer.zero=1"]),
+    # uneven pipeline stages (Megatron-Core's first/last stage layers; embedding and loss
+    # counted as layers, Llama 3's 405B layout)
+    (2, "pp2-first-last", ["parallel.pp=2", "model.layers=5", "parallel.first_stage_layers=2",
+                           "parallel.last_stage_layers=3"]),
+    (2, "pp2-loss-split", ["parallel.pp=2", "model.layers=5", "parallel.loss_in_split=true"]),
+    (4, "pp4-embedding-loss-split", ["parallel.pp=4", "model.layers=6",
+                                     "parallel.embedding_in_split=true",
+                                     "parallel.loss_in_split=true"]),
     # context parallelism (flash attention, as Transformer Engine requires)
     (2, "cp2-ring", ["parallel.cp=2", "model.attention='flash'"]),
     (2, "cp2-allgather-dropout", ["parallel.cp=2", "parallel.cp_comm='all_gather'",

@@ -107,3 +107,46 @@ def test_bad_input_under_mpiexec_exits_2_with_one_line_on_rank_0(tmp_path) -> No
 def test_pipeline_settings_are_refused_in_one_line(world: int, sets: list[str],
                                                    line: str) -> None:
     assert refusal(world, *sets).startswith(line)
+
+
+LLAMA = ["model.preset='tiny-llama'", "model.attention='flash'"]
+
+
+@pytest.mark.parametrize("world, sets, line", [
+    (1, ["model.kv_heads=3"], "model.kv_heads=3: does not divide model.heads=8; choose "
+     "kv_heads in {1, 2, 4, 8}"),
+    (1, ["model.rope_scaling=0.5"], "model.rope_scaling=0.5: must be 0 (no scaling) or in "
+     "[1, 1024]"),
+    (6, ["parallel.cp=3", "parallel.dp=2"], "model.seq_len=16: is not "
+     "divisible into 2 x parallel.cp = 6 chunks"),
+    (2, ["parallel.cp=2", "model.attention='baseline'"],
+     "model.attention='baseline': context parallelism runs flash attention"),
+    (2, ["parallel.cp_comm='a2a'"], "parallel.cp_comm='a2a': choose one of 'p2p', "
+     "'all_gather'"),
+    (4, ["parallel.dp=4", "optimizer.zero=3", "optimizer.name='lamb'"], "optimizer.zero=3: needs "
+     "optimizer.name='adam'"),
+    (4, ["parallel.dp=4", "optimizer.zero=2", "train.overlap_grad_reduce=false"],
+     "train.overlap_grad_reduce=False: must be true with optimizer.zero=2"),
+    (4, ["parallel.dp=4", "optimizer.zero=1", "optimizer.prefetch=false"], "optimizer.prefetch=False: applies "
+     "to optimizer.zero = 3 only"),
+    (4, ["parallel.dp=4", "optimizer.zero=5"], "optimizer.zero=5: choose one of {0, 1, 2, 3}"),
+    (4, ["parallel.dp=4", "optimizer.zero=3", "optimizer.overlap_param_gather=true"],
+     "optimizer.overlap_param_gather=True: needs optimizer.zero = 1 or 2"),
+    (2, ["parallel.pp=2", "model.layers=5", "parallel.first_stage_layers=3",
+         "parallel.last_stage_layers=3"], "parallel.first_stage_layers=3: cannot place "
+     "model.layers=5 on parallel.pp=2"),
+])
+def test_llama_cp_and_zero_settings_are_refused_in_one_line(world: int, sets: list[str],
+                                                            line: str) -> None:
+    assert refusal(world, *LLAMA, *sets).startswith(line)
+
+
+def test_bad_cp_under_mpiexec_exits_2_with_one_line(tmp_path) -> None:
+    res = run_mpi(2, ["run", "workloads/quickstart.toml", "--set", "model.preset='tiny-llama'",
+                      "--set", "parallel.tp=1", "--set", "parallel.dp=1", "--set",
+                      "parallel.cp=2", "--set", "model.seq_len=18", "--set",
+                      "model.attention='flash'", "--out", str(tmp_path)])
+    assert res.returncode == 2
+    assert our_lines(res.stderr) == [
+        "mpiemu: error: model.seq_len=18: is not divisible into 2 x parallel.cp = 4 chunks "
+        "(context parallelism's causal balance); choose a multiple of 2 cp"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..model.pipeline_schedules import SCHEDULES
+from ..model.pipeline_split import LayerSplit
 from .errors import ConfigError
 
 CP_COMMS = ("p2p", "all_gather")     # Megatron-Core --cp-comm-type (a2a not modelled)
@@ -27,11 +28,22 @@ class ParallelSection:
     sequence_parallel: bool = False  # RS after row-parallel, AG before column-parallel GEMMs
     schedule: str = "1f1b"
     virtual_stages: int = 1
+    # uneven stages (Megatron-Core --decoder-first/last-pipeline-num-layers; 0: even)
+    first_stage_layers: int = 0
+    last_stage_layers: int = 0
+    # the embedding / the loss counted as one layer of the first / last virtual stage
+    # (--account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split)
+    embedding_in_split: bool = False
+    loss_in_split: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tp", "dp", "pp", "cp", "virtual_stages"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"parallel.{name}", getattr(self, name), "an integer >= 1")
+        for name in ("first_stage_layers", "last_stage_layers"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"parallel.{name}", getattr(self, name),
+                                  "an integer >= 0 (0: as the other stages)")
         if self.devices > MAX_DEVICES:
             raise ConfigError(self.grid_field, self.grid_value,
                               f"at most {MAX_DEVICES} emulated devices (a folded job still "
@@ -46,6 +58,12 @@ class ParallelSection:
         if self.schedule != "interleaved" and self.virtual_stages != 1:
             raise ConfigError("parallel.virtual_stages", self.virtual_stages,
                               "1 unless parallel.schedule = 'interleaved'")
+
+    @property
+    def split(self) -> LayerSplit:
+        """How the pipeline stages divide the layers."""
+        return LayerSplit(self.first_stage_layers, self.last_stage_layers,
+                          self.embedding_in_split, self.loss_in_split)
 
     @property
     def devices(self) -> int:

@@ -27,6 +27,7 @@ from .masks import Masks
 from .ops import (MASK_BYTES, Cost, bias_grad_cost, ce_back, ce_combine, ce_cost,
                   ce_local_stats, dropout, embed_cost, embed_lookup, embed_scatter)
 from .pipeline_schedules import Pass
+from .pipeline_split import LayerSplit, chunk_layers
 from .tensor_parallel import LocalParam, cut, local_params
 
 RECOMPUTE = ("none", "selective", "full")
@@ -35,24 +36,17 @@ HEAD_SIDE = ("lnf.g", "lnf.b")                     # ... and of the last, with i
                                                    # layer (the table itself when tied)
 
 
-def chunk_layers(layers: int, pp: int, chunks: int, stage: int, chunk: int) -> range:
-    """Layers of virtual stage chunk * pp + stage: L / (pp chunks) consecutive layers
-    (Megatron-LM's interleaved placement, Narayanan et al. 2021 Fig. 4)."""
-    n = layers // (pp * chunks)
-    vs = chunk * pp + stage
-    return range(vs * n, (vs + 1) * n)
-
-
 def edge_names(cfg: ModelConfig, pp: int, stage: int) -> set[str]:
     """The embedding / head tensors (layer -1) a pipeline stage may hold."""
     head = HEAD_SIDE + (("wte",) if cfg.tied_embeddings else ("lm_head",))
     return set(EMBED_SIDE if stage == 0 else ()) | set(head if stage == pp - 1 else ())
 
 
-def stage_params(cfg: ModelConfig, tp: int, pp: int, chunks: int, stage: int
-                 ) -> list[LocalParam]:
+def stage_params(cfg: ModelConfig, tp: int, pp: int, chunks: int, stage: int,
+                 split: LayerSplit = LayerSplit()) -> list[LocalParam]:
     """The local parameters a (TP rank, pipeline stage) holds, in forward order."""
-    mine = {i for c in range(chunks) for i in chunk_layers(cfg.layers, pp, chunks, stage, c)}
+    mine = {i for c in range(chunks)
+            for i in chunk_layers(cfg.layers, pp, chunks, stage, c, split)}
     edge = edge_names(cfg, pp, stage)
     return [lp for lp in local_params(cfg, tp)
             if (lp.layer in mine) or (lp.layer == -1 and lp.name in edge)]
@@ -106,13 +100,14 @@ class StageModel:
     def __init__(self, cfg: ModelConfig, ex: Executor, dims: Dims, *, tp_rank: int,
                  dp_rank: int, seed: int, global_batch: int, np_dtype: type, pp: int = 1,
                  pp_rank: int = 0, chunks: int = 1, micro_batches: int = 1,
-                 recompute: str = "none", cp_rank: int = 0, cp_comm: str = "p2p") -> None:
+                 recompute: str = "none", cp_rank: int = 0, cp_comm: str = "p2p",
+                 split: LayerSplit = LayerSplit()) -> None:
         self.cfg, self.E, self.d = cfg, ex, dims
         self.tp_rank, self.dp_rank, self.seed = tp_rank, dp_rank, seed
         self.pp, self.pp_rank, self.chunks = pp, pp_rank, chunks
         self.global_batch, self.micro_batches, self.recompute = global_batch, micro_batches, \
             recompute
-        self.specs: list[LocalParam] = stage_params(cfg, dims.tp, pp, chunks, pp_rank)
+        self.specs: list[LocalParam] = stage_params(cfg, dims.tp, pp, chunks, pp_rank, split)
         self.by_name = {lp.name: lp for lp in self.specs}
         self.P: Params = {lp.name: self._init(lp, np_dtype) for lp in self.specs}
         self.G: Params = {lp.name: None for lp in self.specs}
@@ -120,7 +115,7 @@ class StageModel:
         self.seq_positions = cp_positions(cfg.seq_len, dims.cp, cp_rank) if dims.cp > 1 \
             else np.arange(dims.seq)
         self.chunk_layers = [[Layer(ex, cfg, dims, i, recompute, self.seq_positions, cp_comm)
-                              for i in chunk_layers(cfg.layers, pp, chunks, pp_rank, c)]
+                              for i in chunk_layers(cfg.layers, pp, chunks, pp_rank, c, split)]
                              for c in range(chunks)]
         self.hooks: StageHooks = NoHooks()          # the training step's (`training.gradients`)
         self.head = "wte" if cfg.tied_embeddings else "lm_head"   # the output layer's table

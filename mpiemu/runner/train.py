@@ -99,7 +99,7 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
                        seed=w.run.seed, global_batch=gb, np_dtype=ctx.np_dtype, pp=grid.pp,
                        pp_rank=grid.pp_rank, chunks=w.parallel.virtual_stages,
                        micro_batches=m, recompute=w.train.recompute, cp_rank=grid.cp_rank,
-                       cp_comm=w.parallel.cp_comm)
+                       cp_comm=w.parallel.cp_comm, split=w.parallel.split)
     grads = StageGradients(model, ex, dp, grad_buffer=buf,
                            bucket_bytes=w.train.dp_bucket_MiB * 2**20,
                            bidirectional=overlap.bidirectional, embed=embed,

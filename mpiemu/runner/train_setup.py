@@ -16,6 +16,8 @@ from ..training.memory import GIB, Layout, MemoryReport, host_bytes, memory_repo
 from ..overlap.api import STRATEGY_IMPLS
 from ..config.workload import Workload, resolve_device
 from ..config.errors import ConfigError
+from ..config.parallel_section import ParallelSection
+from ..model.pipeline_split import problem
 from ..config.overlap_check import check_overlap_devices
 
 HOST_MEMORY_SHARE = 0.8    # a numerics run may use this share of the host's memory
@@ -115,15 +117,30 @@ def _validate_kv_heads(cfg: ModelConfig, tp: int) -> None:
                           "is replicated over TP ranks, each making an even slice)")
 
 
+def _split_field(par: ParallelSection) -> tuple[str, object]:
+    """The uneven-split field a refusal names (the first one set)."""
+    for name in ("first_stage_layers", "last_stage_layers", "embedding_in_split",
+                 "loss_in_split"):
+        if getattr(par, name):
+            return f"parallel.{name}", getattr(par, name)
+    return "parallel.pp", par.pp
+
+
 def _validate_pipeline(w: Workload, layers: int, gb: int) -> None:
     """Stages split the layers evenly; micro-batches split each DP rank's batch; the
     interleaved schedule runs micro-batches in groups of pp (Megatron-LM's requirement)."""
     par, mb = w.parallel, w.train.micro_batch
     pp, v = par.pp, par.virtual_stages
-    if layers % pp:
+    if not par.split.even:
+        why = problem(layers, pp, v, par.split)
+        if why is not None:
+            field, value = _split_field(par)
+            raise ConfigError(field, value, f"cannot place model.layers={layers} on "
+                              f"parallel.pp={pp} x virtual_stages={v}: {why}")
+    elif layers % pp:
         raise ConfigError("parallel.pp", pp, f"does not divide model.layers={layers}; "
                           f"choose pp in {braces(divisors(layers))}")
-    if layers % (pp * v):
+    elif layers % (pp * v):
         ok = [x for x in divisors(layers // pp) if x > 1]
         raise ConfigError("parallel.virtual_stages", v, f"pp x virtual_stages = {pp * v} "
                           f"does not divide model.layers={layers}; " +
@@ -237,7 +254,8 @@ def layout(w: Workload, stage: int, micro: int | None = None) -> Layout:
     return Layout(pp=par.pp, stage=stage, chunks=par.virtual_stages, schedule=par.schedule,
                   micro_batches=micro or micro_batches(w), recompute=w.train.recompute,
                   dp=par.dp * par.cp, zero=w.optimizer.zero, prefetch=w.optimizer.prefetch,
-                  reshard_after_forward=w.optimizer.reshard_after_forward)
+                  reshard_after_forward=w.optimizer.reshard_after_forward,
+                  split=par.split)
 
 
 def stage_memories(w: Workload, capacity_bytes: float, stages: Sequence[int]

@@ -19,6 +19,7 @@ from ..model.dims import Dims
 from ..model.ops import MASK_BYTES, STAT_BYTES
 from .optimizer import state_bytes_per_param
 from ..model.pipeline_schedules import order
+from ..model.pipeline_split import LayerSplit, chunk_layers, stage_layer_count
 from ..model.stage import edge_names
 from ..model.tensor_parallel import local_params
 
@@ -129,6 +130,14 @@ class Layout(NamedTuple):
     grad_bytes: int = 0             # a gradient element (Megatron's buffer); 0: the dtype's
     prefetch: bool = True           # ZeRO-3: the next layer gathered under this one
     reshard_after_forward: bool = True   # ZeRO-3: a layer's parameters freed after forward
+    split: LayerSplit = LayerSplit()     # which layers each stage holds
+
+    def layers(self, cfg: ModelConfig, chunk: int | None = None) -> int:
+        """Layers of this stage (of one of its chunks)."""
+        if chunk is None:
+            return stage_layer_count(cfg.layers, self.pp, self.chunks, self.stage, self.split)
+        return len(chunk_layers(cfg.layers, self.pp, self.chunks, self.stage, chunk,
+                                self.split))
 
 
 def layer_param_count(cfg: ModelConfig, tp: int) -> int:
@@ -142,7 +151,7 @@ def local_param_count(cfg: ModelConfig, tp: int, lay: Layout = Layout()) -> int:
     edge = edge_names(cfg, lay.pp, lay.stage)
     edges = sum(lp.size for lp in local_params(replace(cfg, layers=1), tp)
                 if lp.layer == -1 and lp.name in edge)
-    return edges + layer_param_count(cfg, tp) * cfg.layers // lay.pp
+    return edges + layer_param_count(cfg, tp) * lay.layers(cfg)
 
 
 def stage_activations(cfg: ModelConfig, d: Dims, e: int, lay: Layout = Layout()) -> Stored:
@@ -150,9 +159,9 @@ def stage_activations(cfg: ModelConfig, d: Dims, e: int, lay: Layout = Layout())
     schedule (1F1B stage i: p - i; GPipe: all m), each with its layers (and embedding or
     head on the first or last virtual stage)."""
     per_layer = layer_stored(cfg, d, lay.recompute)
-    n = cfg.layers // (lay.pp * lay.chunks)
     chunk = []
     for c in range(lay.chunks):
+        n = lay.layers(cfg, c)
         s = Stored(n * per_layer.act, n * per_layer.stats, n * per_layer.masks)
         if c == 0 and lay.stage == 0:
             s += embed_stored(cfg, d)
@@ -188,7 +197,7 @@ def memory_report(cfg: ModelConfig, d: Dims, e: int, capacity_bytes: float,
     if lay.zero >= 2:
         grads = (n - unit) * g / lay.dp + unit * g
     if lay.zero == 3:
-        layers = cfg.layers // lay.pp
+        layers = lay.layers(cfg)
         edge = n - unit * layers
         live = (2 if lay.prefetch else 1) if lay.reshard_after_forward else layers
         params = (unit * (layers - min(live, layers))) * e / lay.dp \
