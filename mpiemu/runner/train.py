@@ -105,7 +105,8 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
                            bidirectional=overlap.bidirectional, embed=embed,
                            zero=opt_cfg.zero, overlap_grad_reduce=w.train.overlap_grad_reduce,
                            ddp=w.train.ddp, prefetch=opt_cfg.prefetch,
-                           reshard_after_forward=opt_cfg.reshard_after_forward)
+                           reshard_after_forward=opt_cfg.reshard_after_forward,
+                           shard_group=opt_cfg.shard_group)
     step = PipelineStep(model, grads, pp, w.parallel.schedule, m, ctx.np_dtype)
     opt = ShardedOptimizer(opt_cfg, model.specs, ex, grid.tp_rank, model.P, norm=mp,
                            counted=lambda lp: (lp.tp_split or grid.tp_rank == 0)

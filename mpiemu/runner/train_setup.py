@@ -233,6 +233,10 @@ def _validate_zero(w: Workload, cfg: ModelConfig) -> None:
     if w.train.ddp != "core":
         raise ConfigError("train.ddp", w.train.ddp, f"must be 'core' with optimizer.zero="
                           f"{zero} (local DDP reduces one buffer after backward)")
+    group, ranks = w.optimizer.shard_group, w.parallel.dp * w.parallel.cp
+    if group and ranks % group:
+        raise ConfigError("optimizer.shard_group", group, f"does not divide the {ranks} ranks "
+                          f"of DP x CP; choose one of {braces(divisors(ranks))}")
     if w.parallel.pp > 1 and cfg.tied_embeddings:
         raise ConfigError("optimizer.zero", zero, "needs untied embeddings with parallel.pp > "
                           "1 (the tied table's gradient is summed across stages first); set "
@@ -253,7 +257,8 @@ def layout(w: Workload, stage: int, micro: int | None = None) -> Layout:
     par = w.parallel
     return Layout(pp=par.pp, stage=stage, chunks=par.virtual_stages, schedule=par.schedule,
                   micro_batches=micro or micro_batches(w), recompute=w.train.recompute,
-                  dp=par.dp * par.cp, zero=w.optimizer.zero, prefetch=w.optimizer.prefetch,
+                  dp=w.optimizer.shard_group or par.dp * par.cp, zero=w.optimizer.zero,
+                  prefetch=w.optimizer.prefetch,
                   reshard_after_forward=w.optimizer.reshard_after_forward,
                   split=par.split)
 

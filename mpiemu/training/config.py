@@ -35,6 +35,10 @@ class OptimizerConfig:
     overlap_param_gather: bool = False   # ZeRO-1/2: gather parameters under next forward
     prefetch: bool = True            # ZeRO-3: the next layer's gather under this one's compute
     reshard_after_forward: bool = True   # ZeRO-3: free a layer's parameters after forward
+    # ZeRO-2 / 3: the ranks of DP x CP one shard group spans (0: all). Hybrid sharding
+    # (PyTorch HSDP): sharded inside each group of that many consecutive ranks (a node's),
+    # replicated across the groups, gradients reduce-scattered inside and all-reduced across
+    shard_group: int = 0
 
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZERS:
@@ -62,6 +66,9 @@ class OptimizerConfig:
             raise FieldError("optimizer.overlap_param_gather", True,
                              "needs optimizer.zero = 1 or 2 (ZeRO-3 gathers every layer "
                              "before its forward anyway)")
+        if self.shard_group < 0 or (self.shard_group and self.zero < 2):
+            raise FieldError("optimizer.shard_group", self.shard_group, "0 (shard over all of "
+                             "DP x CP), or > 0 with optimizer.zero = 2 or 3 (hybrid sharding)")
         for key in ("prefetch", "reshard_after_forward"):
             if not getattr(self, key) and self.zero != 3:
                 raise FieldError(f"optimizer.{key}", False, "applies to optimizer.zero = 3 "

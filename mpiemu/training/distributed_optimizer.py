@@ -80,6 +80,9 @@ class DistributedAdam:
             if on:
                 sq = np.array([sum(_masked_sq(sh.grad, self._masks(b, sh, dtype)[3])
                                    for b, sh in enumerate(shards))])
+                copies = getattr(self.buckets, "copies", 1)
+                if copies > 1:          # hybrid sharding: every shard counted once
+                    sq /= copies
             norm = self.norm_of(sq, n)
             if self.opt.clip_grad_norm > 0 and on:
                 coeff = min(1.0, clip_coeff(self.opt, norm))

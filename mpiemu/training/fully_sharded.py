@@ -13,6 +13,10 @@ freed (FSDP reduce-scatters every micro-batch: there is no full gradient to accu
 Gradients of parameters that saw only the rank's sequence rows (SP) are first summed over
 TP (`partial`).
 
+Hybrid sharding (PyTorch HSDP, torchtitan's dp_replicate x dp_shard): the shard group is a
+block of consecutive DP ranks (a node's); each unit is reduce-scattered inside it and the
+shard then all-reduced across the groups (`replicas`); parameters gather inside it.
+
 Parameters (`ShardedParams`, ZeRO-3, 5.3): between uses a unit holds only its shard; before
 a pass uses it its parameters are all-gathered over DP (`need`), and with `prefetch` the
 unit the pass uses next is gathered meanwhile, under the current unit's compute (FSDP's
@@ -29,7 +33,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..comm.collectives import all_gather, own_range, reduce_scatter
+from ..comm.collectives import all_gather, all_reduce, own_range, reduce_scatter
 from ..comm.p2p import TimedComm
 from ..comm.ring import Reduction
 from ..model.block import Params
@@ -66,6 +70,14 @@ def units(specs: list[LocalParam], dp: TimedComm) -> dict[int, Unit]:
     return out
 
 
+def hybrid(dp: TimedComm, group: int) -> tuple[TimedComm, TimedComm | None]:
+    """(shard group, replica group) of this rank: blocks of `group` consecutive ranks of
+    `dp`, and the ranks at the same place in every block (None: one group spans dp)."""
+    if group in (0, dp.size):
+        return dp, None
+    return dp.split("shard", dp.rank // group), dp.split("replica", dp.rank % group)
+
+
 def flat(u: Unit, arrays: Params) -> np.ndarray | None:
     """The unit's tensors concatenated and zero-padded (None on shapes alone)."""
     if any(arrays.get(n) is None for n in u.names):
@@ -87,6 +99,7 @@ class ShardedGrads:
     bidirectional: bool = False
     # sums over TP the gradients among `names` that saw the rank's sequence rows only (SP)
     partial: Callable[[list[str]], None] | None = None
+    replicas: TimedComm | None = None    # hybrid sharding: the same shard on other groups
     spans: list[Span] = field(default_factory=list)
     shards: list[BucketShard] = field(default_factory=list)
     _pending: dict[int, set[str]] = field(default_factory=dict)
@@ -111,6 +124,12 @@ class ShardedGrads:
                                    count=u.padded, wire_itemsize=self.itemsize, unit=1,
                                    label=f"dp.grad_rs.L{u.key}",
                                    bidirectional=self.bidirectional)
+        if self.replicas is not None:     # hybrid: the shard's sum over the replicas too
+            out, span = all_reduce(self.replicas, out, reduce_s=self.reduce_s,
+                                   after=span.t_end, count=u.hi - u.lo,
+                                   wire_itemsize=self.itemsize,
+                                   bidirectional=self.bidirectional,
+                                   label=f"dp.grad_ar.L{u.key}")
         self.spans.append(span)
         for n in u.names:           # the whole gradient is freed: the shard keeps the sum
             grads[n] = None
@@ -121,6 +140,11 @@ class ShardedGrads:
             self.shards.append(sh)
         elif out is not None and sh.grad is not None:
             sh.grad += out
+
+    @property
+    def copies(self) -> int:
+        """How many ranks hold each shard (a global norm over every rank counts it so often)."""
+        return 1 if self.replicas is None else self.replicas.size
 
     def finish(self, grads: Params, t: SimTime) -> SimTime:
         """When every reduction of the step is done (t when there are none)."""

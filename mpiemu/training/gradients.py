@@ -23,7 +23,7 @@ from ..model.ops import Cost
 from ..model.stage import StageModel
 from ..sim.timeline import SimTime
 from .data_parallel import GradBuckets
-from .fully_sharded import ShardedGrads, ShardedParams, units
+from .fully_sharded import ShardedGrads, ShardedParams, hybrid, units
 from .grad_buffer import GradBuffer
 
 
@@ -34,7 +34,8 @@ class StageGradients:
                  grad_buffer: GradBuffer | None, bucket_bytes: float, bidirectional: bool,
                  embed: TimedComm | None = None, zero: int = 0,
                  overlap_grad_reduce: bool = True, ddp: str = "core",
-                 prefetch: bool = True, reshard_after_forward: bool = True) -> None:
+                 prefetch: bool = True, reshard_after_forward: bool = True,
+                 shard_group: int = 0) -> None:
         self.model, self.E, self.embed, self.grad_buffer = model, ex, embed, grad_buffer
         # gradients travel in the dtype they are kept in: Megatron's buffer's, else the model's
         self.grad_bytes = ex.e if grad_buffer is None else grad_buffer.main
@@ -43,10 +44,12 @@ class StageGradients:
         scaled = grad_buffer is not None
         self.scale_whole_buffer = scaled and ddp == "local"
         sharded = zero >= 2 and dp.size > 1       # ZeRO-2 / 3: per unit, per micro-batch
+        shard, replicas = hybrid(dp, shard_group) if sharded else (dp, None)
         self.buckets: GradBuckets | ShardedGrads = ShardedGrads(
-            dp, self.grad_bytes, units(model.specs, dp),
+            shard, self.grad_bytes, units(model.specs, shard),
             {lp.name: lp.layer for lp in model.specs}, ex.cost.reduction_s, bidirectional,
-            partial=self._sp_grad_sync if model.d.sp else None) if sharded else GradBuckets(
+            partial=self._sp_grad_sync if model.d.sp else None,
+            replicas=replicas) if sharded else GradBuckets(
             dp, self.grad_bytes, math.inf if ddp == "local" else bucket_bytes,
             {lp.name: lp.size for lp in model.specs}, bidirectional, shard=zero == 1,
             overlap=overlap_grad_reduce,
@@ -61,7 +64,7 @@ class StageGradients:
             and "wte" in model.P            # a first or last stage, the table tied
         self.deferred = sp_partial + (["wte"] if self.tied_across_stages else [])
         self.param_ready: dict[int, float] = {}     # layer -> parameters gathered (ZeRO-1)
-        self.params = ShardedParams(model.P, self.buckets.units, ex, dp, prefetch=prefetch,
+        self.params = ShardedParams(model.P, self.buckets.units, ex, shard, prefetch=prefetch,
                                     reshard_after_forward=reshard_after_forward) \
             if zero == 3 and isinstance(self.buckets, ShardedGrads) else None
         model.hooks = self
