@@ -1,10 +1,16 @@
 """Expanding a folded run: every emulated rank gets its trace back.
 
-A folded run (`comm.mirror`) writes one file per pipeline stage, standing for the stage's
-tp x dp images. The image of member (a, b, p) is the representative's trace with every
+A folded run (`comm.mirror`) writes one file per (CP rank, pipeline stage), standing for its
+tp x dp images. The image of member (a, c, b, p) is the representative's trace with every
 device renamed by `Fold.image` (ports `port.<d>`, NICs `nic.<d>`, links `link.<a>><b>`) and
 every message's peer renamed to its image's rank in the same group; times are the same,
 which is what makes folding exact. The events array is shared, not copied.
+
+A message between two CP ranks of one DP replica names the same route and the same peer
+whether it went on the CP group or the DP x CP group (where the peer's rank is c + cp d):
+the trace does not say which. Such a peer is taken as a CP group's, so an image in another
+DP replica (d > 0) shows DP x CP ring messages between CP neighbours with peer c, where
+the unfolded run records c + cp d; times, bytes, names and routes are exact.
 """
 from __future__ import annotations
 
@@ -38,13 +44,16 @@ def _peer_device(resource: str) -> tuple[int, int] | None:
 
 
 def _peer_index(shape: GridShape, me: int, peer: int) -> int | None:
-    """The peer's rank in the group the two share (TP, DP); None for pipeline peers (their
-    rank in the PP or embedding group is the same for every image)."""
+    """The peer's rank in the group the two share (TP, CP, DP or DP x CP); None where it is
+    the same for every image (pipeline and embedding peers, CP peers)."""
     t0, d0, p0 = shape.coords(me)
     t1, d1, p1 = shape.coords(peer)
-    if p0 != p1:
+    c0, c1 = shape.cp_rank(me), shape.cp_rank(peer)
+    if p0 != p1 or (c0 != c1 and d0 == d1):
         return None
-    return t1 if d0 == d1 else d1
+    if c0 == c1 and d0 == d1:
+        return t1
+    return c1 + shape.cp * d1 if shape.cp > 1 else d1
 
 
 class _Images:
@@ -69,7 +78,7 @@ class _Images:
             events = events.copy()
             keep = per_event < 0
             events["peer"] = np.where(keep, events["peer"], per_event)
-        t, d, p = shape.coords(member)
+        t, d, p = shape.coords(member)      # an image keeps its representative's CP rank
         attrs: dict[str, Any] = rt.attrs | {"rank": member, "tp_rank": t, "dp_rank": d,
                                             "pp_rank": p, "image_of": rt.rank}
         return RankTrace(member, attrs, events, rt.table, rt.names, renamed[self.inv],
@@ -82,7 +91,8 @@ def expand(ranks: list[RankTrace], manifest: dict[str, Any]) -> list[RankTrace]:
     grid = manifest.get("grid")
     if not isinstance(folded, dict) or not isinstance(grid, dict):
         return ranks
-    shape = GridShape(int(grid["tp"]), int(grid["dp"]), int(grid.get("pp", 1)))
+    shape = GridShape(int(grid["tp"]), int(grid["dp"]), int(grid.get("pp", 1)),
+                      int(grid.get("cp", 1)))
     fold = Fold(shape)
     out: list[RankTrace] = []
     for rt in ranks:
@@ -92,18 +102,22 @@ def expand(ranks: list[RankTrace], manifest: dict[str, Any]) -> list[RankTrace]:
     return sorted(out, key=lambda r: r.rank)
 
 
-def timeline_differences(a: list[RankTrace], b: list[RankTrace]) -> list[str]:
-    """Where two runs' emulated timelines differ, rank by rank (times, bytes, peers, names and
-    routes compared exactly); empty when they are bit-identical (folded vs unfolded)."""
+def timeline_differences(a: list[RankTrace], b: list[RankTrace], peers: bool = True
+                         ) -> list[str]:
+    """Where two runs' emulated timelines differ, rank by rank (times, bytes, peers unless
+    `peers` is False, names and routes compared exactly); empty when they are bit-identical
+    (folded vs unfolded)."""
     ra, rb = [r.rank for r in a], [r.rank for r in b]
     if ra != rb:
         return [f"ranks differ: {ra[:8]}... vs {rb[:8]}..."]
     out = []
+    fields = ("t_start", "t_end", "bytes", "peer", "stage") if peers else \
+        ("t_start", "t_end", "bytes", "stage")
     for x, y in zip(a, b):
         if len(x.events) != len(y.events):
             out.append(f"rank {x.rank}: {len(x.events)} vs {len(y.events)} events")
             continue
-        for f in ("t_start", "t_end", "bytes", "peer", "stage"):
+        for f in fields:
             if not np.array_equal(x.events[f], y.events[f]):
                 i = int(np.argmax(x.events[f] != y.events[f]))
                 out.append(f"rank {x.rank}: {f} of event {i} ({x.names[i]}) "

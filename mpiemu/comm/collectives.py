@@ -92,7 +92,7 @@ def _start(tc: TimedComm, op: str, nbytes: float, itemsize: int, bidirectional: 
            t0: SimTime) -> tuple[Choice, Call, SimTime]:
     """The call (`call_for`), checked against folding; its base latency paid."""
     ch, call = call_for(tc, op, nbytes, itemsize, bidirectional)
-    if isinstance(tc.comm, Mirror) and ch.algorithm not in ("ring", "nvls"):
+    if isinstance(tc.comm, Mirror) and ch.algorithm not in tc.comm.algorithms:
         raise FoldError(f"run.fold: the {tc.name} group runs {op} of {int(nbytes)} bytes "
                         f"with NCCL's {ch.algorithm} algorithm, whose ranks differ, so "
                         "folding would not be exact; run with run.fold = \"off\" (or "

@@ -19,10 +19,12 @@ With cp = 2 (tp=2, dp=1, pp=1: ranks 0..3) the CP groups are [0, 2] and [1, 3] (
 rank of each sequence chunk pair), and gradients are reduced over DP x CP (`dp_cp_comm`,
 Megatron-Core's intra_dp_cp_group). With pp = 1 the embedding group is the rank alone.
 
-Folded (`comm.mirror`, timing only): the job has one MPI rank per stage, MPI rank p playing
-emulated rank (0, 0, p); its TP and DP groups are `Mirror`s of their images, the PP and
-embedding groups real communicators between the stages' ranks, and the model-parallel and
-world groups mixed (scalar reductions only).
+Folded (`comm.mirror`, timing only): the job has one MPI rank per (CP rank, stage), MPI rank
+m playing emulated rank (t=0, c=m mod cp, d=0, p=m // cp); its TP and DP groups are
+`Mirror`s of their images, the CP group real between the stage's ranks, the PP and
+embedding groups real between the ranks of one CP rank, the DP x CP group a `RingMirror`
+(its members played by the stage's CP ranks), and the model-parallel and world groups mixed
+(scalar reductions only).
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from .mirror import Mirror
+from .mirror import Mirror, RingMirror
 from .shape import Fold, GridShape
 
 
@@ -73,22 +75,38 @@ class ProcessGrid:
                                       key=self.pp_rank)
 
     def _folded(self, world: MPI.Comm, shape: GridShape, fold: Fold) -> None:
-        """One MPI rank per stage: TP / DP groups mirrored, PP / embedding groups real."""
-        p = world.Get_rank()
-        self.rank = fold.rep(p)
-        self.tp_rank, self.dp_rank, self.pp_rank, self.cp_rank = 0, 0, p, 0
-        s = shape
-        self.tp_comm = Mirror("tp", s.tp, 0, [s.rank_of(t, 0, p) for t in range(s.tp)])
-        self.dp_comm = Mirror("dp", s.dp, 0, [s.rank_of(0, d, p) for d in range(s.dp)])
-        self.cp_comm = self.dp_cp_comm = self.dp_comm if s.cp == 1 else None
-        self.pp_comm = world.Dup()
+        """One MPI rank per (CP rank, stage), playing (0, c, 0, p): TP / DP groups
+        mirrored, CP / PP / embedding groups real, DP x CP a `RingMirror` over the stage's
+        CP ranks."""
+        s, (c, p) = shape, fold.place(world.Get_rank())
+        self.rank = fold.rep(world.Get_rank())
+        self.tp_rank, self.dp_rank, self.pp_rank, self.cp_rank = 0, 0, p, c
+        self.tp_comm = Mirror("tp", s.tp, 0, [s.rank_of(t, 0, p, c) for t in range(s.tp)])
+        self.dp_comm = Mirror("dp", s.dp, 0, [s.rank_of(0, d, p, c) for d in range(s.dp)])
+        self.cp_comm = self.dp_cp_comm = self.dp_comm
+        if s.cp > 1:
+            self.cp_comm = world.Split(color=p, key=c)
+            self.dp_cp_comm = self._dp_cp(world, s, c, p)
+        same_c = world.Split(color=c, key=p)     # the representatives of this CP rank
+        self.pp_comm = same_c
         self.mp_comm = Mirror("mp", s.tp * s.pp, s.tp * p,
-                              [s.rank_of(t, 0, k) for k in range(s.pp) for t in range(s.tp)],
-                              real=world, mixed=True)
+                              [s.rank_of(t, 0, k, c) for k in range(s.pp) for t in range(s.tp)],
+                              real=same_c, mixed=True)
         self.world_comm = Mirror("world", s.size, self.rank, range(s.size), real=world,
                                  mixed=True)
         self.world_map = [fold.rep(k) for k in range(world.Get_size())]
-        self._embed(world, 0)
+        self._embed(world, c)
+
+    @staticmethod
+    def _dp_cp(world: MPI.Comm, s: GridShape, c: int, p: int) -> Any:
+        """The folded DP x CP group of (0, c, 0, p), members c + cp d as Megatron-Core orders
+        them: real when DP has no images, else a `RingMirror` over the stage's CP ranks."""
+        peers = world.Split(color=p, key=c)
+        if s.dp == 1:
+            return peers
+        return RingMirror("dp x cp", s.cp * s.dp, c,
+                          [s.rank_of(0, j // s.cp, p, j % s.cp) for j in range(s.cp * s.dp)],
+                          peers)
 
     @property
     def tp(self) -> int:

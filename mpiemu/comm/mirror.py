@@ -18,11 +18,18 @@ pipeline sends and the tied-embedding all-reduce run as before between represent
 A group that mixes stages with their images (the gradient norm's model-parallel group)
 cannot mirror messages; it only takes scalar reductions (`Mirror.allreduce`, over the
 representatives).
+
+`RingMirror` stands in for the DP x CP group (context parallelism): its members j = c + cp d
+are played by the stage's cp real ranks, member j by real rank j mod cp, the others being
+images shifted by whole DP replicas. A send to member `dest` is a real message to real rank
+dest mod cp; a receive from `source` a real receive from source mod cp. Two ring directions
+may land on the same real peer, so the direction is folded into the real tag; only rings
+(offsets +1 and -1) are exact, anything else raises `FoldError`.
 """
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -35,6 +42,9 @@ class FoldError(RuntimeError):
 class Mirror:
     """An MPI.Comm stand-in for a group of `size` whose members other than `rank` are images
     of it (`mixed`: it also holds real ranks of other stages, reached through `real`)."""
+
+    # collectives exact here: a ring, or NVLS (only a maximum over the members crosses)
+    algorithms = ("ring", "nvls")
 
     def __init__(self, name: str, size: int, rank: int, devices: Sequence[int],
                  real: MPI.Comm | None = None, mixed: bool = False) -> None:
@@ -81,12 +91,22 @@ class Mirror:
             raise self._unfoldable(f"receives from rank {source} a message this rank never "
                                    "sent the other way (an algorithm whose ranks differ: a "
                                    "tree, a hierarchical all-reduce)")
-        h = q.popleft()
-        if nbytes is not None and float(h[4]) != nbytes:
-            raise self._unfoldable(f"moves {int(h[4])} bytes where its peer expects "
+        header[:] = q.popleft()
+        self.check_bytes(header, nbytes)
+
+    def check_bytes(self, header: np.ndarray, nbytes: float | None) -> None:
+        """The sender's image moved what the receiver expects (else the group's members
+        differ: a length the group does not divide)."""
+        if nbytes is not None and float(header[4]) != nbytes:
+            raise self._unfoldable(f"moves {int(header[4])} bytes where its peer expects "
                                    f"{int(nbytes)} (a length the group does not divide "
                                    "evenly)")
-        header[:] = h
+
+    def receive(self, header: np.ndarray, source: int, tag: int, nbytes: float | None
+                ) -> tuple[list[MPI.Request], Callable[[], None]]:
+        """Post the receive of a message header from `source`: the requests to wait for,
+        and what fills (and checks) `header` once they completed."""
+        return [], lambda: self.take(source, tag, header, nbytes)
 
     def allreduce(self, value: Any, op: MPI.Op = MPI.MAX) -> Any:
         """The max over the group: images hold this rank's value, representatives theirs."""
@@ -99,3 +119,57 @@ class Mirror:
 
     def Allreduce(self, *args: Any) -> None:
         raise self._unfoldable("moves payload (numerics on)")
+
+
+# the real tag of a RingMirror message: the group's tag and the ring direction
+RING_TAGS = {+1: 0, -1: 1}
+
+
+class RingMirror(Mirror):
+    """A group of `size` whose member j is played by real rank j mod q of `peers` (q real
+    members) and stands for the members j + q k, images of it (the DP x CP group: q = cp).
+    Messages go between the real members, one per ring direction on its own real tag;
+    with q = 1 it is the plain `Mirror`."""
+
+    def __init__(self, name: str, size: int, rank: int, devices: Sequence[int],
+                 peers: MPI.Comm) -> None:
+        super().__init__(name, size, rank, devices, real=peers)
+        self.peers = peers
+        self.q = peers.Get_size()
+        if size % self.q or rank % self.q != peers.Get_rank():
+            raise ValueError(f"{name}: member {rank} of {size} is not played by real rank "
+                             f"{peers.Get_rank()} of {self.q}")
+
+    def Dup(self) -> "RingMirror":
+        return RingMirror(self.name, self.size, self.rank, self.devices, self.peers.Dup())
+
+    def Free(self) -> None:
+        super().Free()
+        self.peers.Free()
+
+    def ring_tag(self, tag: int, offset: int) -> int:
+        """The real tag of a message to the member `offset` ahead (+1 or -1 around the
+        ring; a group of two has one direction)."""
+        offset %= self.size
+        if offset == 1:
+            return 2 * tag + RING_TAGS[+1]
+        if offset == self.size - 1:
+            return 2 * tag + RING_TAGS[-1]
+        raise self._unfoldable(f"sends to the member {offset} ahead, where only rings are "
+                               "exact (its members are played by the context-parallel "
+                               "ranks of the stage)")
+
+    def Isend(self, buf: np.ndarray, dest: int, tag: int) -> MPI.Request:
+        """A real message to the real rank that plays `dest`."""
+        if self.q == 1:
+            return super().Isend(buf, dest, tag)
+        return self.peers.Isend(buf, dest % self.q, self.ring_tag(tag, dest - self.rank))
+
+    def receive(self, header: np.ndarray, source: int, tag: int, nbytes: float | None
+                ) -> tuple[list[MPI.Request], Callable[[], None]]:
+        """A real receive from the real rank that plays `source` (what it sent to the
+        member at the same offset, of which `source`'s send here is an image)."""
+        if self.q == 1:
+            return super().receive(header, source, tag, nbytes)
+        req = self.peers.Irecv(header, source % self.q, self.ring_tag(tag, self.rank - source))
+        return [req], lambda: self.check_bytes(header, nbytes)

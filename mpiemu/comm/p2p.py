@@ -91,7 +91,9 @@ class RecvHandle:
     header: np.ndarray
     t_posted: SimTime
     source: int
-    fill: Callable[[], None] | None = field(default=None, repr=False)   # a mirrored header
+    # a folded group's header: filled from this rank's own sends, or checked once the real
+    # receive completed (`Mirror.receive`)
+    fill: Callable[[], None] | None = field(default=None, repr=False)
     _arrive: SimTime | None = field(default=None, repr=False)
 
     def wait(self, max_sleep_s: float = MAX_SLEEP_S) -> SimTime:
@@ -260,10 +262,9 @@ class TimedComm:
         """Post a receive into `buf` (None: header only), posted at emulated time `posted`
         (`nbytes`: what the sender must send, checked when the sender is a mirrored image)."""
         header = np.empty(HEADER_LEN)
-        if isinstance(self.comm, Mirror):
-            mirror = self.comm
-            return RecvHandle(self, [], header, posted, source,
-                              fill=lambda: mirror.take(source, tag, header, nbytes))
+        if isinstance(self.comm, Mirror):        # folded: the header of a sender's image
+            reqs, fill = self.comm.receive(header, source, tag, nbytes)
+            return RecvHandle(self, reqs, header, posted, source, fill=fill)
         reqs = [self.comm.Irecv(header, source, tag)]
         if buf is not None:
             reqs.append(self.comm.Irecv(buf, source, tag))

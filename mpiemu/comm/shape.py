@@ -1,12 +1,13 @@
-"""The TP x DP x PP grid as arithmetic: coordinates of a rank, and folding's images.
+"""The TP x CP x DP x PP grid as arithmetic: coordinates of a rank, and folding's images.
 
 No MPI here (analysis expands folded traces with it in a process that may have none).
-Ranks are laid out tensor-parallel fastest, then data-parallel, then pipeline (Megatron-LM's
-default order "tp-dp-pp", megatron/core/parallel_state.py `RankGenerator`):
-rank = tp_rank + tp * (dp_rank + dp * pp_rank); `comm.grid` has the worked example.
+Ranks are laid out tensor-parallel fastest, then context-parallel, data-parallel, pipeline
+(Megatron-Core's default order "tp-cp-dp-pp", megatron/core/parallel_state.py
+`RankGenerator`): rank = tp_rank + tp (cp_rank + cp (dp_rank + dp pp_rank)); `comm.grid`
+has the worked example.
 Folding (docs/folding.md): in a timing-only run on identical devices, the TP x DP ranks of one
-pipeline stage are images of each other; `Fold` names them and maps a device as the
-representative sees it to the device an image sees there.
+(CP rank, pipeline stage) are images of each other; `Fold` names them and maps a device as
+the representative sees it to the device an image sees there.
 """
 from __future__ import annotations
 
@@ -48,31 +49,43 @@ class GridShape:
 
 
 class Fold(NamedTuple):
-    """The emulated grid `shape` run on one MPI rank per pipeline stage: MPI rank p plays
-    emulated rank (0, 0, p) and stands for every (t, d, p)."""
+    """The emulated grid `shape` run on one MPI rank per (CP rank, pipeline stage): MPI rank
+    m plays emulated rank (t=0, c=m % cp, d=0, p=m // cp) and stands for every (t, c, d, p).
+    CP ranks are not images of each other (different sequence chunks, different causal
+    work); the TP and DP ranks of one (c, p) are."""
 
     shape: GridShape
 
+    @property
+    def launch(self) -> int:
+        """MPI ranks of the folded job: cp x pp."""
+        return self.shape.cp * self.shape.pp
+
+    def place(self, mpi_rank: int) -> tuple[int, int]:
+        """(cp rank, stage) that MPI rank `mpi_rank` plays."""
+        return mpi_rank % self.shape.cp, mpi_rank // self.shape.cp
+
     def rep(self, mpi_rank: int) -> int:
         """The emulated rank MPI rank `mpi_rank` plays."""
-        return self.shape.rank_of(0, 0, mpi_rank)
+        c, p = self.place(mpi_rank)
+        return self.shape.rank_of(0, 0, p, c)
 
     def members(self, mpi_rank: int) -> list[int]:
         """The emulated ranks MPI rank `mpi_rank` stands for (its own first)."""
-        s = self.shape
-        return [s.rank_of(t, d, mpi_rank) for d in range(s.dp) for t in range(s.tp)]
+        s, (c, p) = self.shape, self.place(mpi_rank)
+        return [s.rank_of(t, d, p, c) for d in range(s.dp) for t in range(s.tp)]
 
     def image(self, member: int) -> Callable[[int], int]:
         """Map a device as the representative sees it to the device `member` sees there:
-        (t, d, p) -> (t + a, d + b, p) for member (a, b, p)."""
+        (t, c, d, p) -> (t + a, c, d + b, p) for member (a, ., b, .)."""
         s = self.shape
         a, b, _ = s.coords(member)
 
         def f(device: int) -> int:
             t, d, p = s.coords(device)
-            return s.rank_of((t + a) % s.tp, (d + b) % s.dp, p)
+            return s.rank_of((t + a) % s.tp, (d + b) % s.dp, p, s.cp_rank(device))
         return f
 
     def images(self) -> list[Callable[[int], int]]:
-        """Every symmetry of one stage (the identity first)."""
+        """Every symmetry of one (CP rank, stage) (the identity first)."""
         return [self.image(m) for m in self.members(0)]

@@ -1,19 +1,22 @@
-"""`run.fold`: whether a job runs one MPI rank per emulated GPU or one per pipeline stage.
+"""`run.fold`: whether a job runs one MPI rank per emulated GPU or one per (CP rank, stage).
 
-A job launched with tp x dp x pp ranks runs every emulated rank. A job launched with pp
-ranks, `run.fold = "auto"` or `"on"`, runs one rank per stage standing for its tp x dp
-symmetric images (`comm.mirror`), when that is exact:
+A job launched with tp x cp x dp x pp ranks runs every emulated rank. A job launched with
+cp x pp ranks, `run.fold = "auto"` or `"on"`, runs one rank per context-parallel rank of each
+pipeline stage, standing for its tp x dp symmetric images (`comm.mirror`), when that is
+exact:
 
 * timing only (`run.numerics = "off"`): real values differ between replicas;
 * a `train` or `layer_sweep` run, every rank on the same device, no injected fault on one
   rank;
 * the network looks the same from every image: each route inside a TP group, inside a DP
-  group and between stages keeps its transport, node crossing and hop count when every
-  device is shifted by the same (tp, dp) offset (`Fold.image`). A TP group split across
-  nodes, or several DP replicas sharing a node unevenly, fail this check.
+  group, from a representative to its CP and DP x CP groups and between stages keeps its
+  transport, node crossing and hop count when every device is shifted by the same (tp, dp)
+  offset (`Fold.image`). A TP group split across nodes, or several DP replicas sharing a
+  node unevenly, fail this check.
 
 Cases only the run itself meets (a collective over a length its group does not divide,
-NCCL's tree chosen across nodes) raise `FoldError` on the first such call, naming it.
+NCCL's tree chosen across nodes, a DP x CP message to a member other than a ring neighbour)
+raise `FoldError` on the first such call, naming it.
 """
 from __future__ import annotations
 
@@ -30,9 +33,9 @@ from ..config.errors import ConfigError
 FOLDABLE_KINDS = ("train", "layer_sweep")
 
 
-def obstacle(w: Workload, stages: list[int] | None = None) -> str | None:
-    """Why folding this workload would not be exact (None: it is); `stages`: check the
-    network's symmetry around these stages only (default: all)."""
+def obstacle(w: Workload, ranks: list[int] | None = None) -> str | None:
+    """Why folding this workload would not be exact (None: it is); `ranks`: check the
+    network's symmetry around these MPI ranks' representatives only (default: all)."""
     if w.run.kind not in FOLDABLE_KINDS:
         return f"run.kind = {w.run.kind!r} (folding covers {' and '.join(FOLDABLE_KINDS)} runs)"
     if w.run.numerics != "off":
@@ -41,20 +44,25 @@ def obstacle(w: Workload, stages: list[int] | None = None) -> str | None:
         return "device.rank_presets gives ranks different devices"
     if w.debug.fail_rank != -1:
         return "debug.fail_rank injects a fault on one rank"
-    if w.parallel.cp > 1:
-        return "parallel.cp > 1 (context-parallel ranks attend to different sequence chunks)"
-    shape = GridShape(w.parallel.tp, w.parallel.dp, w.parallel.pp)
+    shape = GridShape(w.parallel.tp, w.parallel.dp, w.parallel.pp, w.parallel.cp)
     net = w.network_of(shape.size)
     if net.spec.fabric == "ring" and shape.size > shape.tp:
-        return ("a ring fabric with DP or PP groups (their messages cross other devices' "
+        return ("a ring fabric with CP, DP or PP groups (their messages cross other devices' "
                 "links, which traces name only by the first)")
-    dp_group = [shape.rank_of(0, d, 0) for d in range(shape.dp)]
+    dp_group = _dp_group(shape, 0)
     if shape.dp > 1 and not w.optimizer.distributed and w.collectives.algorithm != "ring" \
             and "tree" in allowed_on(net, dp_group, "all_reduce"):
-        return ("the DP group spans nodes, where NCCL may run its all-reduce as a tree (whose "
-                "ranks differ): set optimizer.distributed = true (reduce-scatter and "
-                "all-gather rings) or collectives.algorithm = \"ring\"")
-    return _network_obstacle(net, Fold(shape), stages)
+        group = "DP x CP" if shape.cp > 1 else "DP"
+        return (f"the {group} group spans nodes, where NCCL may run its all-reduce as a tree "
+                "(whose ranks differ): set optimizer.zero = 1 (reduce-scatter and all-gather "
+                "rings) or collectives.algorithm = \"ring\"")
+    return _network_obstacle(net, Fold(shape), ranks)
+
+
+def _dp_group(s: GridShape, p: int) -> list[int]:
+    """The group gradients are reduced over, of TP rank 0 of stage p: DP x CP (members
+    c + cp d; DP alone when cp = 1)."""
+    return [s.rank_of(0, j // s.cp, p, j % s.cp) for j in range(s.cp * s.dp)]
 
 
 def _signature(net: Network, a: int, b: int) -> tuple[object, ...]:
@@ -62,24 +70,34 @@ def _signature(net: Network, a: int, b: int) -> tuple[object, ...]:
     return (h.transport, h.inter_node, h.hops, h.ingress is None)
 
 
-def _network_obstacle(net: Network, fold: Fold, stages: list[int] | None) -> str | None:
-    """The first route that changes under a symmetry of a stage (None: none does)."""
-    s = fold.shape
+def _network_obstacle(net: Network, fold: Fold, ranks: list[int] | None) -> str | None:
+    """The first route that changes under a symmetry of a (CP rank, stage) (None: none
+    does)."""
     images = fold.images()[1:]
-    for p in range(s.pp) if stages is None else stages:
-        rep = s.rank_of(0, 0, p)
-        groups = [[s.rank_of(t, 0, p) for t in range(s.tp)],
-                  [s.rank_of(0, d, p) for d in range(s.dp)]]
-        pairs = [(a, b) for g in groups for a in g for b in g if a != b]
-        pairs += [(x, y) for k in range(s.pp) if k != p
-                  for x, y in ((rep, s.rank_of(0, 0, k)), (s.rank_of(0, 0, k), rep))]
-        bad = _broken(net, images, pairs)
+    for m in range(fold.launch) if ranks is None else ranks:
+        bad = _broken(net, images, _pairs(fold, m))
         if bad is not None:
             (a, b), (ga, gb) = bad
-            return (f"the network is not the same from every rank of stage {p}: the route "
+            c, p = fold.place(m)
+            where = f"stage {p}" + (f", CP rank {c}" if fold.shape.cp > 1 else "")
+            return (f"the network is not the same from every rank of {where}: the route "
                     f"{a}->{b} and its image {ga}->{gb} differ (hierarchical nodes that cut "
                     "a TP or DP group unevenly)")
     return None
+
+
+def _pairs(fold: Fold, m: int) -> list[tuple[int, int]]:
+    """The routes whose images must match for MPI rank m's representative: inside its TP and
+    DP groups, to and from its CP and DP x CP peers and the other stages' representatives
+    of its CP rank."""
+    s, rep, (c, p) = fold.shape, fold.rep(m), fold.place(m)
+    groups = [[s.rank_of(t, 0, p, c) for t in range(s.tp)],
+              [s.rank_of(0, d, p, c) for d in range(s.dp)]]
+    pairs = [(a, b) for g in groups for a in g for b in g if a != b]
+    peers = [s.rank_of(0, 0, k, c) for k in range(s.pp) if k != p]
+    if s.cp > 1:
+        peers += [x for x in _dp_group(s, p) if x != rep]     # the CP group's among them
+    return pairs + [pair for x in peers for pair in ((rep, x), (x, rep))]
 
 
 def _broken(net: Network, images: list[Callable[[int], int]], pairs: list[tuple[int, int]]
@@ -92,25 +110,35 @@ def _broken(net: Network, images: list[Callable[[int], int]], pairs: list[tuple[
     return None
 
 
-def plan_fold(w: Workload, world_size: int, stages: list[int] | None = None) -> Fold | None:
+def _launch_words(w: Workload) -> tuple[int, str, str]:
+    """A folded job's size, the fields it is made of, and what each rank plays."""
+    cp, pp = w.parallel.cp, w.parallel.pp
+    if cp == 1:
+        return pp, f"parallel.pp = {pp}", "one per pipeline stage"
+    return (cp * pp, f"parallel.cp*parallel.pp = {cp}*{pp} = {cp * pp}",
+            "one per context-parallel rank of each pipeline stage")
+
+
+def plan_fold(w: Workload, world_size: int, ranks: list[int] | None = None) -> Fold | None:
     """The job's fold (None: every emulated rank is an MPI rank); a launch that fits
-    neither, or a fold that would not be exact, is refused in one line (`stages`: the
-    stages whose symmetry to check; default all)."""
+    neither, or a fold that would not be exact, is refused in one line (`ranks`: the MPI
+    ranks whose representatives' symmetry to check; default all)."""
     resolve_network(w, resolve_device(w, 0))        # a bad value there is named first
-    tp, dp, pp = w.parallel.tp, w.parallel.dp, w.parallel.pp
-    full, mode = w.parallel.devices, w.run.fold
-    if world_size == full and (mode != "on" or full == pp):
+    par = w.parallel
+    full, mode = par.devices, w.run.fold
+    launch, fields, each = _launch_words(w)
+    if world_size == full and (mode != "on" or full == launch):
         return None
-    if mode == "on" and world_size != pp:
-        raise ConfigError("run.fold", mode, f"a job of parallel.pp = {pp} ranks (one per "
-                          f"pipeline stage); this one has {world_size}")
-    if mode == "off" or world_size != pp:
-        hint = "" if mode == "off" or full == pp else (
-            f", or {pp} (one per pipeline stage) with run.fold = \"auto\" in timing-only runs")
-        raise ConfigError(w.parallel.grid_field, w.parallel.grid_value,
+    if mode == "on" and world_size != launch:
+        raise ConfigError("run.fold", mode, f"a job of {fields} ranks ({each}); this one "
+                          f"has {world_size}")
+    if mode == "off" or world_size != launch:
+        hint = "" if mode == "off" or full == launch else (
+            f", or {launch} ({each}) with run.fold = \"auto\" in timing-only runs")
+        raise ConfigError(par.grid_field, par.grid_value,
                           f"must equal the {world_size} ranks of this job{hint}")
-    why = obstacle(w, stages)
+    why = obstacle(w, ranks)
     if why is not None:
         raise ConfigError("run.fold", mode, f"exact folding only; here {why}: launch "
                           f"{full} ranks to run every emulated GPU")
-    return Fold(GridShape(tp, dp, pp))
+    return Fold(GridShape(par.tp, par.dp, par.pp, par.cp))

@@ -40,8 +40,9 @@ def validate(path: str | None, overrides: Sequence[str], world_size: int) -> Wor
 
 def validate_job(path: str | None, overrides: Sequence[str], world_size: int,
                  rank: int | None = None) -> tuple[Workload, Fold | None]:
-    """`validate`, and the job's fold (`rank`: in a folded job, check this rank's stage's
-    symmetry only: every rank checks its own, the errors are agreed on collectively)."""
+    """`validate`, and the job's fold (`rank`: in a folded job, check the symmetry of this
+    rank's (CP rank, stage) only: every rank checks its own, the errors are agreed on
+    collectively)."""
     w = load_workload(path, overrides)
     fold = plan_fold(w, world_size, None if rank is None else [rank])
     if fold is not None:                # folded: checked on the emulated grid

@@ -44,16 +44,17 @@ def run(ranks: int, workload: Path | str, sets: Sequence[str], out: Path,
 
 
 def processes(workload: Path | str, sets: Sequence[str], gpus: int) -> int:
-    """MPI processes for an emulated job of `gpus` GPUs: one per pipeline stage when it
-    folds exactly (`run.fold`: bit-identical emulated times), else one per GPU."""
+    """MPI processes for an emulated job of `gpus` GPUs: one per pipeline stage (per CP
+    rank of each stage with context parallelism) when it folds exactly (`run.fold`:
+    bit-identical emulated times), else one per GPU."""
     from ..config.workload import load_workload  # noqa: PLC0415
     from ..config.errors import ConfigError  # noqa: PLC0415
     from ..runner.fold_plan import plan_fold  # noqa: PLC0415
     w = load_workload(str(workload), list(sets))
-    stages = w.parallel.pp
-    if stages >= gpus:
+    launch = w.parallel.cp * w.parallel.pp
+    if launch >= gpus:
         return gpus
     try:
-        return stages if plan_fold(w, stages) is not None else gpus
+        return launch if plan_fold(w, launch) is not None else gpus
     except ConfigError:
         return gpus
