@@ -16,8 +16,10 @@ run's command with a one-layer model (what it costs besides its layers).
 `--exact` first checks folded == unfolded bit for bit on three workloads at 8, 16 and 32 ranks;
 `--against GITREF` times the smallest run's command with this tree and with GITREF (a git
 worktree) alternately, `--repeat` times each, and prints both medians and their ratio.
+Folded too: Llama 3.1 405B at TP 8 x PP 16 x DP 128 (16,384 GPUs, its pre-training layout,
+`workloads/llama3.1-405b-tp8-pp16-dp128.toml`).
 Usage: python benchmarks/scale.py [--ranks 8 16 32 64] [--no-pipeline] [--no-folded] [--exact]
-       [--against GITREF [--repeat N]]
+       [--against GITREF [--repeat N]] [--only TEXT]
 """
 from __future__ import annotations
 
@@ -90,7 +92,9 @@ FOLDED = [(8, 1024, PP8, ["parallel.dp=16", "train.global_batch=1536", *ZERO]),
           (8, 2048, PP8, ["parallel.dp=32", "train.global_batch=1536", *ZERO]),
           (8, 4096, PP8, ["parallel.dp=64", "train.global_batch=1536", *ZERO]),
           (64, 3072, "workloads/megatron-1t-tp8-pp64.toml",
-           ["parallel.dp=6", "train.global_batch=3072", *ZERO])]
+           ["parallel.dp=6", "train.global_batch=3072", *ZERO]),
+          # Llama 3.1 405B as pre-trained (Llama 3 paper Table 4): TP 8 x PP 16 x DP 128
+          (16, 16384, "workloads/llama3.1-405b-tp8-pp16-dp128.toml", [])]
 SMALL = ["model.layers=8", "train.memory_check=warn", "run.iterations=1"]
 # (what, unfolded ranks, folded ranks, workload, overrides): three symmetry kinds
 EXACT = [("TP ring", 8, 1, TP8, ["model.layers=2", *SMALL[1:]]),
@@ -157,12 +161,17 @@ def main() -> int:
     ap.add_argument("--against", metavar="GITREF",
                     help="also time the smallest run's command with GITREF, alternating")
     ap.add_argument("--repeat", type=int, default=5, help="alternations with --against")
+    ap.add_argument("--only", metavar="TEXT",
+                    help="only the runs whose workload file name contains TEXT")
     args = ap.parse_args()
     runs = [(n, n, TP8, tp8_sets(n)) for n in args.ranks]
     if not args.no_pipeline:
         runs.append((64, 64, PP8, ["train.global_batch=8"]))
     if not args.no_folded:
         runs += FOLDED
+    if args.only:
+        runs = [r for r in runs if args.only in Path(r[2]).name]
+        args.ranks = []
     _compile(ROOT)
     with tempfile.TemporaryDirectory() as tmp:
         if args.exact and not exact(Path(tmp)):
@@ -184,7 +193,7 @@ def main() -> int:
             wall, it, peak, emu, cpu = one(n, wl, sets, Path(tmp) / f"r{k}")
             m = next((int(s.split("=")[1]) for s in sets if "global_batch" in s), 0)
             dp = next((int(s.split("=")[1]) for s in sets if "parallel.dp" in s), 1)
-            what = Path(wl).stem + (f" ({m // dp} micro-batches)" if "pp" in wl else "")
+            what = Path(wl).stem + (f" ({m // dp} micro-batches)" if m and "pp" in wl else "")
             print(f"{n:>6} {gpus:>5} {what:<36} {wall:>10.2f} {cpu:>7.1f} {it:>12.1f} "
                   f"{peak:>13.0f} {emu:>11.3f}", flush=True)
     print("CPU s: user + system time of every process of the command (on this host's cores, "

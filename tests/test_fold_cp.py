@@ -1,7 +1,6 @@
 """Folding with context parallelism: one MPI rank per (CP rank, pipeline stage) gives every
-emulated rank the unfolded run's times, bytes, names and routes bit for bit (peers too, but
-for the one case the trace cannot tell apart: `analysis/unfold.py`); the DP x CP group's
-`RingMirror` pairs messages by ring direction, with and without MPI."""
+emulated rank the unfolded run's times, bytes, peers, names and routes bit for bit; the
+DP x CP group's `RingMirror` pairs messages by ring direction, with and without MPI."""
 from __future__ import annotations
 
 from collections import defaultdict, deque
@@ -13,7 +12,6 @@ import pytest
 from mpi4py import MPI
 
 from mpiemu.analysis import load
-from mpiemu.analysis.rank_trace import RankTrace
 from mpiemu.analysis.unfold import timeline_differences
 from mpiemu.comm.mirror import FoldError, Mirror, RingMirror
 from mpiemu.comm.shape import Fold, GridShape
@@ -79,27 +77,7 @@ def test_folded_cp_run_equals_the_unfolded_run_per_emulated_rank(
     assert timeline_differences([full[r.rank] for r in reps.ranks], reps.ranks) == []
     folded = load(folded_dir).ranks
     assert [r.rank for r in folded] == list(range(s.size))
-    if dp == 1:                 # no DP images: every peer is exact too
-        assert timeline_differences(full, folded) == []
-    assert timeline_differences(full, folded, peers=False) == []
-    assert peer_differences(full, folded, s) == []
-
-
-def peer_differences(full: list[RankTrace], folded: list[RankTrace], s: GridShape
-                     ) -> list[str]:
-    """Peers that differ, other than the one case the trace cannot tell apart: a DP x CP
-    message between CP neighbours of one DP replica d > 0 (unfolded: peer c + cp d; the
-    expansion takes it as the CP group's c)."""
-    odd = []
-    for x, y in zip(full, folded):
-        diff = np.flatnonzero(x.events["peer"] != y.events["peer"])
-        _, d, _ = s.coords(x.rank)
-        for i in diff:
-            a, b = int(x.events["peer"][i]), int(y.events["peer"][i])
-            if not (d > 0 and x.names[i] in ("rs.send", "ag.send", "recv") and b < s.cp
-                    and a == b + s.cp * d):
-                odd.append(f"rank {x.rank}: event {i} ({x.names[i]}) peer {a} vs {b}")
-    return odd
+    assert timeline_differences(full, folded) == []
 
 
 def test_a_cp_fold_is_planned_and_refused_by_its_launch_size() -> None:

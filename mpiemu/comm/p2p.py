@@ -225,13 +225,14 @@ class TimedComm:
         """Time a message of `call` to rank `dest` (no MPI): returns its header
         (`net.message`)."""
         return send(self.tl, self.net, self.device, self.devices[dest], nbytes, after,
-                    call.protocol, label=label, peer=dest, stage=stage, dram_bytes=dram_bytes,
+                    call.protocol, label=label, peer=self.devices[dest], stage=stage,
+                    dram_bytes=dram_bytes,
                     feed=feed, share=call.share, algorithm=call.algorithm)
 
     def arrival(self, source: int, header: np.ndarray) -> SimTime:
         """When a message from rank `source` with this header is here (ingress reserved)."""
         return arrival(self.tl, self.net, self.devices[source], self.device, header,
-                       peer=source)
+                       peer=self.devices[source])
 
     # ---- messages ------------------------------------------------------------------------
     def post(self, header: np.ndarray, buf: np.ndarray | None, dest: int, tag: int

@@ -21,11 +21,12 @@ as NCCL's slices). With numerics off only headers travel.
 """
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 from mpi4py import MPI
 
+from ..net import Network
 from ..sim.timeline import SimTime
 from .p2p import Call, RecvHandle, TimedComm, wait_all
 from .lanes import Lane, Piece, chunk_bounds, lanes, plan
@@ -37,18 +38,25 @@ Reduction = Callable[[int, int], SimTime]
 
 
 def ring_orders(tc: TimedComm, bidirectional: bool = False) -> list[tuple[int, ...]]:
-    """Orders of the ring's lanes: rank order, or one rotated order per rail when the ranks
-    sit on several nodes with more than one each (lane j leaves every node from its j-th
-    member: rail-optimised, as NCCL's channels); the reversed orders too if bidirectional."""
+    """Orders of the ring's lanes on this group (`orders_of`)."""
+    return orders_of(tc.net, tc.devices, bidirectional)
+
+
+def orders_of(net: Network, devices: Sequence[int], bidirectional: bool = False
+              ) -> list[tuple[int, ...]]:
+    """Orders of a ring's lanes over the group of these devices: rank order, or one rotated
+    order per rail when the ranks sit on several nodes with more than one each (lane j
+    leaves every node from its j-th member: rail-optimised, as NCCL's channels); the
+    reversed orders too if bidirectional."""
     by_node: dict[int, list[int]] = {}
-    for r, d in enumerate(tc.devices):
-        by_node.setdefault(tc.net.node_of(d), []).append(r)
+    for r, d in enumerate(devices):
+        by_node.setdefault(net.node_of(d), []).append(r)
     groups = list(by_node.values())
     k = len(groups[0])
     if len(groups) > 1 and k > 1 and all(len(g) == k for g in groups):
         orders = [tuple(m for g in groups for m in g[j:] + g[:j]) for j in range(k)]
     else:
-        orders = [tuple(range(tc.size))]
+        orders = [tuple(range(len(devices)))]
     if bidirectional:
         orders += [tuple(reversed(o)) for o in orders]
     return orders

@@ -107,7 +107,8 @@ def _up(tc: TimedComm, call: Call, reduce_s: Reduction, role: TreeRole,
         red = reduce_s(hi - lo, itemsize)
         t = tc.tl.reserve("tree.reduce", [f"{tc.stream}.{role.tree}"], red, max(t, t_arrive),
                           cat="comm",
-                          flops=hi - lo, dram_bytes=3 * nbytes, peer=src).t_end
+                          flops=hi - lo, dram_bytes=3 * nbytes,
+                          peer=tc.devices[src]).t_end
         if buf is not None and tmp is not None:
             np.add(buf[lo:hi], tmp, out=buf[lo:hi])
     if role.up_to >= 0:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ..comm.ring import orders_of
 from ..comm.tuner import allowed_on
 from ..comm.shape import Fold
 from ..comm.shape import GridShape
@@ -75,7 +76,7 @@ def _network_obstacle(net: Network, fold: Fold, ranks: list[int] | None) -> str 
     does)."""
     images = fold.images()[1:]
     for m in range(fold.launch) if ranks is None else ranks:
-        bad = _broken(net, images, _pairs(fold, m))
+        bad = _broken(net, images, _orbits(fold.shape, _pairs(net, fold, m)))
         if bad is not None:
             (a, b), (ga, gb) = bad
             c, p = fold.place(m)
@@ -86,18 +87,37 @@ def _network_obstacle(net: Network, fold: Fold, ranks: list[int] | None) -> str 
     return None
 
 
-def _pairs(fold: Fold, m: int) -> list[tuple[int, int]]:
-    """The routes whose images must match for MPI rank m's representative: inside its TP and
-    DP groups, to and from its CP and DP x CP peers and the other stages' representatives
-    of its CP rank."""
+def _ring_pairs(net: Network, group: list[int]) -> list[tuple[int, int]]:
+    """The neighbour pairs of a group's ring lanes, both ways (the only routes a mirrored
+    group's collectives take: `comm.ring.orders_of`)."""
+    return [(group[o[i]], group[o[(i + 1) % len(o)]]) for o in orders_of(net, group, True)
+            for i in range(len(o)) if len(o) > 1]
+
+
+def _pairs(net: Network, fold: Fold, m: int) -> list[tuple[int, int]]:
+    """The routes whose images must match for MPI rank m's representative: inside its TP
+    group, along its DP group's rings, to and from its CP and DP x CP peers and the other
+    stages' representatives of its CP rank."""
     s, rep, (c, p) = fold.shape, fold.rep(m), fold.place(m)
-    groups = [[s.rank_of(t, 0, p, c) for t in range(s.tp)],
-              [s.rank_of(0, d, p, c) for d in range(s.dp)]]
-    pairs = [(a, b) for g in groups for a in g for b in g if a != b]
+    tp = [s.rank_of(t, 0, p, c) for t in range(s.tp)]
+    pairs = [(a, b) for a in tp for b in tp if a != b]
+    pairs += _ring_pairs(net, [s.rank_of(0, d, p, c) for d in range(s.dp)])
     peers = [s.rank_of(0, 0, k, c) for k in range(s.pp) if k != p]
     if s.cp > 1:
         peers += [x for x in _dp_group(s, p) if x != rep]     # the CP group's among them
     return pairs + [pair for x in peers for pair in ((rep, x), (x, rep))]
+
+
+def _orbits(s: GridShape, pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """One pair per orbit under the images' shifts: (a, b) moved so that a sits at TP and
+    DP rank 0 (a DP ring's pairs (d, d + 1) are all one orbit; checking every image of one
+    of them checks them all)."""
+    out: dict[tuple[int, int], None] = {}
+    for a, b in pairs:
+        (ta, da, pa), (tb, db, pb) = s.coords(a), s.coords(b)
+        out.setdefault((s.rank_of(0, 0, pa, s.cp_rank(a)),
+                        s.rank_of((tb - ta) % s.tp, (db - da) % s.dp, pb, s.cp_rank(b))))
+    return list(out)
 
 
 def _broken(net: Network, images: list[Callable[[int], int]], pairs: list[tuple[int, int]]
