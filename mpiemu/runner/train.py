@@ -215,7 +215,8 @@ def _header(ctx: RankContext, cfg: ModelConfig, gb: int, dims: Dims, mem: str) -
     w = ctx.w
     ctx.say(f"train {cfg.name}: {cfg.param_count() / 1e6:.4g}M params, {cfg.layers} layers, "
             f"H={cfg.hidden}, heads={cfg.heads}, seq={cfg.seq_len}, global batch {gb}; "
-            f"tp={ctx.grid.tp} x dp={ctx.grid.dp} x pp={ctx.grid.pp}{' + SP' if dims.sp else ''}"
+            f"tp={ctx.grid.tp}{f' x cp={ctx.grid.cp}' if ctx.grid.cp > 1 else ''} x "
+            f"dp={ctx.grid.dp} x pp={ctx.grid.pp}{' + SP' if dims.sp else ''}"
             f" ({_pipeline_words(w)}) on "
             f"{ctx.spec.name}, {w.run.emulated_dtype} emulated, numerics "
             f"{w.run.numerics}{' (' + w.run.numeric_dtype + ')' if ctx.numerics else ''}, "
@@ -235,7 +236,8 @@ def _fold_words(ctx: RankContext) -> list[str]:
     g = ctx.grid
     if g.fold is None:
         return []
-    return [f"folded: {ctx.world.Get_size()} MPI ranks (one per pipeline stage) stand for "
+    per = "CP rank of each pipeline stage" if g.cp > 1 else "pipeline stage"
+    return [f"folded: {ctx.world.Get_size()} MPI ranks (one per {per}) stand for "
             f"{g.shape.size} emulated GPUs, {g.tp * g.dp} each (run.fold; traces expand "
             "on load)"]
 
