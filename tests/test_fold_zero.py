@@ -1,6 +1,7 @@
 """Folding with ZeRO-2 and ZeRO-3 / FSDP: every layer's reduce-scatter and, under ZeRO-3,
 its parameter all-gathers (prefetched or not) are rings on the DP group, so a folded run's
-every emulated rank equals the unfolded run's, bit for bit."""
+every emulated rank equals the unfolded run's, bit for bit. Hybrid sharding's blocks are
+not shifts of one another: folding refuses it in one line."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -41,3 +42,15 @@ def test_folded_zero_run_equals_the_unfolded_run(tmp_path: Path, name: str, sets
     names = {str(n) for n in runs[full].ranks[0].names}
     assert any(n.startswith("dp.grad_rs.L") for n in names)
     assert any(n.startswith("dp.param_ag.L") for n in names) == ("zero3" in name)
+
+
+def test_hybrid_sharding_is_not_folded() -> None:
+    from mpiemu.config.errors import ConfigError  # noqa: PLC0415
+    from mpiemu.runner.fold_plan import plan_fold  # noqa: PLC0415
+    from mpiemu.runner.job import validate  # noqa: PLC0415
+    sets = ["run.numerics=off", "train.check_reference=false", "model.preset='tiny-llama'",
+            "parallel.pp=1", "parallel.tp=1", "parallel.dp=4", "train.global_batch=4",
+            "optimizer.zero=3", "optimizer.shard_group=2"]
+    w = validate("workloads/pipeline-small.toml", sets, 4)
+    with pytest.raises(ConfigError, match="optimizer.shard_group cuts DP into blocks"):
+        plan_fold(w, 1)

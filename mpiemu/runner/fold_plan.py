@@ -43,6 +43,9 @@ def obstacle(w: Workload, ranks: list[int] | None = None) -> str | None:
         return "run.numerics = \"on\" (replicas hold different values; folding mirrors timing only)"
     if w.device.rank_presets:
         return "device.rank_presets gives ranks different devices"
+    if 0 < w.optimizer.shard_group < w.parallel.dp * w.parallel.cp:
+        return ("optimizer.shard_group cuts DP into blocks (hybrid sharding), whose members "
+                "are not shifts of one another")
     if w.debug.fail_rank != -1:
         return "debug.fail_rank injects a fault on one rank"
     shape = GridShape(w.parallel.tp, w.parallel.dp, w.parallel.pp, w.parallel.cp)
