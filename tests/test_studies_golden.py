@@ -90,3 +90,37 @@ def test_calibration_text_names_the_fit_and_the_forms_it_beat() -> None:
     assert "one factor on every latency (2) gives 5.0% from 1 MiB up and 7.0%" in text
     assert "hop latencies as they are (call 3) gives 4.0% from 1 MiB up and 7.0%" in text
     assert "(5 grid points" in text
+
+
+def test_llama_rows_cover_every_bf16_measurement() -> None:
+    """results/llama/rows.csv holds every BF16 row of llama_measured.toml, in order, each with
+    our number or the reason it was not emulated (never both, never neither)."""
+    from mpiemu.studies import llama
+    from mpiemu.studies.common import read_csv
+    rows = read_csv(ROOT / "results" / "llama" / "rows.csv")
+    assert [r["id"] for r in rows] == [m["id"] for m in llama.measured()]
+    assert all(bool(r["ours"]) != bool(r["not_emulated"]) for r in rows)
+
+
+def test_llama_overrides_follow_each_row_and_its_notes() -> None:
+    """Every layout value comes from the row; the notes add what they state (overlapped
+    parameter gather, the 405B proxy's vocabulary and KV heads, no clipping, eager kernels)."""
+    from mpiemu.studies.llama import measured, overrides
+    rows = {r["id"]: r for r in measured()}
+
+    def sets(row_id: str) -> list[str]:
+        return overrides(rows[row_id])
+    s = sets("dgxc-v24.11.1-nemo-llama3.1-8b-bf16-8gpu")
+    assert {"parallel.cp=2", "parallel.dp=4", "model.seq_len=8192", "optimizer.zero=1",
+            "optimizer.overlap_param_gather=true", "parallel.sequence_parallel=false"} <= set(s)
+    assert "optimizer.overlap_param_gather=true" not in sets(
+        "dgxc-v25.04-nemo2-llama3.1-8b-bf16-8gpu")
+    s = sets("dgxc-v24.11.1-nemo-llama3.1-405b-bf16-576gpu")
+    assert {"parallel.schedule='interleaved'", "parallel.virtual_stages=7",
+            "parallel.sequence_parallel=true", "model.vocab=50257", "model.kv_heads=16"} <= set(s)
+    assert {"optimizer.zero=3", "optimizer.clip_grad_norm=0.0", "train.recompute='full'"} <= \
+        set(sets("automodel-2026-04-llama3.1-70b-bf16-64gpu"))
+    assert "train.kernels='unfused'" in sets("torchtitan-2024-12-llama3.1-8b-bf16-8gpu")
+    assert "train.kernels='unfused'" not in sets("torchtitan-2024-12-llama3.1-8b-bf16-compile-8gpu")
+    assert all(len({x.split("=")[0] for x in overrides(r)}) == len(overrides(r))
+               for r in rows.values())

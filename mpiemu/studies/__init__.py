@@ -49,6 +49,9 @@ STUDIES: dict[str, StudyInfo] = {s.name: s for s in (
               "all-reduce / all-gather / reduce-scatter busbw on DGX A100 / H100, 1-16 nodes"),
     StudyInfo("megatron", "mpiemu.studies.megatron", "issue 9 (Megatron-LM papers)",
               "GPT 22B / 175B training on DGX A100: layer and iteration times, MFU"),
+    StudyInfo("llama", "mpiemu.studies.llama", "llama_measured.toml (published H100 runs)",
+              "Llama 2 / 3 / 3.1 8B-405B BF16 pre-training on H100: step time, tokens/s/GPU, "
+              "MFU"),
     StudyInfo("nmc_optimizer", "mpiemu.studies.nmc_optimizer", "003 (thesis ch. 6)",
               "LAMB / Adam updates on near-bank compute vs the GPU, BERT end to end"),
 )}
