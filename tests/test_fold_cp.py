@@ -101,6 +101,16 @@ def test_cp_folds_refuse_a_tree_over_dp_x_cp_across_nodes() -> None:
         validate(WORKLOAD, [*LLAMA, *grid(1, 2, 2, 1), *RAILS, zero(0)], 2)
 
 
+def test_cp_folds_refuse_rail_rings_that_pair_far_members() -> None:
+    """Two DP x CP members per node: the second rail's ring goes 1 -> 0 -> 3, which the
+    folded form's ring mirror (offsets +1 and -1) cannot pair."""
+    rails = [*LLAMA, "network.preset='dgx-a100'", "network.devices_per_node=4", zero(1)]
+    with pytest.raises(ConfigError, match="pair members more than one apart") as exc:
+        validate(WORKLOAD, [*rails, *grid(2, 2, 4, 1)], 2)
+    assert "\n" not in str(exc.value)
+    assert plan_fold(validate(WORKLOAD, [*rails, *grid(2, 2, 2, 1)], 2), 2) is not None
+
+
 def test_studies_launch_one_process_per_cp_rank_and_stage() -> None:
     from mpiemu.studies.runs import processes
     assert processes(WORKLOAD, [*LLAMA, *grid(1, 2, 2, 2), zero(1)], 8) == 4

@@ -60,13 +60,26 @@ def obstacle(w: Workload, ranks: list[int] | None = None) -> str | None:
         return (f"the {group} group spans nodes, where NCCL may run its all-reduce as a tree "
                 "(whose ranks differ): set optimizer.zero = 1 (reduce-scatter and all-gather "
                 "rings) or collectives.algorithm = \"ring\"")
-    return _network_obstacle(net, Fold(shape), ranks)
+    why = _network_obstacle(net, Fold(shape), ranks)
+    if why is None and shape.cp > 1 and shape.dp > 1 and _far_neighbours(net, dp_group):
+        why = ("the DP x CP group's rings (one per rail across nodes) pair members more than "
+               "one apart, which its folded form (CP ranks real, DP replicas mirrored) cannot "
+               "pair")
+    return why
 
 
 def _dp_group(s: GridShape, p: int) -> list[int]:
     """The group gradients are reduced over, of TP rank 0 of stage p: DP x CP (members
     c + cp d; DP alone when cp = 1)."""
     return [s.rank_of(0, j // s.cp, p, j % s.cp) for j in range(s.cp * s.dp)]
+
+
+def _far_neighbours(net: Network, group: list[int]) -> bool:
+    """Whether some ring lane of the group passes between members not adjacent in its
+    order (`comm.mirror.RingMirror` pairs offsets +1 and -1 only)."""
+    n = len(group)
+    return any((o[(i + 1) % n] - o[i]) % n not in (1, n - 1)
+               for o in orders_of(net, group, True) for i in range(n))
 
 
 def _signature(net: Network, a: int, b: int) -> tuple[object, ...]:
