@@ -65,9 +65,24 @@ class ProcessGrid:
             else self.dp_comm
         self.pp_comm = world.Split(color=t + tp * (c + cp * d), key=p)
         self.mp_comm: Any = world.Split(color=c + cp * d, key=t + tp * p)
+        self._experts(world, shape)
         self.world_comm: Any = world
         self.world_map = list(range(shape.size))    # device of each MPI world rank
         self._embed(world, t + tp * (c + cp * d))
+
+    def _experts(self, world: MPI.Comm, shape: GridShape) -> None:
+        """Expert parallelism: the EP group (the stage's ranks of one expert-DP rank, in EP
+        order) and the expert-DP group (of one EP rank), which reduces the experts'
+        gradients; none without EP."""
+        self.ep_rank, self.edp_rank = shape.expert_place(self.rank)
+        self.ep_comm: Any = None
+        self.edp_comm: Any = self.dp_cp_comm
+        if shape.ep == 1:
+            return
+        stage = self.pp_rank * shape.tp * shape.cp * shape.dp // shape.ep
+        self.ep_comm = world.Split(color=stage + self.edp_rank, key=self.ep_rank)
+        self.edp_comm = world.Split(color=self.pp_rank * shape.ep + self.ep_rank,
+                                    key=self.edp_rank)
 
     def _embed(self, world: MPI.Comm, color: int) -> None:
         ends = self.pp_rank in (0, self.shape.pp - 1)
@@ -96,6 +111,7 @@ class ProcessGrid:
                                  mixed=True)
         self.world_map = [fold.rep(k) for k in range(world.Get_size())]
         self._embed(world, c)
+        self.ep_rank, self.edp_rank, self.ep_comm, self.edp_comm = 0, 0, None, self.dp_cp_comm
 
     @staticmethod
     def _dp_cp(world: MPI.Comm, s: GridShape, c: int, p: int) -> Any:
@@ -137,6 +153,8 @@ class ProcessGrid:
         groups = [self.tp_comm, self.dp_comm, self.pp_comm, self.mp_comm, self.embed_comm]
         if self.cp > 1:
             groups += [self.cp_comm, self.dp_cp_comm]
+        if self.shape.ep > 1:
+            groups += [self.ep_comm, self.edp_comm]
         for c in groups:
             if c != MPI.COMM_NULL:
                 c.Free()

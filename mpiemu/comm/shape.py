@@ -24,10 +24,13 @@ class GridShape:
     dp: int
     pp: int = 1
     cp: int = 1
+    ep: int = 1          # expert parallelism: regroups a stage's tp x cp x dp ranks
+
 
     def __post_init__(self) -> None:
         for name, v in (("parallel.tp", self.tp), ("parallel.dp", self.dp),
-                        ("parallel.pp", self.pp), ("parallel.cp", self.cp)):
+                        ("parallel.pp", self.pp), ("parallel.cp", self.cp),
+                        ("parallel.ep", self.ep)):
             if v < 1:
                 raise ValueError(f"{name}={v} must be >= 1")
 
@@ -43,6 +46,13 @@ class GridShape:
     def cp_rank(self, rank: int) -> int:
         """The context-parallel rank of a world rank."""
         return rank // self.tp % self.cp
+
+    def expert_place(self, rank: int) -> tuple[int, int]:
+        """(EP rank, expert-DP rank) of a world rank: a stage's tp x cp x dp ranks regrouped
+        EP fastest, then expert DP (Megatron-Core's MoE parallel folding, expert tensor
+        parallelism 1: its expert RankGenerator "tp-ep-dp-pp" with etp = 1)."""
+        inner = rank % (self.tp * self.cp * self.dp)
+        return inner % self.ep, inner // self.ep
 
     def rank_of(self, tp_rank: int, dp_rank: int, pp_rank: int, cp_rank: int = 0) -> int:
         return tp_rank + self.tp * (cp_rank + self.cp * (dp_rank + self.dp * pp_rank))

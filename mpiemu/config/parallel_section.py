@@ -24,6 +24,7 @@ class ParallelSection:
     dp: int = 1
     pp: int = 1
     cp: int = 1
+    ep: int = 1                      # expert parallelism: experts split over ep ranks of a stage
     cp_comm: str = "p2p"
     sequence_parallel: bool = False  # RS after row-parallel, AG before column-parallel GEMMs
     schedule: str = "1f1b"
@@ -37,7 +38,7 @@ class ParallelSection:
     loss_in_split: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("tp", "dp", "pp", "cp", "virtual_stages"):
+        for name in ("tp", "dp", "pp", "cp", "ep", "virtual_stages"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"parallel.{name}", getattr(self, name), "an integer >= 1")
         for name in ("first_stage_layers", "last_stage_layers"):

@@ -22,13 +22,15 @@ from ..net import (ALGORITHMS, PROTOCOLS, TOPOLOGIES, Network, NetworkSpec, list
 from .errors import ConfigError
 from .overlap_section import OverlapSection, SublayersSection
 from .parallel_section import ParallelSection
+from .moe_section import MoeSection
 from .sunway_section import SunwaySection
 from .sweep_section import LayerSweepSection
 from .train_section import ModelSection, OptimizerSection, TrainSection
 from .schema import apply_override, as_table, from_table, parse_override, parse_size
 
 KINDS = ("collectives", "train", "sublayers", "layer_sweep")
-COLLECTIVE_OPS = ("reduce_scatter", "all_gather", "all_reduce")
+COLLECTIVE_OPS = ("reduce_scatter", "all_gather", "all_reduce", "all_to_all")
+RING_OPS = COLLECTIVE_OPS[:3]       # what a sweep runs unless it names its ops
 
 
 @dataclass(frozen=True)
@@ -144,9 +146,10 @@ class NetworkSection:
 
 @dataclass(frozen=True)
 class CollectivesSection:
-    """A sweep of ring collectives over message sizes."""
+    """A sweep of collectives over message sizes (all_to_all: the size is a rank's whole
+    send buffer, as nccl-tests' alltoall_perf)."""
 
-    ops: tuple[str, ...] = COLLECTIVE_OPS
+    ops: tuple[str, ...] = RING_OPS
     sizes: tuple[str | int, ...] = ("1KiB", "64KiB", "1MiB", "16MiB")
     bidirectional: bool = False
     group: str = "tp"
@@ -200,6 +203,7 @@ class Workload:
     parallel: ParallelSection = field(default_factory=ParallelSection)
     collectives: CollectivesSection = field(default_factory=CollectivesSection)
     model: ModelSection = field(default_factory=ModelSection)
+    moe: MoeSection = field(default_factory=MoeSection)
     train: TrainSection = field(default_factory=TrainSection)
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)
     overlap: OverlapSection = field(default_factory=OverlapSection)

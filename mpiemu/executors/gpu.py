@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..comm.all_to_all import all_to_all_v
 from ..comm.collectives import all_gather, all_reduce, all_reduce_scalars, reduce_scatter
 from ..comm.p2p import RecvHandle, SendHandle, TimedComm
 from ..devices import attention_gpu as ag
@@ -32,6 +33,7 @@ class GpuExecutor:
 
     def __init__(self, setup: ExecutorSetup) -> None:
         self.tl, self.cost, self.tp, self.cp = setup.tl, setup.cost, setup.tp, setup.cp
+        self.ep = setup.ep
         self.tp_async, self.kernels = setup.tp_async, setup.kernels
         self.dtype, self.e = setup.dtype, dtype_bytes(setup.dtype)
         self.on, self.overlap, self.sp = setup.numerics, setup.overlap, setup.dims.sp
@@ -77,6 +79,21 @@ class GpuExecutor:
         if self._charging:
             self._t = charge.gemm(self.tl, self.cost, name, m, n, k, dtype=self.dtype,
                                   after=self._t, epilogue=epilogue).t_end
+        return out
+
+    def grouped_gemm(self, name: str, a: list[Array] | None, b: list[Array] | None,
+                     shapes: list[tuple[int, int, int]]) -> list[Array] | None:
+        """C_g = A_g B_g for each group g of shape (m, n, k), one kernel (Transformer
+        Engine's GroupedLinear over a rank's experts). Charged as one batched GEMM over the
+        groups with work, of their mean size per dimension rounded up (ASSUMPTION: the
+        grouped kernel's tiles cost as a batch of equal GEMMs of the same total work)."""
+        out = [x @ y for x, y in zip(a, b)] if self.on and a is not None and b is not None \
+            else None
+        busy = [s for s in shapes if min(s) > 0]
+        if self._charging and busy:
+            m, n, k = (-(-sum(s[i] for s in busy) // len(busy)) for i in range(3))
+            self._t = charge.gemm(self.tl, self.cost, name, m, n, k, dtype=self.dtype,
+                                  after=self._t, batch=len(busy)).t_end
         return out
 
     def wgrad(self, name: str, x_t: Array, dy: Array, m: int, n: int, k: int) -> Array:
@@ -275,6 +292,16 @@ class GpuExecutor:
                        itemsize: int) -> Array:
         return self._at_cursor(reduce_scatter, group, name, x, count, itemsize,
                                unit=count // group.size)
+
+    def all_to_all(self, group: TimedComm, name: str, chunks: list[np.ndarray] | None,
+                   send_rows: list[int], recv_rows: list[int], width: int,
+                   itemsize: int) -> list[np.ndarray] | None:
+        """Rows of `width` elements to every member (`send_rows[j]` to member j), theirs
+        received in member order: NCCL's all-to-all-v, issued at the cursor and waited for."""
+        got, span = all_to_all_v(group, chunks, send_rows, recv_rows, itemsize=itemsize,
+                                 after=self._t, label=name, unit=width)
+        self._t = span.t_end
+        return None if chunks is None else got      # type: ignore[return-value]
 
     def send(self, group: TimedComm, name: str, buf: Array, dest: int, tag: int,
              nbytes: float) -> SendHandle:

@@ -41,6 +41,7 @@ class ExecutorSetup:
     # Megatron's gradient buffer: a weight-gradient GEMM's [rows, cols] epilogue, or None
     wgrad_epilogue: Callable[[int, int], Epilogue] | None = None
     cp: TimedComm | None = None       # the context-parallel group (parallel.cp > 1)
+    ep: TimedComm | None = None       # the expert-parallel group (a model with experts)
     sunway_scheduler: str = "ka"      # [sunway] scheduler and attention kernel
     sunway_attention: str = "swattention"
 

@@ -9,6 +9,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
+from .moe.config import MoeConfig
+
 class FieldError(ValueError):
     """A setting out of range (model, optimizer): names the field, the value, what is allowed."""
 
@@ -75,6 +77,7 @@ class ModelConfig:
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_max: int = 8192    # the context the scaled frequencies were trained on
+    moe: MoeConfig | None = None     # experts in place of the MLP (`model/moe/`)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attention",
@@ -103,6 +106,18 @@ class ModelConfig:
                                  f"choose one of {braces(allowed)}")
         self._check_attention_heads()
         self._check_rope()
+        if self.moe is not None and not self.gated:
+            raise FieldError("model.activation", self.activation,
+                             "must be swiglu with experts (moe): the experts are SwiGLU FFNs")
+        if self.moe is not None and self.moe.dense_ffn not in (0, self.ffn_hidden):
+            raise FieldError("moe.dense_ffn", self.moe.dense_ffn, "must be 0 or model.ffn_hidden"
+                             f"={self.ffn_hidden} (the dense layers' FFN is model.ffn_hidden)")
+        if self.moe is not None and self.bias:
+            raise FieldError("model.bias", self.bias, "must be false with experts (moe): "
+                             "Megatron-Core's MoE layers have no biases")
+        if self.moe is not None and self.moe.dense_layers > self.layers:
+            raise FieldError("moe.dense_layers", self.moe.dense_layers,
+                             f"must be <= model.layers={self.layers}")
 
     def _check_attention_heads(self) -> None:
         """Grouped-query attention: the KV heads divide the query heads."""
@@ -172,11 +187,22 @@ class ModelConfig:
         b = 1 if self.bias else 0
         norm = (2 if self.norm_kind == "layernorm" else 1) * h
         fc1 = (2 if self.gated else 1) * f
-        per_layer = (2 * norm + h * (h + 2 * kv) + b * (h + 2 * kv) + h * h + b * h
-                     + h * fc1 + b * fc1 + f * h + b * h)
+        attn = 2 * norm + h * (h + 2 * kv) + b * (h + 2 * kv) + h * h + b * h
+        mlp = h * fc1 + b * fc1 + f * h + b * h
         edge = self.padded_vocab * h * (1 if self.tied_embeddings else 2) + norm
         edge += self.seq_len * h if self.position == "learned" else 0
-        return self.layers * per_layer + edge
+        return self.layers * attn + sum(self.mlp_params(i) for i in range(self.layers)) + edge
+
+    def mlp_params(self, layer: int, active: bool = False) -> int:
+        """Parameters of a layer's MLP: dense, or its router, experts (the top_k a token
+        passes when `active`) and shared experts."""
+        h, f, m = self.hidden, self.ffn_hidden, self.moe
+        fc1 = (2 if self.gated else 1)
+        if m is None or not m.is_moe(layer):
+            b = (fc1 * f + h) if self.bias else 0
+            return h * fc1 * f + f * h + b
+        experts = m.top_k if active else m.experts
+        return h * m.experts + experts * 3 * h * m.expert_ffn + 3 * h * m.shared_ffn
 
 
 def divisors(n: int) -> list[int]:

@@ -62,6 +62,7 @@ class Executor(Protocol):
     cost: DeviceCost               # what the device's work costs
     tp: TimedComm                  # the TP group
     cp: TimedComm | None           # the context-parallel group, if any
+    ep: TimedComm | None           # the expert-parallel group, if the model has experts
 
     @property
     def t(self) -> SimTime:
@@ -84,6 +85,10 @@ class Executor(Protocol):
     def gemm(self, name: str, a: Array, b: Array, m: int, n: int, k: int,
              epilogue: Epilogue = NO_EPILOGUE) -> Array:
         """C[M, N] = A[M, K] B[K, N] on this rank alone."""
+
+    def grouped_gemm(self, name: str, a: list[Array] | None, b: list[Array] | None,
+                     shapes: list[tuple[int, int, int]]) -> list[Array] | None:
+        """C_g = A_g B_g for groups of their own (m, n, k): one grouped GEMM (experts)."""
 
     def wgrad(self, name: str, x_t: Array, dy: Array, m: int, n: int, k: int) -> Array:
         """A weight gradient W'[M, N] = x^T[M, K] dy[K, N]."""
@@ -142,6 +147,12 @@ class Executor(Protocol):
                        itemsize: int) -> Array:
         """The sum of x over `group`, this member's 1/size of it, issued at the cursor and
         waited for."""
+
+    def all_to_all(self, group: TimedComm, name: str, chunks: list[np.ndarray] | None,
+                   send_rows: list[int], recv_rows: list[int], width: int,
+                   itemsize: int) -> list[np.ndarray] | None:
+        """Rows to and from every member of `group` (all-to-all-v), at the cursor, waited
+        for; None when timing only."""
 
     def send(self, group: TimedComm, name: str, buf: Array, dest: int, tag: int,
              nbytes: float) -> SendHandle:

@@ -22,6 +22,8 @@ from .dims import Dims
 from .executor import Array, Executor, Ready
 from .masks import Masks
 from .mlp import Mlp
+from .moe.layer import MoeMlp
+from .moe.state import MoeRun
 from .ops import Cost, bias_dropout_add, dropout, dropout_add_cost
 from .self_attention import SelfAttention
 
@@ -37,10 +39,13 @@ class Layer(Block):
 
     def __init__(self, ex: Executor, cfg: ModelConfig, dims: Dims, index: int,
                  recompute: str = "none", positions: np.ndarray | None = None,
-                 cp_comm: str = "p2p") -> None:
+                 cp_comm: str = "p2p", moe: MoeRun | None = None) -> None:
         super().__init__(ex, cfg, dims, index, recompute, positions, cp_comm)
         self.attention = SelfAttention(ex, cfg, dims, index, recompute, positions, cp_comm)
-        self.mlp = Mlp(ex, cfg, dims, index, recompute)
+        self.mlp: Mlp | MoeMlp = Mlp(ex, cfg, dims, index, recompute)
+        if cfg.moe is not None and cfg.moe.is_moe(index):     # experts in place of the MLP
+            assert moe is not None
+            self.mlp = MoeMlp(ex, cfg, dims, index, moe)
 
     # -- forward ----------------------------------------------------------------------------
     def forward(self, x: Array, P: Params, masks: Masks) -> tuple[Array, Cache]:
@@ -79,6 +84,8 @@ class Layer(Block):
     def _inner(self, which: str, y: Array, P: Params, masks: Masks) -> tuple[Array, Cache]:
         if which == "attn":
             return self.attention.forward(y, P, masks)
+        if isinstance(self.mlp, MoeMlp):
+            return self.mlp.forward(y, P, masks)
         return self.mlp.forward(y, P)
 
     # -- backward ---------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 An entry is written `hidden = { value = 12288, source = "GPT-3 paper Table 2.1" }`; a source
 starting with "ASSUMPTION" marks a value no paper states. `[model]` holds the architecture,
-`[setup]` the inputs of one iteration (sequence length, global batch).
+`[setup]` the inputs of one iteration (sequence length, global batch), `[moe]` the experts
+(`model.moe.config.MoeConfig`), `[not_modelled]` what the model has that mpiemu does not
+express (listed with its numbers and sources, never read).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Any, Mapping
 
 from ..devices.presets import bundled_names, read_once_if_bundled
 from .config import ModelConfig
+from .moe.config import MoeConfig
 
 SETUP_KEYS = ("seq_len", "global_batch")
 
@@ -76,20 +79,27 @@ def _read_model_preset(name_or_path: str) -> ModelPreset:
     name = str(raw.get("name", path.stem))
     model = _entries(raw.get("model", {}), f"{name}.model")
     setup = _entries(raw.get("setup", {}), f"{name}.setup")
-    fields = {f.name for f in dataclasses.fields(ModelConfig)}
-    unknown = (set(model) - fields) | (set(setup) - set(SETUP_KEYS))
+    moe = _entries(raw.get("moe", {}), f"{name}.moe")
+    _entries(raw.get("not_modelled", {}), f"{name}.not_modelled")
+    fields = {f.name for f in dataclasses.fields(ModelConfig)} - {"moe"}
+    unknown = (set(model) - fields) | (set(setup) - set(SETUP_KEYS)) | \
+        {f"moe.{k}" for k in set(moe) - {f.name for f in dataclasses.fields(MoeConfig)}} | \
+        set(raw) - {"name", "description", "model", "setup", "moe", "not_modelled"}
     if unknown:
         raise ModelPresetError(f"{name}: unknown keys {sorted(unknown)}")
     missing = [k for k in SETUP_KEYS if k not in setup]
     if missing:
         raise ModelPresetError(f"{name}.setup: missing {missing}")
-    kwargs = {k: v for k, (v, _) in model.items()}
+    kwargs: dict[str, Any] = {k: v for k, (v, _) in model.items()}
     try:
+        if moe:
+            kwargs["moe"] = MoeConfig(**{k: v for k, (v, _) in moe.items()})
         cfg = ModelConfig(name=name, seq_len=int(setup["seq_len"][0]), **kwargs)
     except (TypeError, ValueError) as exc:
         raise ModelPresetError(f"{name}: {exc}") from None
     sources = {**{f"model.{k}": s for k, (_, s) in model.items()},
-               **{f"setup.{k}": s for k, (_, s) in setup.items()}}
+               **{f"setup.{k}": s for k, (_, s) in setup.items()},
+               **{f"moe.{k}": s for k, (_, s) in moe.items()}}
     return ModelPreset(cfg, int(setup["global_batch"][0]), str(raw.get("description", "")),
                        sources)
 

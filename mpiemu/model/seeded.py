@@ -47,6 +47,9 @@ def full_param_specs(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...], s
         yield p + "attn.wo", (h, h), "scaled"
         yield from _bias(cfg, p + "attn.bo", h)
         yield from _norm(cfg, p + "ln2")
+        if cfg.moe is not None and cfg.moe.is_moe(i):
+            yield from _experts(cfg, p)
+            continue
         for x in ("1", "3") if cfg.gated else ("1",):
             yield p + f"mlp.w{x}", (h, f), "normal"
             yield from _bias(cfg, p + f"mlp.b{x}", f)
@@ -56,6 +59,19 @@ def full_param_specs(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...], s
         yield from _norm(cfg, "lnf")
     if not cfg.tied_embeddings:
         yield "lm_head", (cfg.padded_vocab, h), "normal"
+
+
+def _experts(cfg: ModelConfig, p: str) -> Iterator[tuple[str, tuple[int, ...], str]]:
+    """An MoE layer's router [H, E], each expert's SwiGLU w1, w3 [H, F] and w2 [F, H], and
+    the shared experts' (`moe.*`, `shared.*`)."""
+    assert cfg.moe is not None
+    h, m = cfg.hidden, cfg.moe
+    yield p + "moe.router", (h, m.experts), "normal"
+    for name, f in [(f"moe.{e}.", m.expert_ffn) for e in range(m.experts)] + \
+            ([("shared.", m.shared_ffn)] if m.shared_ffn else []):
+        yield p + name + "w1", (h, f), "normal"
+        yield p + name + "w3", (h, f), "normal"
+        yield p + name + "w2", (f, h), "scaled"
 
 
 def _norm(cfg: ModelConfig, name: str) -> Iterator[tuple[str, tuple[int, ...], str]]:

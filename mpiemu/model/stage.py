@@ -23,6 +23,7 @@ from .dims import Dims
 from .executor import Array, Executor, Ready
 from .block import Cache, Params, acc, norm_backward, norm_forward, transposed
 from .layers import Layer
+from .moe.state import MoeRun
 from .masks import Masks
 from .ops import (MASK_BYTES, Cost, bias_grad_cost, ce_back, ce_combine, ce_cost,
                   ce_local_stats, dropout, embed_cost, embed_lookup, embed_scatter)
@@ -43,12 +44,13 @@ def edge_names(cfg: ModelConfig, pp: int, stage: int) -> set[str]:
 
 
 def stage_params(cfg: ModelConfig, tp: int, pp: int, chunks: int, stage: int,
-                 split: LayerSplit = LayerSplit()) -> list[LocalParam]:
-    """The local parameters a (TP rank, pipeline stage) holds, in forward order."""
+                 split: LayerSplit = LayerSplit(), ep: int = 1, ep_rank: int = 0
+                 ) -> list[LocalParam]:
+    """The local parameters a (TP rank, EP rank, pipeline stage) holds, in forward order."""
     mine = {i for c in range(chunks)
             for i in chunk_layers(cfg.layers, pp, chunks, stage, c, split)}
     edge = edge_names(cfg, pp, stage)
-    return [lp for lp in local_params(cfg, tp)
+    return [lp for lp in local_params(cfg, tp, ep, ep_rank)
             if (lp.layer in mine) or (lp.layer == -1 and lp.name in edge)]
 
 
@@ -101,20 +103,24 @@ class StageModel:
                  dp_rank: int, seed: int, global_batch: int, np_dtype: type, pp: int = 1,
                  pp_rank: int = 0, chunks: int = 1, micro_batches: int = 1,
                  recompute: str = "none", cp_rank: int = 0, cp_comm: str = "p2p",
-                 split: LayerSplit = LayerSplit()) -> None:
+                 split: LayerSplit = LayerSplit(), moe: MoeRun | None = None) -> None:
         self.cfg, self.E, self.d = cfg, ex, dims
         self.tp_rank, self.dp_rank, self.seed = tp_rank, dp_rank, seed
         self.pp, self.pp_rank, self.chunks = pp, pp_rank, chunks
         self.global_batch, self.micro_batches, self.recompute = global_batch, micro_batches, \
             recompute
-        self.specs: list[LocalParam] = stage_params(cfg, dims.tp, pp, chunks, pp_rank, split)
+        self.moe = moe                  # the MoE layers' shared state (None: dense)
+        ep = (1, 0) if ex.ep is None else (ex.ep.size, ex.ep.rank)
+        self.specs: list[LocalParam] = stage_params(cfg, dims.tp, pp, chunks, pp_rank, split,
+                                                    *ep)
         self.by_name = {lp.name: lp for lp in self.specs}
         self.P: Params = {lp.name: self._init(lp, np_dtype) for lp in self.specs}
         self.G: Params = {lp.name: None for lp in self.specs}
         # the sequence positions of the rank's rows: its two chunks under CP
         self.seq_positions = cp_positions(cfg.seq_len, dims.cp, cp_rank) if dims.cp > 1 \
             else np.arange(dims.seq)
-        self.chunk_layers = [[Layer(ex, cfg, dims, i, recompute, self.seq_positions, cp_comm)
+        self.chunk_layers = [[Layer(ex, cfg, dims, i, recompute, self.seq_positions, cp_comm,
+                                    moe)
                               for i in chunk_layers(cfg.layers, pp, chunks, pp_rank, c, split)]
                              for c in range(chunks)]
         self.hooks: StageHooks = NoHooks()          # the training step's (`training.gradients`)
@@ -156,6 +162,8 @@ class StageModel:
     # -- one step: begin, passes (in the schedule's order), finish ---------------------------
     def begin_step(self, iteration: int) -> None:
         self.iteration, self.loss = iteration, 0.0
+        if self.moe is not None:
+            self.moe.begin_step(iteration)
         self.G = {lp.name: None for lp in self.specs}
         self.saved.clear()
 

@@ -10,7 +10,9 @@ replicated as activations by an all-gather of the QKV output (megatron/core/tran
 attention.py, `get_query_key_value_tensors`), "col" a column slice (FC-1), "glu" the rank's
 columns of the gate and of the up projection side by side (Megatron-Core's fused gated
 `linear_fc1`: [gate_r | up_r]), "row" a row slice (output projection, FC-2), "vocab" a
-row slice of the embedding table or the output layer. Under sequence parallelism a
+row slice of the embedding table or the output layer, "expert" a routed expert's whole
+tensors ([gate | up] for FC-1), held by the expert-parallel rank its expert belongs to
+(experts split contiguously over EP; expert tensor parallelism 1). Under sequence parallelism a
 replicated parameter sees only the rank's sequence rows, so its gradient is a partial sum
 that must be all-reduced over TP (Megatron's layernorm grads).
 """
@@ -39,6 +41,11 @@ class LocalParam(NamedTuple):
         return self.kind != "rep"
 
     @property
+    def expert(self) -> bool:
+        """A routed expert's: reduced over expert data parallelism, not DP."""
+        return self.kind == "expert"
+
+    @property
     def sp_partial(self) -> bool:
         """Gradient is a partial sum over TP ranks under sequence parallelism."""
         return self.kind == "rep"
@@ -58,8 +65,9 @@ def qkv_replicated(cfg: ModelConfig, tp: int) -> bool:
     return cfg.groups < tp
 
 
-def local_params(cfg: ModelConfig, tp: int) -> Iterator[LocalParam]:
-    """Every parameter a TP rank holds, in forward order."""
+def local_params(cfg: ModelConfig, tp: int, ep: int = 1, ep_rank: int = 0
+                 ) -> Iterator[LocalParam]:
+    """Every parameter a (TP rank, EP rank) holds, in forward order."""
     h, vl = cfg.hidden, cfg.padded_vocab // tp
     fl = cfg.ffn_hidden // tp
     yield LocalParam("wte", ("wte",), "vocab", (vl, h), -1)
@@ -75,6 +83,9 @@ def local_params(cfg: ModelConfig, tp: int) -> Iterator[LocalParam]:
         if cfg.bias:
             yield LocalParam(p + "proj.b", (p + "attn.bo",), "rep", (h,), i)
         yield from _norm(cfg, p + "ln2", i)
+        if cfg.moe is not None and cfg.moe.is_moe(i):
+            yield from _experts(cfg, tp, ep, ep_rank, i)
+            continue
         kind, parts = ("glu", ("1", "3")) if cfg.gated else ("col", ("1",))
         split = (fl,) * len(parts) if cfg.gated else ()
         yield LocalParam(p + "fc1.w", tuple(p + f"mlp.w{x}" for x in parts), kind,
@@ -89,6 +100,25 @@ def local_params(cfg: ModelConfig, tp: int) -> Iterator[LocalParam]:
         yield from _norm(cfg, "lnf", -1)
     if not cfg.tied_embeddings:
         yield LocalParam("lm_head", ("lm_head",), "vocab", (vl, h), -1)
+
+
+def _experts(cfg: ModelConfig, tp: int, ep: int, ep_rank: int, i: int
+             ) -> Iterator[LocalParam]:
+    """An MoE layer's router (replicated), this EP rank's experts, the shared experts
+    (TP-sharded like a dense MLP)."""
+    assert cfg.moe is not None
+    h, f, n, p = cfg.hidden, cfg.moe.expert_ffn, cfg.moe.experts, f"layers.{i}."
+    yield LocalParam(p + "router.w", (p + "moe.router",), "rep", (h, n), i)
+    per = n // ep
+    for e in range(ep_rank * per, (ep_rank + 1) * per):
+        yield LocalParam(p + f"experts.{e}.fc1.w", (p + f"moe.{e}.w1", p + f"moe.{e}.w3"),
+                         "expert", (h, 2 * f), i)
+        yield LocalParam(p + f"experts.{e}.fc2.w", (p + f"moe.{e}.w2",), "expert", (f, h), i)
+    sf = cfg.moe.shared_ffn // tp
+    if sf:
+        yield LocalParam(p + "shared.fc1.w", (p + "shared.w1", p + "shared.w3"), "glu",
+                         (h, 2 * sf), i, (sf, sf))
+        yield LocalParam(p + "shared.fc2.w", (p + "shared.w2",), "row", (sf, h), i)
 
 
 def _norm(cfg: ModelConfig, name: str, layer: int) -> Iterator[LocalParam]:
@@ -138,6 +168,8 @@ def cut(lp: LocalParam, full: Sequence[np.ndarray], rank: int,
     (`cfg`: the model, for the grouped QKV order)."""
     if lp.kind == "rep":
         return full[0].copy()
+    if lp.kind == "expert":
+        return np.concatenate(full, axis=-1)
     if lp.split:                                          # "qkv", "glu": a slice of each
         return np.concatenate([f[..., rank * w:(rank + 1) * w]
                                for f, w in zip(full, lp.split)], axis=-1)
@@ -152,11 +184,12 @@ def cut(lp: LocalParam, full: Sequence[np.ndarray], rank: int,
     return full[0][rank * rows:(rank + 1) * rows].copy()
 
 
-def shard_params(full: dict[str, np.ndarray], cfg: ModelConfig, tp: int, rank: int
-                 ) -> dict[str, np.ndarray]:
-    """The local tensors of TP rank `rank`, cut from the full (reference) parameters."""
+def shard_params(full: dict[str, np.ndarray], cfg: ModelConfig, tp: int, rank: int,
+                 ep: int = 1, ep_rank: int = 0) -> dict[str, np.ndarray]:
+    """The local tensors of TP rank `rank` (and EP rank `ep_rank`), cut from the full
+    (reference) parameters."""
     return {lp.name: cut(lp, [full[n] for n in lp.full], rank, cfg)
-            for lp in local_params(cfg, tp)}
+            for lp in local_params(cfg, tp, ep, ep_rank)}
 
 
 def unshard_params(by_rank: Sequence[dict[str, np.ndarray]], cfg: ModelConfig
@@ -168,6 +201,8 @@ def unshard_params(by_rank: Sequence[dict[str, np.ndarray]], cfg: ModelConfig
         parts = [r[lp.name] for r in by_rank]
         if lp.kind == "rep":
             out[lp.full[0]] = parts[0].copy()
+        elif lp.kind == "expert":
+            out.update(zip(lp.full, np.split(parts[0], len(lp.full), axis=-1)))
         elif lp.split:
             edges = np.cumsum(lp.split)[:-1]
             pieces = [np.split(p, edges, axis=-1) for p in parts]

@@ -1,9 +1,12 @@
-"""Workload kind "collectives": sweep RS / AG / AR sizes, emulated time vs the closed form.
+"""Workload kind "collectives": sweep RS / AG / AR / all-to-all sizes, emulated time vs the
+closed form.
 
 Each point runs the algorithm and protocol NCCL's model would pick (`comm.cost.choose`, or
 `[collectives] algorithm / protocol`) and prints its emulated time beside the closed form of
 `comm.cost` (exact for a ring whose ports carry nothing else; the most loaded port's
-estimate otherwise), with nccl-tests' algbw and busbw.
+estimate otherwise), with nccl-tests' algbw and busbw. An all-to-all (`comm.all_to_all`:
+NCCL's sends and receives, no tuner choice) of size S sends S / n to every rank, as
+nccl-tests' alltoall_perf.
 """
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..comm.cost import choose, estimate_s
+from ..comm.all_to_all import all_to_all_v
+from ..comm.cost import P2P_ALGORITHM, all_to_all_s, choose, estimate_s
 from ..comm.p2p import TimedComm
 from ..comm.ring import Reduction
 from ..comm.collectives import all_gather, all_reduce, chunk_bounds, reduce_scatter
@@ -59,12 +63,32 @@ def bus_factor(op: str, n: int) -> float:
 def predicted_s(tc: TimedComm, op: str, nbytes: int, itemsize: int, reduce_s: Reduction,
                 bidirectional: bool = False) -> tuple[float, str, str]:
     """Closed-form time of the call (`comm.cost`) and the algorithm and protocol it uses."""
+    if op == "all_to_all":
+        return (all_to_all_s(tc, peer_count(nbytes // itemsize, tc.size, itemsize) * itemsize),
+                P2P_ALGORITHM, "simple")
     if tc.size == 1:
         return 0.0, "ring", "simple"
     algo = tc.tuning.algorithm if op == "all_reduce" else ""
     ch = choose(tc, op, nbytes, itemsize, algo, tc.tuning.protocol, bidirectional)
     return (estimate_s(tc, op, nbytes, itemsize, ch, reduce_s, bidirectional), ch.algorithm,
             ch.protocol)
+
+
+def peer_count(count: int, n: int, itemsize: int) -> int:
+    """Elements an all-to-all of `count` sends to each rank: count / n rounded down to 16
+    bytes (nccl-tests src/alltoall.cu:19, AlltoAllGetCollByteCount)."""
+    per = count // n
+    return per & ~(16 // itemsize - 1) if itemsize < 16 else per
+
+
+def _all_to_all(ctx: RankContext, tc: TimedComm, x: np.ndarray | None, count: int,
+                t0: float) -> float:
+    """nccl-tests' alltoall: count / n elements to and from every rank."""
+    per = peer_count(count, tc.size, ctx.wire_itemsize)
+    chunks = None if x is None else [x[j * per:(j + 1) * per] for j in range(tc.size)]
+    _, span = all_to_all_v(tc, chunks, [per] * tc.size, [per] * tc.size,
+                           itemsize=ctx.wire_itemsize, after=t0)
+    return span.t_end
 
 
 def _run_one(ctx: RankContext, tc: TimedComm, op: str, nbytes: int, t0: float) -> float:
@@ -74,6 +98,8 @@ def _run_one(ctx: RankContext, tc: TimedComm, op: str, nbytes: int, t0: float) -
     if ctx.numerics:
         rng = np.random.default_rng(ctx.w.run.seed + tc.rank)
         x = rng.standard_normal(count).astype(ctx.np_dtype)
+    if op == "all_to_all":
+        return _all_to_all(ctx, tc, x, count, t0)
     if op == "reduce_scatter":
         _, span = reduce_scatter(tc, x, reduce_s=ctx.cost.reduction_s, after=t0, count=count,
                                  wire_itemsize=itemsize,

@@ -113,7 +113,8 @@ def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str],
              fold: Fold | None = None) -> RankContext:
     """Collective: build the grid, create the run directory, manifest and rank trace files
     (`fold`: one MPI rank per stage, each file standing for its stage's images)."""
-    shape = GridShape(w.parallel.tp, w.parallel.dp, w.parallel.pp, w.parallel.cp)
+    shape = GridShape(w.parallel.tp, w.parallel.dp, w.parallel.pp, w.parallel.cp,
+                      w.parallel.ep)
     grid = ProcessGrid(world, shape, fold)
     spec = resolve_device(w, grid.rank)
     hosts = world.allgather(socket.gethostname())

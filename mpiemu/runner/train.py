@@ -24,7 +24,10 @@ from ..comm.p2p import TimedComm
 from ..executors.registry import ExecutorSetup, make_executor
 from ..model.config import ModelConfig
 from ..model.dims import Dims
+from ..comm.grid import ProcessGrid
+from ..model.moe.state import MoeRun
 from ..model.stage import StageModel
+from ..model.tensor_parallel import LocalParam
 from ..training.check import check_against_reference
 from ..training.flops import hardware_flops, model_flops, utilization
 from ..training.gradients import StageGradients
@@ -35,6 +38,7 @@ from ..sim.timeline import Timeline
 from ..config.workload import Workload
 from .context import RankContext
 from .mpi import arrive
+from .moe_setup import token_layout
 from .train_setup import (grad_buffer, layout, micro_batches, reference_tolerance, resolve,
                           train_memory, validate)
 
@@ -83,7 +87,11 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
     # gradients are reduced (and the distributed optimizer sharded) over DP x CP
     dp = comm(grid.dp_cp_comm, "dp") if grid.cp > 1 else comm(grid.dp_comm, "dp")
     embed = comm(grid.embed_comm, "embed") if grid.pp > 1 else None
-    distributed = w.optimizer.distributed and grid.dp * grid.cp > 1
+    ep = comm(grid.ep_comm, "ep") if grid.shape.ep > 1 else None
+    edp = comm(grid.edp_comm, "edp") if ep is not None else None
+    # the gradient norm sums every element once: over TP x PP, or the world when the
+    # optimizer is sharded or experts are split over EP (each counted on one rank)
+    distributed = (w.optimizer.distributed and grid.dp * grid.cp > 1) or ep is not None
     mp = comm(grid.world_comm if distributed else grid.mp_comm, "world" if distributed else "mp")
     assert tp is not None and dp is not None and mp is not None
     buf = grad_buffer(w, ctx.spec.kind)
@@ -91,7 +99,7 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
     ex = make_executor(ctx.spec.kind, ExecutorSetup(
         tl, ctx.cost, tp, dims, w.run.emulated_dtype, numerics, overlap,
         kernels=w.train.kernel_options(), tp_async=w.train.tp_comm_async,
-        wgrad_epilogue=None if buf is None else buf.wgrad_epilogue, cp=cp,
+        wgrad_epilogue=None if buf is None else buf.wgrad_epilogue, cp=cp, ep=ep,
         sunway_scheduler=w.sunway.scheduler, sunway_attention=w.sunway.attention))
     m = micro_batches(w)
     opt_cfg = w.optimizer.to_config()
@@ -99,22 +107,36 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
                        seed=w.run.seed, global_batch=gb, np_dtype=ctx.np_dtype, pp=grid.pp,
                        pp_rank=grid.pp_rank, chunks=w.parallel.virtual_stages,
                        micro_batches=m, recompute=w.train.recompute, cp_rank=grid.cp_rank,
-                       cp_comm=w.parallel.cp_comm, split=w.parallel.split)
+                       cp_comm=w.parallel.cp_comm, split=w.parallel.split,
+                       moe=None if cfg.moe is None else MoeRun(
+                           cfg.moe, w.moe.source(numerics), w.moe.skew, w.run.seed, gb))
     grads = StageGradients(model, ex, dp, grad_buffer=buf,
                            bucket_bytes=w.train.dp_bucket_MiB * 2**20,
                            bidirectional=overlap.bidirectional, embed=embed,
                            zero=opt_cfg.zero, overlap_grad_reduce=w.train.overlap_grad_reduce,
                            ddp=w.train.ddp, prefetch=opt_cfg.prefetch,
                            reshard_after_forward=opt_cfg.reshard_after_forward,
-                           shard_group=opt_cfg.shard_group)
+                           shard_group=opt_cfg.shard_group, experts=edp)
     step = PipelineStep(model, grads, pp, w.parallel.schedule, m, ctx.np_dtype)
     opt = ShardedOptimizer(opt_cfg, model.specs, ex, grid.tp_rank, model.P, norm=mp,
-                           counted=lambda lp: (lp.tp_split or grid.tp_rank == 0)
-                           and not (lp.name == "wte" and grid.pp_rank > 0),
+                           counted=lambda lp: counted_once(grid, lp, ep is not None),
                            buckets=grads.buckets, params=grads.params)
     if opt.zero is not None:       # forwards wait for their layers' parameter gathers
         grads.param_ready = opt.zero.param_ready
     return Trainer(model, grads, step, opt, made)
+
+
+def counted_once(grid: ProcessGrid, lp: LocalParam, experts: bool) -> bool:
+    """Whether this rank counts `lp` in the gradient norm: TP-split tensors on every TP
+    rank, replicated ones on the first, the tied table on the first stage; with experts
+    split over EP (norm over the world) one DP x CP replica, experts on expert-DP rank 0."""
+    if lp.name == "wte" and grid.pp_rank > 0:
+        return False
+    if not experts:
+        return lp.tp_split or grid.tp_rank == 0
+    if lp.expert:
+        return grid.edp_rank == 0
+    return (lp.tp_split or grid.tp_rank == 0) and grid.dp_rank == 0 and grid.cp_rank == 0
 
 
 def run(ctx: RankContext) -> dict[str, Any]:
@@ -175,7 +197,8 @@ def run(ctx: RankContext) -> dict[str, Any]:
         chk = check_against_reference(ctx.world, cfg, w.optimizer.to_config(), w.run.seed, gb,
                                       grid.tp, grid.tp_rank, model.P,  # type: ignore[arg-type]
                                       [r["loss"] for r in rows], ctx.np_dtype,
-                                      reference_tolerance(w))
+                                      reference_tolerance(w), token_layout(w),
+                                      grid.shape.ep, grid.ep_rank)
         ctx.say(chk.line())
         summary["reference"] = chk.as_dict()
     return summary

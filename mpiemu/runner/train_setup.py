@@ -19,6 +19,7 @@ from ..config.errors import ConfigError
 from ..config.parallel_section import ParallelSection
 from ..model.pipeline_split import problem
 from ..config.overlap_check import check_overlap_devices
+from .moe_setup import model_of, validate_moe
 
 HOST_MEMORY_SHARE = 0.8    # a numerics run may use this share of the host's memory
 
@@ -26,7 +27,7 @@ HOST_MEMORY_SHARE = 0.8    # a numerics run may use this share of the host's mem
 def resolve(w: Workload) -> tuple[ModelConfig, int, Dims]:
     """The padded model, the global batch and one micro-batch's local sizes."""
     tp, dp = w.parallel.tp, w.parallel.dp
-    cfg = w.model.resolve().for_tp(tp)
+    cfg = model_of(w).for_tp(tp)
     gb = w.train.global_batch or w.model.preset_global_batch()
     mb = w.train.micro_batch or max(gb // dp, 1)
     return cfg, gb, make_dims(cfg, tp, mb, w.parallel.sequence_parallel, w.parallel.cp)
@@ -45,7 +46,7 @@ def _micro_count(w: Workload, global_batch: int, dims: Dims) -> int:
 def validate(w: Workload, world_size: int) -> None:
     """Divisibility of the model by the grid, memory fit, strategy: before any message."""
     tp, dp, sp = w.parallel.tp, w.parallel.dp, w.parallel.sequence_parallel
-    cfg = w.model.resolve()
+    cfg = model_of(w)
     ok_tp = [t for t in divisors(cfg.heads) if cfg.ffn_hidden % t == 0]
     if cfg.heads % tp:
         raise ConfigError("parallel.tp", tp, f"does not divide model.heads={cfg.heads}; "
@@ -78,6 +79,7 @@ def validate(w: Workload, world_size: int) -> None:
     _validate_kernels(w)
     _validate_update_unit(w)
     _validate_zero(w, cfg)
+    validate_moe(w, cfg)
     if resolve_device(w).kind == "gpu":
         check_overlap_devices(w, [w.overlap.strategy], "overlap.strategy")
     _validate_memory(w, world_size)
@@ -170,7 +172,7 @@ def _validate_sunway(w: Workload) -> None:
     if spec.kind != "sunway":
         return
     w.sunway.check_device(spec.kind, spec.compute_units)
-    cfg = w.model.resolve()
+    cfg = model_of(w)
     for key, gpt in (("norm_kind", "layernorm"), ("activation", "gelu"),
                      ("position", "learned")):
         if getattr(cfg, key) != gpt:
@@ -193,16 +195,16 @@ def _validate_sunway(w: Workload) -> None:
 def _validate_kernels(w: Workload) -> None:
     """Fused epilogues ride on the plain GEMM; the overlapped all-gather GEMM (SP) has none;
     they model cuBLASLt's GeLU epilogue (SwiGLU has none)."""
-    if w.train.fuse_epilogues and w.model.resolve().gated:
+    if w.train.fuse_epilogues and model_of(w).gated:
         raise ConfigError("train.fuse_epilogues", True, "models cuBLASLt's bias + GeLU "
                           "epilogues; it needs model.activation='gelu'")
     if w.train.fuse_epilogues and w.parallel.sequence_parallel and w.parallel.tp > 1:
         raise ConfigError("train.fuse_epilogues", True, "needs parallel.sequence_parallel="
                           "false (the all-gather -> GEMM of SP has no epilogue model)")
     if resolve_device(w).kind == "sunway" and (w.train.fuse_epilogues or
-                                                w.model.resolve().attention in ("sd", "sdf")):
+                                                model_of(w).attention in ("sd", "sdf")):
         raise ConfigError("model.attention" if not w.train.fuse_epilogues
-                          else "train.fuse_epilogues", w.model.resolve().attention
+                          else "train.fuse_epilogues", model_of(w).attention
                           if not w.train.fuse_epilogues else True,
                           "GPU kernels; Sunway ranks use [sunway] attention and scheduling")
 

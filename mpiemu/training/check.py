@@ -15,6 +15,7 @@ from mpi4py import MPI
 from ..model.config import ModelConfig
 from .config import OptimizerConfig
 from .reference import Reference
+from .reference_moe import TokenLayout
 from ..model.tensor_parallel import shard_params
 
 
@@ -54,18 +55,22 @@ def rel_err(ours: np.ndarray, ref: np.ndarray) -> float:
 def check_against_reference(world: MPI.Comm, cfg: ModelConfig, opt: OptimizerConfig,
                             seed: int, global_batch: int, tp: int, tp_rank: int,
                             params: dict[str, np.ndarray], losses: list[float],
-                            np_dtype: type, tolerance: float) -> ReferenceCheck:
-    """Collective over `world`: every rank's result is rank 0's verdict."""
-    shards = world.gather((tp_rank, params), root=0)
+                            np_dtype: type, tolerance: float,
+                            tokens: TokenLayout | None = None, ep: int = 1,
+                            ep_rank: int = 0) -> ReferenceCheck:
+    """Collective over `world`: every rank's result is rank 0's verdict (`tokens`: how
+    the run splits tokens among routing ranks; `ep`: experts split over EP)."""
+    shards = world.gather(((tp_rank, ep_rank), params), root=0)
     result = None
     if world.Get_rank() == 0:
-        ref = Reference(cfg, seed, opt, global_batch, np_dtype)
+        ref = Reference(cfg, seed, opt, global_batch, np_dtype, tokens)
         ref_losses = [ref.train_step(it) for it in range(len(losses))]
-        cuts = {r: shard_params(ref.params, cfg, tp, r) for r in range(tp)}
+        cuts = {(r, e): shard_params(ref.params, cfg, tp, r, ep, e)
+                for r in range(tp) for e in range(ep)}
         worst, where = 0.0, "-"
-        for r_tp, p in shards:                                    # type: ignore[union-attr]
+        for place, p in shards:                                   # type: ignore[union-attr]
             for name, ours in p.items():
-                e = rel_err(ours, cuts[r_tp][name])
+                e = rel_err(ours, cuts[place][name])
                 if e > worst:
                     worst, where = e, name
         loss_err = max((abs(a - b) / abs(b) if np.isfinite(a) and np.isfinite(b) and b

@@ -35,14 +35,23 @@ class StageGradients:
                  embed: TimedComm | None = None, zero: int = 0,
                  overlap_grad_reduce: bool = True, ddp: str = "core",
                  prefetch: bool = True, reshard_after_forward: bool = True,
-                 shard_group: int = 0) -> None:
+                 shard_group: int = 0, experts: TimedComm | None = None) -> None:
         self.model, self.E, self.embed, self.grad_buffer = model, ex, embed, grad_buffer
+        self.dp = dp
         # gradients travel in the dtype they are kept in: Megatron's buffer's, else the model's
         self.grad_bytes = ex.e if grad_buffer is None else grad_buffer.main
         # Megatron's averaging over DP (`data_parallel`): per bucket (core), or the whole buffer
         # once after backward, then reduced in one call (local)
         scaled = grad_buffer is not None
         self.scale_whole_buffer = scaled and ddp == "local"
+        # experts split over EP reduce over expert data parallelism, in buckets of their own
+        split = experts is not None
+        sizes = {lp.name: lp.size for lp in model.specs if not (split and lp.expert)}
+        self.expert_buckets = GradBuckets(
+            experts, self.grad_bytes, bucket_bytes,
+            {lp.name: lp.size for lp in model.specs if lp.expert}, bidirectional,
+            overlap=overlap_grad_reduce, prescale=self._scale if scaled and ddp == "core"
+            else None, reduce_s=ex.cost.reduction_s) if experts is not None else None
         sharded = zero >= 2 and dp.size > 1       # ZeRO-2 / 3: per unit, per micro-batch
         shard, replicas = hybrid(dp, shard_group) if sharded else (dp, None)
         self.buckets: GradBuckets | ShardedGrads = ShardedGrads(
@@ -51,7 +60,7 @@ class StageGradients:
             partial=self._sp_grad_sync if model.d.sp else None,
             replicas=replicas) if sharded else GradBuckets(
             dp, self.grad_bytes, math.inf if ddp == "local" else bucket_bytes,
-            {lp.name: lp.size for lp in model.specs}, bidirectional, shard=zero == 1,
+            sizes, bidirectional, shard=zero == 1,
             overlap=overlap_grad_reduce,
             prescale=self._scale if scaled and ddp == "core" else None,
             reduce_s=ex.cost.reduction_s)
@@ -93,6 +102,10 @@ class StageGradients:
             lp = by_name[n]
             self._hook(n, from_gemm=lp.decay and (lp.layer >= 0 or n == "lm_head"))
         if micro == self.model.micro_batches - 1 or isinstance(self.buckets, ShardedGrads):
+            if self.expert_buckets is not None:
+                self.expert_buckets.ready([n for n in names if by_name[n].expert],
+                                          self.model.G, self.E.t)
+                names = [n for n in names if not by_name[n].expert]
             self.buckets.ready([n for n in names if n not in self.deferred], self.model.G,
                                self.E.t)
 
@@ -110,6 +123,8 @@ class StageGradients:
     # -- the step -----------------------------------------------------------------------------
     def begin_step(self) -> None:
         self.buckets.reset()
+        if self.expert_buckets is not None:
+            self.expert_buckets.reset()
 
     def finish_step(self) -> None:
         """After the last backward: the TP (SP) and tied-embedding reductions, then the DP
@@ -122,7 +137,29 @@ class StageGradients:
             self._embedding_grad_sync()
             if self.deferred:
                 self.buckets.ready(self.deferred, m.G, self.E.t)
+            if self.expert_buckets is not None:
+                self.E.wait_until(self.expert_buckets.finish(m.G, self.E.t))
             self.E.wait_until(self.buckets.finish(m.G, self.E.t))
+            if m.moe is not None and m.moe.moe.expert_bias:
+                self._update_expert_bias()
+
+    def _update_expert_bias(self) -> None:
+        """The step's kept tokens per expert of each MoE layer, summed over every rank of
+        the stage (TP, then DP x CP: all of them route tokens), move the expert biases
+        (Megatron-Core finalize_model_grads -> `_update_router_expert_bias`)."""
+        m, E = self.model, self.E
+        run = m.moe
+        assert run is not None
+        layers = sorted(run.step_counts)
+        k = run.moe.experts
+        flat = np.concatenate([run.step_counts[i] for i in layers]).astype(np.float64) \
+            if E.on else None
+        flat = E.tp_sum("moe.expert_bias.counts.tp", flat, k * len(layers), 8)
+        flat = E.all_reduce(self.dp, "moe.expert_bias.counts.dp", flat, k * len(layers), 8) \
+            if self.dp.size > 1 else flat
+        if flat is not None:
+            for j, i in enumerate(layers):
+                run.update_bias(i, flat[j * k:(j + 1) * k])
 
     def _scale(self, label: str, count: int) -> SimTime:
         """Gradients in Megatron's buffer divided by the DP size in place (read and write

@@ -16,6 +16,7 @@ import numpy as np
 from ..model import seeded
 from ..model.config import ModelConfig
 from .config import CLIP_EPS, OptimizerConfig
+from .reference_moe import ReferenceMoe, TokenLayout
 from .reference_blocks import (Cache, apply_rope, apply_rope_back, gelu, gelu_grad, layer_norm,
                                layer_norm_back, repeat_kv, rms_norm, rms_norm_back, rope_tables,
                                silu, silu_grad, sum_kv, wgrad)
@@ -25,7 +26,8 @@ class Reference:
     """The whole model on one process; `train_step` does forward, backward and the update."""
 
     def __init__(self, cfg: ModelConfig, seed: int, opt: OptimizerConfig,
-                 global_batch: int, dtype: type = np.float64) -> None:
+                 global_batch: int, dtype: type = np.float64,
+                 tokens: TokenLayout | None = None) -> None:
         self.cfg, self.seed, self.opt, self.global_batch = cfg, seed, opt, global_batch
         self.dtype = dtype
         self.params = seeded.init_full_params(cfg, seed, dtype)
@@ -34,6 +36,9 @@ class Reference:
         self.step_count = 0
         # rotary cos / sin [S, head_dim] of every position, shared by all layers and heads
         self.rope = rope_tables(cfg, cfg.seq_len, dtype) if cfg.position == "rope" else None
+        # experts in place of MLPs (`reference_moe`), routed per rank as the sharded run
+        self.moe = None if cfg.moe is None else ReferenceMoe(
+            cfg, tokens or TokenLayout(global_batch, 1, 1), global_batch)
 
     # -- dropout masks, generated over the whole global batch ------------------------------
     def _hidden_mask(self, it: int, layer: int, site: str) -> np.ndarray | None:
@@ -142,8 +147,14 @@ class Reference:
             dx += d2 @ p[pre + f"w{name}"].T
         return dx
 
+    def _experts(self, i: int) -> bool:
+        return self.moe is not None and self.moe.m.is_moe(i)
+
     def _mlp(self, x: np.ndarray, i: int) -> tuple[np.ndarray, Cache]:
-        """GeLU: W2 gelu(W1 x); SwiGLU: W2 (silu(W1 x) * W3 x), W1 the gate, W3 the up."""
+        """GeLU: W2 gelu(W1 x); SwiGLU: W2 (silu(W1 x) * W3 x), W1 the gate, W3 the up; or
+        the layer's experts."""
+        if self.moe is not None and self._experts(i):
+            return self.moe.forward(self.params, x, i)
         pre = f"layers.{i}.mlp."
         f = self._linear(x, pre + "w1", pre + "b1")                    # (B, S, ffn)
         c: Cache = {"x": x, "f": f}
@@ -156,6 +167,8 @@ class Reference:
 
     def _mlp_back(self, dout: np.ndarray, c: Cache, i: int,
                   g: dict[str, np.ndarray]) -> np.ndarray:
+        if self.moe is not None and self._experts(i):
+            return self.moe.backward(self.params, dout, c, i, g)
         p = self.params
         pre = f"layers.{i}.mlp."
         self._linear_back(c["act"], dout, pre + "w2", pre + "b2", g)
@@ -279,4 +292,6 @@ class Reference:
         tokens, targets = seeded.batch(self.cfg, self.seed, it, self.global_batch)
         loss, grads = self.loss_and_grads(tokens, targets, it)
         self.update(grads)
+        if self.moe is not None:
+            self.moe.end_step()
         return loss

@@ -1,0 +1,226 @@
+"""A layer's Mixture-of-Experts MLP on one rank: router, dispatch, grouped experts, combine,
+shared experts (Megatron-Core `moe/moe_layer.py` `MoELayer` with the all-to-all dispatcher).
+
+The rank routes its own tokens (its sequence shard under SP: Megatron-Core requires SP with
+TP and experts), exchanges them with its expert-parallel group (`dispatch`), runs the
+experts it holds as grouped GEMMs (each expert its own M), sends the outputs back and sums
+each token's k outputs times their weights. Shared experts (DeepSeek) are a dense,
+TP-sharded MLP every token passes, added to the routed output. Activations are [rows, H].
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..block import Block, Cache, Params, acc, transposed
+from ..config import ModelConfig
+from ..dims import Dims
+from ..executor import Array, Executor, Ready
+from ..masks import Masks
+from ..mlp import Mlp
+from ..ops import Cost, swiglu, swiglu_back, swiglu_cost
+from .dispatch import Plan, by_expert, by_source, permute, split_rows, unpermute
+from .router import Routing, aux_score_grad, chosen_counts, counts, route, route_back
+from .state import MoeRun
+
+IDS = 8                               # bytes of a token index or a count (int64)
+
+
+class MoeMlp(Block):
+    """Forward and backward of layer `index`'s experts on one rank."""
+
+    def __init__(self, ex: Executor, cfg: ModelConfig, dims: Dims, index: int,
+                 run: MoeRun) -> None:
+        super().__init__(ex, cfg, dims, index)
+        assert cfg.moe is not None
+        self.moe, self.run, self.ep = cfg.moe, run, ex.ep      # ep None: every expert here
+        ep_size, ep_rank = (1, 0) if ex.ep is None else (ex.ep.size, ex.ep.rank)
+        self.per_rank = self.moe.experts // ep_size
+        self.mine = range(ep_rank * self.per_rank, (ep_rank + 1) * self.per_rank)
+        self.shared: Mlp | None = None
+        if self.moe.shared_ffn:
+            self.shared = Mlp(ex, cfg, dims._replace(ffn=self.moe.shared_ffn // dims.tp), index)
+            self.shared.p, self.shared.tag = self.p + "shared.", self.tag + ".shared"
+
+    def _w(self, P: Params, part: str) -> list[Array]:
+        return [P.get(f"{self.p}experts.{e}.{part}.w") for e in self.mine]
+
+    # -- forward ----------------------------------------------------------------------------
+    def forward(self, y: Array, P: Params, masks: Masks) -> tuple[Array, Cache]:
+        d, E, moe = self.d, self.E, self.moe
+        n, h, f = d.shard_rows, d.hidden, moe.expert_ffn
+        logits = E.gemm(f"{self.tag}.router.fwd", y, P[self.p + "router.w"], n, moe.experts, h)
+        r: Routing | None = E.kernel(f"{self.tag}.router.topk", self._router_cost(n), route,
+                                     logits, moe, self.run.bias_of(self.i))
+        local = counts(r, moe.experts) if r is not None else self.run.timing_counts(
+            self.i, masks.samples.start, self._rank_key(), n)
+        self.run.routed(self.i, local)
+        plan = self._plan(local, r)
+        c: Cache = {"y": y, "r": r, "plan": plan}
+        if r is not None and moe.aux_loss_coeff and moe.aux_loss == "global":
+            c["group_counts"] = self._group_sum("router.aux_counts", chosen_counts(r, moe.experts))
+        elif moe.aux_loss_coeff:
+            self._group_sum("router.aux_counts", None)
+        rows = int(local.sum())
+        xp = E.kernel(f"{self.tag}.permute.fwd", self._move_cost(rows), permute, y,
+                      None if r is None else plan.order, moe.top_k)
+        xs = self._exchange("dispatch", xp, plan.send_rows(), plan.recv_rows(), plan)
+        ms = plan.expert_rows()
+        hs = E.grouped_gemm(f"{self.tag}.experts.fc1.fwd", xs, self._w(P, "fc1"),
+                            [(m, 2 * f, h) for m in ms])
+        acts = E.kernel(f"{self.tag}.experts.swiglu.fwd",
+                        swiglu_cost(sum(ms), f, E.e, E.kernels.mode, False),
+                        lambda: [swiglu(x, None)[1] for x in hs])
+        os = E.grouped_gemm(f"{self.tag}.experts.fc2.fwd", acts, self._w(P, "fc2"),
+                            [(m, h, f) for m in ms])
+        yp = self._exchange("combine", os, plan.recv_rows(), plan.send_rows(), plan,
+                            groups=True)
+        out = E.kernel(f"{self.tag}.unpermute.fwd", self._move_cost(rows, weights=True),
+                       unpermute, yp, None if r is None else plan.order,
+                       None if r is None else r.weights, n)
+        c.update(xs=xs, hs=hs, acts=acts, yp=yp)
+        if self.shared is not None:
+            s, c["shared"] = self.shared.forward(y, P)
+            out = E.kernel(f"{self.tag}.shared.add", Cost(n * h, 2 * n * h * E.e, n * h * E.e),
+                           np.add, out, s)
+        return out, c
+
+    def _rank_key(self) -> int:
+        """Which of a micro-batch's token sets this rank holds (its TP and CP place)."""
+        return self.E.tp.rank + self.d.tp * (0 if self.E.cp is None else self.E.cp.rank)
+
+    def _plan(self, local: np.ndarray, r: Routing | None) -> Plan:
+        """Every EP rank's counts (all-gathered, Megatron's `preprocess`) and this rank's
+        permutation: kept choices expert-major in token order."""
+        E, ep = self.E, self.ep
+        every = local[None]
+        if ep is not None and ep.size > 1:
+            E.all_gather(ep, f"{self.tag}.dispatch.counts", None, self.moe.experts, IDS)
+            every = np.stack(ep.comm.allgather(local))          # the counts' values, host-side
+        order = np.zeros(0, np.int64)
+        if r is not None:
+            flat = np.flatnonzero(r.kept.reshape(-1))
+            order = flat[np.argsort(r.chosen.reshape(-1)[flat], kind="stable")]
+        return Plan(order, every, 0 if ep is None else ep.rank, self.per_rank)
+
+    def _group_sum(self, name: str, x: np.ndarray | None) -> np.ndarray | None:
+        """Sum a per-expert vector over the ranks holding one micro-batch's tokens (TP
+        under SP, CP): the auxiliary loss's counts (Megatron-Core reduces them over its
+        tensor-and-context-parallel group)."""
+        E, k = self.E, self.moe.experts
+        y = None if x is None else x.astype(np.float64)
+        if self.d.sp:
+            y = E.tp_sum(f"{self.tag}.{name}.tp", y, k, IDS)
+        if E.cp is not None:
+            y = E.all_reduce(E.cp, f"{self.tag}.{name}.cp", y, k, IDS)
+        return y
+
+    def _exchange(self, name: str, x: Any, send: list[int], recv: list[int], plan: Plan,
+                  groups: bool = False) -> Any:
+        """An all-to-all-v over EP of rows [sum send, H] (or per-expert groups, regrouped
+        by source first); the received rows per local expert (or concatenated)."""
+        E, h = self.E, self.d.hidden
+        chunks = None
+        if E.on:
+            chunks = by_source(x, plan) if groups else split_rows(x, send)
+        got = chunks if self.ep is None or self.ep.size == 1 else \
+            E.all_to_all(self.ep, f"{self.tag}.{name}", chunks, send, recv, h, E.e)
+        if got is None:
+            return None
+        return np.concatenate(got) if groups else by_expert(got, plan)
+
+    def _router_cost(self, n: int) -> list[Cost]:
+        """Score, top-k and weights: read the logits, write scores, choices and weights
+        (Megatron-Core's fused router kernels: `moe_router_fusion`)."""
+        E, k, e = self.moe.experts, self.moe.top_k, self.E.e
+        return [Cost(8 * n * E, n * E * e, n * E * e + n * k * (e + IDS), sfu_ops=n * E)]
+
+    def _move_cost(self, rows: int, weights: bool = False) -> Cost:
+        """A permute (gather of rows) or unpermute (weighted scatter-add) of `rows` rows."""
+        h, e = self.d.hidden, self.E.e
+        extra = rows * (e + IDS) if weights else rows * IDS
+        return Cost(2 * rows * h if weights else 0, rows * h * e + extra, rows * h * e)
+
+    # -- backward ---------------------------------------------------------------------------
+    def backward(self, dm: Array, c: Cache, P: Params, G: Params, with_bias: list[str],
+                 ready: Ready) -> Array:
+        d, E, moe = self.d, self.E, self.moe
+        n, h, f = d.shard_rows, d.hidden, moe.expert_ffn
+        r, plan = c["r"], c["plan"]
+        ds = None if self.shared is None else self.shared.backward(dm, c["shared"], P, G, [],
+                                                                  ready)
+        rows = int(plan.counts[plan.rank].sum())
+        both = E.kernel(f"{self.tag}.unpermute.bwd", self._move_cost(rows, weights=True),
+                        self._unpermute_back, dm, c["yp"], r, plan)
+        dyp, dweights = both if both is not None else (None, None)
+        dos = self._exchange("combine.bwd", dyp, plan.send_rows(), plan.recv_rows(), plan)
+        ms = plan.expert_rows()
+        dacts = E.grouped_gemm(f"{self.tag}.experts.fc2.bwd", dos,
+                               [transposed(w) for w in self._w(P, "fc2")],
+                               [(m, f, h) for m in ms])
+        self._wgrads(G, "fc2", [transposed(a) for a in c["acts"] or []] or None, dos,
+                     [(f, h, m) for m in ms], ready)
+        dhs = E.kernel(f"{self.tag}.experts.swiglu.bwd",
+                       swiglu_cost(sum(ms), f, E.e, E.kernels.mode, False, backward=True),
+                       lambda: [swiglu_back(g, x)[0] for g, x in zip(dacts, c["hs"])])
+        dxs = E.grouped_gemm(f"{self.tag}.experts.fc1.bwd", dhs,
+                             [transposed(w) for w in self._w(P, "fc1")],
+                             [(m, h, 2 * f) for m in ms])
+        self._wgrads(G, "fc1", [transposed(x) for x in c["xs"] or []] or None, dhs,
+                     [(h, 2 * f, m) for m in ms], ready)
+        dxp = self._exchange("dispatch.bwd", dxs, plan.recv_rows(), plan.send_rows(), plan,
+                             groups=True)
+        dx = E.kernel(f"{self.tag}.permute.bwd", self._move_cost(rows), self._permute_back,
+                      dxp, plan, n)
+        dx = self._router_back(dx, dweights, c, P, G, ready)
+        if ds is not None:
+            dx = E.kernel(f"{self.tag}.shared.residual.bwd",
+                          Cost(n * h, 2 * n * h * E.e, n * h * E.e), np.add, dx, ds)
+        return dx
+
+    def _wgrads(self, G: Params, part: str, xs_t: list[Array] | None, dys: list[Array] | None,
+                shapes: list[tuple[int, int, int]], ready: Ready) -> None:
+        grads = self.E.grouped_gemm(f"{self.tag}.experts.{part}.wgrad", xs_t, dys, shapes)
+        names = [f"{self.p}experts.{e}.{part}.w" for e in self.mine]
+        for name, g in zip(names, grads or [None] * len(names)):
+            acc(G, name, g)
+        ready(names)
+
+    def _unpermute_back(self, dm: np.ndarray, yp: np.ndarray, r: Routing, plan: Plan
+                        ) -> tuple[np.ndarray, np.ndarray]:
+        """(d expert outputs [rows, H], d weights [n, k]) of `unpermute`."""
+        k = self.moe.top_k
+        tok = plan.order // k
+        rows = dm[tok]
+        dw = np.zeros(r.weights.size)
+        dw[plan.order] = (rows * yp).sum(1)
+        return rows * r.weights.reshape(-1)[plan.order][:, None], dw.reshape(r.weights.shape)
+
+    def _permute_back(self, dxp: np.ndarray, plan: Plan, n: int) -> np.ndarray:
+        dx = np.zeros((n, dxp.shape[1]), dxp.dtype)
+        np.add.at(dx, plan.order // self.moe.top_k, dxp)
+        return dx
+
+    def _router_back(self, dx: Array, dweights: Array, c: Cache, P: Params, G: Params,
+                     ready: Ready) -> Array:
+        """Through the routing (weights, auxiliary and z losses) to the logits, then the
+        router GEMM's input and weight gradients."""
+        d, E, moe, run = self.d, self.E, self.moe, self.run
+        n, h = d.shard_rows, d.hidden
+        tokens = d.seq * d.cp * d.batch                   # the micro-batch's, over TP and CP
+        scale = d.batch / run.global_batch                # its share of the step's mean loss
+        r = c["r"]
+        daux = None
+        if r is not None and "group_counts" in c:
+            daux = aux_score_grad(r, moe, c["group_counts"], tokens, scale)
+        z = moe.z_loss_coeff / tokens * scale
+        dlogits = E.kernel(f"{self.tag}.router.bwd", self._router_cost(n), route_back, r,
+                           dweights, moe, daux, z)
+        dr = E.gemm(f"{self.tag}.router.dgrad", dlogits,
+                    transposed(P[self.p + "router.w"]), n, h, moe.experts)
+        acc(G, self.p + "router.w", E.wgrad(f"{self.tag}.router.wgrad", transposed(c["y"]),
+                                            dlogits, h, moe.experts, n))
+        ready([self.p + "router.w"])
+        return E.kernel(f"{self.tag}.router.residual.bwd",
+                        Cost(n * h, 2 * n * h * E.e, n * h * E.e), np.add, dx, dr)

@@ -1,0 +1,69 @@
+"""A training run's experts before it runs: the model with `[moe]` applied, and every check
+of expert parallelism and of where token counts come from (one line each: the field, the
+value, what is allowed)."""
+from __future__ import annotations
+
+from ..config.errors import ConfigError
+from ..config.workload import Workload, resolve_device
+from ..model.config import ModelConfig, braces, divisors
+from ..training.reference_moe import TokenLayout
+
+
+def model_of(w: Workload) -> ModelConfig:
+    """The preset's model with `[model]` and `[moe]` overrides (unpadded vocabulary)."""
+    return w.moe.apply(w.model.resolve())
+
+
+def token_layout(w: Workload) -> TokenLayout | None:
+    """How the sharded run splits a micro-batch's tokens among ranks (the reference routes
+    each rank's tokens as that rank does); None for a dense model."""
+    if model_of(w).moe is None:
+        return None
+    from .train_setup import resolve  # noqa: PLC0415
+    _, _, dims = resolve(w)
+    return TokenLayout(dims.batch, w.parallel.tp if dims.sp else 1, w.parallel.cp)
+
+
+def validate_moe(w: Workload, cfg: ModelConfig) -> None:
+    """Experts split evenly over EP, EP regrouping a stage's ranks, SP with TP, the token
+    source matching the numerics, and what expert parallelism does not combine with yet."""
+    par, ep = w.parallel, w.parallel.ep
+    if cfg.moe is None:
+        if ep > 1:
+            raise ConfigError("parallel.ep", ep, f"needs a model with experts; model.preset="
+                              f"{w.model.preset!r} has none (try tiny-moe or mixtral-8x7b)")
+        return
+    stage = par.tp * par.cp * par.dp
+    if cfg.moe.experts % ep:
+        raise ConfigError("parallel.ep", ep, f"does not divide moe.experts={cfg.moe.experts}; "
+                          f"choose ep in {braces(divisors(cfg.moe.experts))}")
+    if stage % ep:
+        raise ConfigError("parallel.ep", ep, f"does not divide a stage's tp*cp*dp = {stage} "
+                          "ranks (expert parallel x expert data parallel); choose ep in "
+                          f"{braces([e for e in divisors(stage) if cfg.moe.experts % e == 0])}")
+    if par.tp > 1 and not par.sequence_parallel:
+        raise ConfigError("parallel.sequence_parallel", False, "must be true with experts and "
+                          "parallel.tp > 1 (Megatron-Core requires it: each TP rank routes its "
+                          "sequence shard)")
+    _validate_source(w)
+    if resolve_device(w).kind != "gpu":
+        raise ConfigError("model.preset", w.model.preset, "experts run on GPU ranks; Sunway "
+                          "ranks schedule SwFormer's dense GPT layer")
+    if ep > 1 and w.optimizer.zero > 0:
+        raise ConfigError("optimizer.zero", w.optimizer.zero, "must be 0 with parallel.ep > 1 "
+                          "(the experts' gradients are all-reduced over expert data "
+                          "parallelism; sharding them is not modelled)")
+    if w.optimizer.name == "lamb":
+        raise ConfigError("optimizer.name", "lamb", "experts train with 'adam' (LAMB's "
+                          "per-tensor norms are not split by expert)")
+
+
+def _validate_source(w: Workload) -> None:
+    """The router decides with numerics on; a timing-only run needs another source."""
+    tokens, on = w.moe.tokens, w.run.numerics == "on"
+    if on and tokens not in ("", "router"):
+        raise ConfigError("moe.tokens", tokens, "with run.numerics='on' the router's own "
+                          "choices decide; set 'router' (or run.numerics='off')")
+    if not on and tokens == "router":
+        raise ConfigError("moe.tokens", tokens, "needs run.numerics='on' (the router runs on "
+                          "real values); timing only: 'balanced' or 'skew'")
