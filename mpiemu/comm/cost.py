@@ -12,7 +12,11 @@ two agree to 1e-9 where the closed form is exact; `docs/network.md` derives each
   three phases plus k-1 times the busier of the NVLink share (RS + AG) and the NIC share
   (AR) of one segment (exact for k = 1);
 * nvls all-reduce (one NVSwitch node, N devices): base(nvls) + S (N+1)/N / (B e_nvls), both
-  port directions busy at once (`net.message.switch_reduce`).
+  port directions busy at once (`net.message.switch_reduce`);
+* all-to-all (`comm.all_to_all`, b bytes to each of the N-1 peers): base + the busiest of
+  this rank's ports (its egress and NICs, the ingress its peers' messages reserve) at the
+  Simple rate + the longest hop latency; exact where those ports carry nothing else (one
+  switch node: base + (N-1) b / B + a).
 
 A ring whose lanes share ports (bidirectional on a switch, several rails across nodes) is
 estimated by its most loaded port per step.
@@ -32,6 +36,7 @@ from .ring import Reduction, ring_orders
 from .tuner import Choice, allowed_on, candidates, node_groups, pick
 
 OPS = ("reduce_scatter", "all_gather", "all_reduce")
+P2P_ALGORITHM = "p2p"       # NCCL's send / receive (all-to-all): no tuner choice, Simple
 ASKED_ONLY = ("hierarchical",)  # run when `collectives.algorithm` names it, never chosen:
                                 # NCCL has no such algorithm (docs/nccl_model.md 1, 2.2)
 
@@ -185,9 +190,44 @@ def nvls_tree_depth(nbytes: float, g: int) -> int:
     return pipeline_depth(nbytes / g)
 
 
+def p2p_share(tc: TimedComm, wire_bytes: float) -> float:
+    """The channel share of a point-to-point call (an all-to-all) whose messages carry
+    `wire_bytes` in all: the share NCCL gives a collective of that size (Simple), the
+    port's whole rate for a large call (`comm.all_to_all` says why)."""
+    return tc.net.spec.channel_share("simple", wire_bytes, tc.size)
+
+
+def all_to_all_s(tc: TimedComm, peer_bytes: float) -> float:
+    """An all-to-all of `peer_bytes` to and from every peer (`comm.all_to_all`), base latency
+    included: base + the most loaded of this rank's ports (each message's wire time on its
+    sender's egress and its receiver's ingress) + the longest hop latency. Exact on one
+    switch node (base + (N-1) b / B + a); the busiest port's estimate otherwise."""
+    n = tc.size
+    if n <= 1:
+        return 0.0
+    net, me = tc.net, tc.device
+    share = p2p_share(tc, peer_bytes * (n - 1))
+    load: dict[str, float] = {}
+    lat = 0.0
+    for j, d in enumerate(tc.devices):
+        if j == tc.rank:
+            continue
+        out, back = net.hop(me, d), net.hop(d, me)
+        w = peer_bytes / net.rate(out, "simple", share) if peer_bytes > 0 else 0.0
+        load[out.egress] = load.get(out.egress, 0.0) + w
+        if back.ingress is not None:
+            w_in = peer_bytes / net.rate(back, "simple", share) if peer_bytes > 0 else 0.0
+            load[back.ingress] = load.get(back.ingress, 0.0) + w_in
+        lat = max(lat, net.latency(out, "simple", P2P_ALGORITHM))
+    return tc.net.spec.base(P2P_ALGORITHM, "simple") + max(load.values()) + lat
+
+
 def estimate_s(tc: TimedComm, op: str, nbytes: float, itemsize: int, ch: Choice,
                reduce_s: Reduction, bidirectional: bool = False) -> float:
-    """The predicted time of one call (base latency included; `reduce_s`: the device's)."""
+    """The predicted time of one call (base latency included; `reduce_s`: the device's;
+    an all-to-all's nbytes is a rank's whole send buffer, nbytes / N to each rank)."""
+    if op == "all_to_all":
+        return all_to_all_s(tc, nbytes / tc.size)
     base = tc.net.spec.base(ch.algorithm, ch.protocol)
     if ch.algorithm == "ring":
         return base + ring_estimate_s(tc, op, nbytes, itemsize, ch.protocol, reduce_s,
