@@ -73,11 +73,13 @@ class ProcessGrid:
     def _experts(self, world: MPI.Comm, shape: GridShape) -> None:
         """Expert parallelism: the EP group (the stage's ranks of one expert-DP rank, in EP
         order) and the expert-DP group (of one EP rank), which reduces the experts'
-        gradients; none without EP."""
+        gradients: without EP the whole stage when TP splits its tokens (SP), else DP x CP."""
         self.ep_rank, self.edp_rank = shape.expert_place(self.rank)
         self.ep_comm: Any = None
         self.edp_comm: Any = self.dp_cp_comm
         if shape.ep == 1:
+            if shape.tp > 1:
+                self.edp_comm = world.Split(color=self.pp_rank, key=self.edp_rank)
             return
         stage = self.pp_rank * shape.tp * shape.cp * shape.dp // shape.ep
         self.ep_comm = world.Split(color=stage + self.edp_rank, key=self.ep_rank)
@@ -154,7 +156,9 @@ class ProcessGrid:
         if self.cp > 1:
             groups += [self.cp_comm, self.dp_cp_comm]
         if self.shape.ep > 1:
-            groups += [self.ep_comm, self.edp_comm]
+            groups += [self.ep_comm]
+        if self.edp_comm is not self.dp_cp_comm:
+            groups += [self.edp_comm]
         for c in groups:
             if c != MPI.COMM_NULL:
                 c.Free()

@@ -9,7 +9,7 @@ from ..model.moe.config import AUX_LOSSES, SCORES, MoeFieldError
 from ..model.moe.tokens import SOURCES
 from .errors import ConfigError
 
-SIZES = ("experts", "top_k", "expert_ffn")                       # 0: the preset's
+SIZES = ("experts", "top_k", "expert_ffn", "groups", "group_top_k")   # 0: the preset's
 AMOUNTS = ("shared_ffn", "dense_layers", "capacity_factor", "aux_loss_coeff", "z_loss_coeff",
            "bias_update_rate", "topk_scale")                     # -1: the preset's
 
@@ -23,6 +23,8 @@ class MoeSection:
     experts: int = 0
     top_k: int = 0
     expert_ffn: int = 0
+    groups: int = 0
+    group_top_k: int = 0
     shared_ffn: int = -1
     dense_layers: int = -1
     capacity_factor: float = -1.0
@@ -31,6 +33,8 @@ class MoeSection:
     bias_update_rate: float = -1.0
     topk_scale: float = -1.0
     expert_bias: bool | None = None
+    pre_softmax: bool | None = None
+    normalize: bool | None = None
     score: str = ""
     aux_loss: str = ""
     tokens: str = ""
@@ -53,8 +57,8 @@ class MoeSection:
         out: dict[str, object] = {k: getattr(self, k) for k in SIZES if getattr(self, k)}
         out.update({k: getattr(self, k) for k in AMOUNTS if getattr(self, k) != -1})
         out.update({k: getattr(self, k) for k in ("score", "aux_loss") if getattr(self, k)})
-        if self.expert_bias is not None:
-            out["expert_bias"] = self.expert_bias
+        out.update({k: getattr(self, k) for k in ("expert_bias", "pre_softmax", "normalize")
+                    if getattr(self, k) is not None})
         return out
 
     def apply(self, cfg: ModelConfig) -> ModelConfig:

@@ -49,10 +49,11 @@ def validate_moe(w: Workload, cfg: ModelConfig) -> None:
     if resolve_device(w).kind != "gpu":
         raise ConfigError("model.preset", w.model.preset, "experts run on GPU ranks; Sunway "
                           "ranks schedule SwFormer's dense GPT layer")
-    if ep > 1 and w.optimizer.zero > 0:
-        raise ConfigError("optimizer.zero", w.optimizer.zero, "must be 0 with parallel.ep > 1 "
-                          "(the experts' gradients are all-reduced over expert data "
-                          "parallelism; sharding them is not modelled)")
+    if (ep > 1 or par.tp > 1) and w.optimizer.zero > 0:
+        raise ConfigError("optimizer.zero", w.optimizer.zero, "must be 0 with experts and "
+                          "parallel.ep or parallel.tp > 1 (the experts' gradients are "
+                          "all-reduced over expert data parallelism; sharding them there is "
+                          "not modelled)")
     if w.optimizer.name == "lamb":
         raise ConfigError("optimizer.name", "lamb", "experts train with 'adam' (LAMB's "
                           "per-tensor norms are not split by expert)")

@@ -88,10 +88,13 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
     dp = comm(grid.dp_cp_comm, "dp") if grid.cp > 1 else comm(grid.dp_comm, "dp")
     embed = comm(grid.embed_comm, "embed") if grid.pp > 1 else None
     ep = comm(grid.ep_comm, "ep") if grid.shape.ep > 1 else None
-    edp = comm(grid.edp_comm, "edp") if ep is not None else None
+    # the experts' gradients: over expert DP (the stage's ranks sharing them), when that is
+    # not DP x CP (EP, or TP ranks routing their own sequence shards)
+    edp = comm(grid.edp_comm, "edp") if cfg.moe is not None and \
+        grid.edp_comm is not grid.dp_cp_comm else None
     # the gradient norm sums every element once: over TP x PP, or the world when the
     # optimizer is sharded or experts are split over EP (each counted on one rank)
-    distributed = (w.optimizer.distributed and grid.dp * grid.cp > 1) or ep is not None
+    distributed = (w.optimizer.distributed and grid.dp * grid.cp > 1) or edp is not None
     mp = comm(grid.world_comm if distributed else grid.mp_comm, "world" if distributed else "mp")
     assert tp is not None and dp is not None and mp is not None
     buf = grad_buffer(w, ctx.spec.kind)
@@ -119,7 +122,7 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
                            shard_group=opt_cfg.shard_group, experts=edp)
     step = PipelineStep(model, grads, pp, w.parallel.schedule, m, ctx.np_dtype)
     opt = ShardedOptimizer(opt_cfg, model.specs, ex, grid.tp_rank, model.P, norm=mp,
-                           counted=lambda lp: counted_once(grid, lp, ep is not None),
+                           counted=lambda lp: counted_once(grid, lp, edp is not None),
                            buckets=grads.buckets, params=grads.params)
     if opt.zero is not None:       # forwards wait for their layers' parameter gathers
         grads.param_ready = opt.zero.param_ready

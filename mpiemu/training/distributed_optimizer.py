@@ -79,7 +79,7 @@ class DistributedAdam:
             sq = None
             if on:
                 sq = np.array([sum(_masked_sq(sh.grad, self._masks(b, sh, dtype)[3])
-                                   for b, sh in enumerate(shards))])
+                                   for b, sh in enumerate(shards))], np.float64)
                 copies = getattr(self.buckets, "copies", 1)
                 if copies > 1:          # hybrid sharding: every shard counted once
                     sq /= copies

@@ -117,7 +117,7 @@ class ShardedOptimizer:
         sq = None
         if self.E.on:     # TP-split tensors on every rank, replicated ones counted once
             own = [G[lp.name] for lp in self.specs if self.counted(lp)]
-            sq = np.array([sum(float((g * g).sum()) for g in own if g is not None)])
+            sq = np.array([sum(float((g * g).sum()) for g in own if g is not None)], np.float64)
         return self.norm_of(sq, n)
 
     def norm_of(self, sq: np.ndarray | None, n: int) -> float:

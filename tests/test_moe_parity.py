@@ -1,0 +1,59 @@
+"""Mixture of Experts sharded equals the one-process reference (float64, 3 steps, 1e-10):
+expert parallelism over 2 and 4 ranks with DP, TP (+SP), PP and CP; top-1 and top-2;
+dropless and with a capacity factor; shared experts; softmax and sigmoid routing with
+group-limited choice and the expert bias; the auxiliary and z losses on. The reference
+routes each rank's tokens as that rank does (capacity is per rank) and computes the
+balancing losses per micro-batch (`training/reference_moe.py`). Grids whose size equals
+the MPI world run in-process (`make test` runs them at 2 and 4 ranks)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mpi4py import MPI
+
+from mpiemu.runner.job import run_workload
+from tests.test_train_parity import assert_matches_reference
+
+SIGMOID = ["moe.score='sigmoid'", "moe.expert_bias=true", "moe.bias_update_rate=0.01",
+           "moe.groups=4", "moe.group_top_k=2", "moe.topk_scale=2.5"]
+CASES = [
+    (2, "ep2-dp2", ["parallel.dp=2", "parallel.ep=2"]),
+    (2, "ep2-top1-capacity", ["parallel.dp=2", "parallel.ep=2", "moe.top_k=1",
+                              "moe.capacity_factor=1.0"]),
+    (2, "ep2-tp2-sp", ["parallel.tp=2", "parallel.sequence_parallel=true", "parallel.ep=2"]),
+    (2, "pp2-shared", ["parallel.pp=2", "moe.shared_ffn=32"]),
+    (2, "tp2-sp-shared-ep1", ["parallel.tp=2", "parallel.sequence_parallel=true",
+                              "moe.shared_ffn=32"]),
+    (2, "ep2-cp2", ["parallel.cp=2", "parallel.ep=2", "model.attention='flash'"]),
+    (2, "ep2-sigmoid-bias-groups", ["parallel.dp=2", "parallel.ep=2", *SIGMOID]),
+    (4, "ep4-capacity-micro2", ["parallel.dp=4", "parallel.ep=4", "moe.capacity_factor=1.25",
+                                "train.global_batch=16", "train.micro_batch=2"]),
+    (4, "ep2-tp2-dp2-shared", ["parallel.tp=2", "parallel.dp=2", "parallel.ep=2",
+                               "parallel.sequence_parallel=true", "moe.shared_ffn=32"]),
+    (4, "ep4-tp2-dp2-top1", ["parallel.tp=2", "parallel.dp=2", "parallel.ep=4",
+                             "parallel.sequence_parallel=true", "moe.top_k=1"]),
+    (4, "ep2-pp2-dp2-capacity", ["parallel.pp=2", "parallel.dp=2", "parallel.ep=2",
+                                 "moe.capacity_factor=1.0", "moe.top_k=1"]),
+    (4, "ep4-cp2-dp2", ["parallel.cp=2", "parallel.dp=2", "parallel.ep=4",
+                        "model.attention='flash'"]),
+    (4, "ep4-sigmoid-bias-groups-shared", ["parallel.dp=4", "parallel.ep=4", *SIGMOID,
+                                           "moe.shared_ffn=32", "train.recompute='full'"]),
+]
+
+
+def overrides(*extra: str) -> list[str]:
+    return ["run.kind='train'", "run.iterations=3", "run.numerics='on'",
+            "run.numeric_dtype='fp64'", "model.preset='tiny-moe'", "model.layers=2",
+            "train.check_reference=true", "train.dp_bucket_MiB=0.02", "optimizer.zero=0",
+            "train.global_batch=8", *extra]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks, name, extra", CASES, ids=[c[1] for c in CASES])
+def test_experts_match_the_reference(mpi_tmp_path: Path, ranks: int, name: str,
+                                     extra: list[str]) -> None:
+    if MPI.COMM_WORLD.Get_size() != ranks:
+        pytest.skip(f"a {ranks}-rank grid")
+    assert_matches_reference(run_workload(None, overrides(*extra), str(mpi_tmp_path / name),
+                                          [], world=MPI.COMM_WORLD))
