@@ -184,3 +184,14 @@ def test_rounds_go_node_by_node_and_pair_each_send_with_a_receive() -> None:
     assert rounds(tc) == [(-1, -1), (1, 1), (2, 2), (3, 3)]
     one = _folded(4)                          # one node: (rank + s), (rank - s)
     assert rounds(one) == [(-1, -1), (1, 3), (2, 2), (3, 1)]
+
+
+def test_the_docs_quote_the_reports_all_to_all_headline() -> None:
+    """docs/network.md's all-to-all headline is the report's sentence over the committed
+    comparison (`mpiemu report collectives` rewrites it), not typed."""
+    from mpiemu.studies.collectives import setups
+    from mpiemu.studies.collectives_all_to_all import doc_headline, headline
+    from mpiemu.studies.common import ROOT, read_csv
+    cmp = read_csv(ROOT / "results" / "collectives" / "comparison.csv")
+    assert any(r["op"] == "all_to_all" for r in cmp)
+    assert doc_headline() == headline(cmp, setups())

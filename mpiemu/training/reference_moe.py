@@ -171,10 +171,13 @@ class ReferenceMoe:
         dz = np.zeros_like(s)
         for toks in micro_sets(self.lay, batch, self.cfg.seq_len):
             T = len(toks)
-            if m.aux_loss == "global" and m.aux_loss_coeff:
-                f = np.bincount(r["chosen"][toks].reshape(-1), minlength=m.experts)
-                ds[toks] += self._aux_grad(s[toks], f * (m.aux_loss_coeff * m.experts /
-                                                         (m.top_k * T * T) * share))
+            if m.aux_loss != "none" and m.aux_loss_coeff:
+                seqs = [toks] if m.aux_loss == "global" else \
+                    np.split(toks, len(toks) // self.cfg.seq_len)
+                for q in seqs:                  # per sequence (seq): averaged over them
+                    f = np.bincount(r["chosen"][q].reshape(-1), minlength=m.experts)
+                    ds[q] += self._aux_grad(s[q], f * (m.aux_loss_coeff * m.experts / (
+                        m.top_k * len(q) ** 2 * len(seqs)) * share))
             if m.z_loss_coeff:
                 lg = logits[toks]
                 mx = lg.max(1, keepdims=True)

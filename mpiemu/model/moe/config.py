@@ -15,7 +15,9 @@ import math
 from dataclasses import dataclass
 
 SCORES = ("softmax", "sigmoid")
-AUX_LOSSES = ("none", "global")      # global: Switch / GShard over a micro-batch
+# global: Switch / GShard over a micro-batch; seq: DeepSeek-V3's sequence-wise loss (2.1.2,
+# Eq. 17-20), averaged over the micro-batch's sequences
+AUX_LOSSES = ("none", "global", "seq")
 MAX_EXPERTS = 1 << 12
 
 

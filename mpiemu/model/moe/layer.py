@@ -21,7 +21,7 @@ from ..masks import Masks
 from ..mlp import Mlp
 from ..ops import Cost, swiglu, swiglu_back, swiglu_cost
 from .dispatch import Plan, by_expert, by_source, permute, split_rows, unpermute
-from .router import Routing, aux_score_grad, chosen_counts, counts, route, route_back
+from .router import Routing, aux_counts, aux_score_grad, counts, route, route_back
 from .state import MoeRun
 
 IDS = 8                               # bytes of a token index or a count (int64)
@@ -58,10 +58,10 @@ class MoeMlp(Block):
         self.run.routed(self.i, local)
         plan = self._plan(local, r)
         c: Cache = {"y": y, "r": r, "plan": plan}
-        if r is not None and moe.aux_loss_coeff and moe.aux_loss == "global":
-            c["group_counts"] = self._group_sum("router.aux_counts", chosen_counts(r, moe.experts))
-        elif moe.aux_loss_coeff:
-            self._group_sum("router.aux_counts", None)
+        if moe.aux_loss_coeff and moe.aux_loss != "none":
+            groups = d.batch if moe.aux_loss == "seq" else 1
+            c["group_counts"] = self._group_sum("router.aux_counts", None if r is None else
+                                                aux_counts(r, moe, d.batch), groups)
         rows = int(local.sum())
         xp = E.kernel(f"{self.tag}.permute.fwd", self._move_cost(rows), permute, y,
                       None if r is None else plan.order, moe.top_k)
@@ -104,17 +104,17 @@ class MoeMlp(Block):
             order = flat[np.argsort(r.chosen.reshape(-1)[flat], kind="stable")]
         return Plan(order, every, 0 if ep is None else ep.rank, self.per_rank)
 
-    def _group_sum(self, name: str, x: np.ndarray | None) -> np.ndarray | None:
+    def _group_sum(self, name: str, x: np.ndarray | None, groups: int) -> np.ndarray | None:
         """Sum a per-expert vector over the ranks holding one micro-batch's tokens (TP
         under SP, CP): the auxiliary loss's counts (Megatron-Core reduces them over its
         tensor-and-context-parallel group)."""
-        E, k = self.E, self.moe.experts
-        y = None if x is None else x.astype(np.float64)
+        E, k = self.E, self.moe.experts * groups
+        y = None if x is None else x.reshape(-1).astype(np.float64)
         if self.d.sp:
             y = E.tp_sum(f"{self.tag}.{name}.tp", y, k, IDS)
         if E.cp is not None:
             y = E.all_reduce(E.cp, f"{self.tag}.{name}.cp", y, k, IDS)
-        return y
+        return None if y is None else y.reshape(groups, -1)
 
     def _exchange(self, name: str, x: Any, send: list[int], recv: list[int], plan: Plan,
                   groups: bool = False) -> Any:
@@ -212,7 +212,7 @@ class MoeMlp(Block):
         scale = d.batch / run.global_batch                # its share of the step's mean loss
         r = c["r"]
         daux = None
-        if r is not None and "group_counts" in c:
+        if r is not None and c.get("group_counts") is not None:
             daux = aux_score_grad(r, moe, c["group_counts"], tokens, scale)
         z = moe.z_loss_coeff / tokens * scale
         dlogits = E.kernel(f"{self.tag}.router.bwd", self._router_cost(n), route_back, r,

@@ -95,15 +95,30 @@ def chosen_counts(r: Routing, experts: int) -> np.ndarray:
     return np.bincount(r.chosen.reshape(-1), minlength=experts).astype(np.int64)
 
 
+def aux_counts(r: Routing, moe: MoeConfig, batch: int) -> np.ndarray:
+    """[groups, E]: this rank's choices per expert (before capacity) for each group the
+    auxiliary loss balances: the micro-batch ("global"), or each of its `batch` sequences
+    ("seq"; row i of a rank holds sequence i mod batch: rows are position-major)."""
+    if moe.aux_loss == "global":
+        return chosen_counts(r, moe.experts)[None]
+    seq = np.repeat(np.arange(len(r.chosen)) % batch, moe.top_k)
+    out = np.zeros((batch, moe.experts), np.int64)
+    np.add.at(out, (seq, r.chosen.reshape(-1)), 1)
+    return out
+
+
 def aux_score_grad(r: Routing, moe: MoeConfig, group_counts: np.ndarray, tokens: int,
                    scale: float) -> np.ndarray:
-    """d(aux)/d(scores) [n, E] of the Switch loss over a group of `tokens` tokens whose
-    choices per expert are `group_counts`: aux = coeff E / (k T^2) sum_e P_e c_e with P_e
-    the sum of this rank's (normalised, for sigmoid) scores (Megatron-Core
-    `switch_load_balancing_loss_func`); times the loss's `scale`."""
-    E = moe.experts
-    c = group_counts * (moe.aux_loss_coeff * E / (moe.top_k * tokens * tokens) * scale)
-    dp = np.broadcast_to(c, r.scores.shape)
+    """d(aux)/d(scores) [n, E] of the balancing loss over groups of T tokens whose choices
+    per expert are `group_counts` [groups, E] (summed over the ranks holding them): per
+    group aux = coeff E / (k T^2) sum_e P_e c_e, P_e the sum of the group's (normalised,
+    for sigmoid) scores (Megatron-Core `switch_load_balancing_loss_func`; DeepSeek-V3 Eq.
+    17-20 per sequence, averaged over the micro-batch's sequences); times the loss's
+    `scale`. `tokens`: the micro-batch's."""
+    E, groups = moe.experts, len(group_counts)
+    t = tokens // groups
+    c = group_counts * (moe.aux_loss_coeff * E / (moe.top_k * t * t * groups) * scale)
+    dp = c[np.arange(len(r.scores)) % groups]
     if moe.score == "softmax":
         return np.array(dp)
     s = r.scores                                       # aux reads s / sum(s)
