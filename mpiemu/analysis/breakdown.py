@@ -2,8 +2,8 @@
 
 An iteration runs from the previous iteration's last event to its own last event (events
 carry the iteration label). Within it: compute is the union of compute events; TP
-communication counts only where model-parallel collectives (TP, and the gradient norm's
-all-reduce over TP x PP) are not under compute (serialized all-reduces / reduce-scatters,
+communication counts only where model-parallel collectives (TP, expert parallelism's
+all-to-alls, and the gradient norm's all-reduce over TP x PP) are not under compute (serialized all-reduces / reduce-scatters,
 thesis 4.5.1); DP communication only where gradient-synchronization collectives (DP
 buckets, the tied embedding between the first and last stage) are under neither (the part
 of the bucketed gradient all-reduce backward did not hide, thesis 4.5.1 / 5.1.1.2); idle is
@@ -23,8 +23,9 @@ from .rank_trace import RankTrace
 from .intervals import union_length
 
 
-TP_GROUPS = ("coll.tp", "coll.mp", "coll.world")     # model-parallel collectives
-DP_GROUPS = ("coll.dp", "coll.embed")                # gradient synchronization
+# model-parallel collectives (EP's all-to-alls among them, as Megatron counts EP)
+TP_GROUPS = ("coll.tp", "coll.mp", "coll.world", "coll.ep")
+DP_GROUPS = ("coll.dp", "coll.embed", "coll.edp")    # gradient synchronization
 # the event fields a breakdown reads (a running rank reads back only these: runner/train.py)
 BREAKDOWN_FIELDS = ("name", "cat", "resource", "phase", "iteration", "t_start", "t_end")
 # the only categories a breakdown counts (messages, three in four events, only set windows)

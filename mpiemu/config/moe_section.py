@@ -39,6 +39,7 @@ class MoeSection:
     aux_loss: str = ""
     tokens: str = ""
     skew: float = 1.0
+    trace: str = ""                  # a routing.npz to replay (tokens = "trace")
 
     def __post_init__(self) -> None:
         for key in SIZES:
@@ -48,6 +49,10 @@ class MoeSection:
         for key, allowed in (("score", SCORES), ("aux_loss", AUX_LOSSES), ("tokens", SOURCES)):
             if getattr(self, key) and getattr(self, key) not in allowed:
                 raise ConfigError(f"moe.{key}", getattr(self, key), allowed)
+        if (self.tokens == "trace") != bool(self.trace):
+            raise ConfigError("moe.trace" if self.trace else "moe.tokens", self.trace or
+                              self.tokens, "a routing trace (routing.npz of an earlier run) is "
+                              "given exactly when moe.tokens = 'trace'")
         if not 0.0 <= self.skew <= 16.0:
             raise ConfigError("moe.skew", self.skew, "a Zipf exponent in [0, 16]")
 
@@ -72,7 +77,7 @@ class MoeSection:
                               "experts; choose a preset with a [moe] table (mixtral-8x7b, "
                               "tiny-moe, ...)")
         try:
-            return replace(cfg, moe=replace(cfg.moe, **sets))
+            return replace(cfg, moe=replace(cfg.moe, **sets))     # type: ignore[arg-type]
         except MoeFieldError as exc:
             raise ConfigError(exc.field, exc.value, exc.allowed) from None
 

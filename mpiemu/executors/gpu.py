@@ -87,8 +87,9 @@ class GpuExecutor:
         Engine's GroupedLinear over a rank's experts). Charged as one batched GEMM over the
         groups with work, of their mean size per dimension rounded up (ASSUMPTION: the
         grouped kernel's tiles cost as a batch of equal GEMMs of the same total work)."""
-        out = [x @ y for x, y in zip(a, b)] if self.on and a is not None and b is not None \
-            else None
+        out: list[Array] | None = None
+        if self.on and a is not None and b is not None:
+            out = [None if x is None or y is None else x @ y for x, y in zip(a, b)]
         busy = [s for s in shapes if min(s) > 0]
         if self._charging and busy:
             m, n, k = (-(-sum(s[i] for s in busy) // len(busy)) for i in range(3))

@@ -182,13 +182,11 @@ class ModelConfig:
 
     def param_count(self) -> int:
         """Parameters of the unsharded model (with its padded vocabulary)."""
-        h, f, dh = self.hidden, self.ffn_hidden, self.head_dim
+        h, dh = self.hidden, self.head_dim
         kv = self.groups * dh
         b = 1 if self.bias else 0
         norm = (2 if self.norm_kind == "layernorm" else 1) * h
-        fc1 = (2 if self.gated else 1) * f
         attn = 2 * norm + h * (h + 2 * kv) + b * (h + 2 * kv) + h * h + b * h
-        mlp = h * fc1 + b * fc1 + f * h + b * h
         edge = self.padded_vocab * h * (1 if self.tied_embeddings else 2) + norm
         edge += self.seq_len * h if self.position == "learned" else 0
         return self.layers * attn + sum(self.mlp_params(i) for i in range(self.layers)) + edge

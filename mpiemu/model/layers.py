@@ -45,7 +45,7 @@ class Layer(Block):
         self.mlp: Mlp | MoeMlp = Mlp(ex, cfg, dims, index, recompute)
         if cfg.moe is not None and cfg.moe.is_moe(index):     # experts in place of the MLP
             assert moe is not None
-            self.mlp = MoeMlp(ex, cfg, dims, index, moe)
+            self.mlp = MoeMlp(ex, cfg, dims, index, moe, positions)
 
     # -- forward ----------------------------------------------------------------------------
     def forward(self, x: Array, P: Params, masks: Masks) -> tuple[Array, Cache]:

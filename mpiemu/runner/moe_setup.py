@@ -3,9 +3,12 @@ of expert parallelism and of where token counts come from (one line each: the fi
 value, what is allowed)."""
 from __future__ import annotations
 
+import numpy as np
+
 from ..config.errors import ConfigError
 from ..config.workload import Workload, resolve_device
 from ..model.config import ModelConfig, braces, divisors
+from ..model.moe.routing_trace import load
 from ..training.reference_moe import TokenLayout
 
 
@@ -14,14 +17,24 @@ def model_of(w: Workload) -> ModelConfig:
     return w.moe.apply(w.model.resolve())
 
 
-def token_layout(w: Workload) -> TokenLayout | None:
+def token_layout(w: Workload, micro_batch: int) -> TokenLayout | None:
     """How the sharded run splits a micro-batch's tokens among ranks (the reference routes
     each rank's tokens as that rank does); None for a dense model."""
     if model_of(w).moe is None:
         return None
-    from .train_setup import resolve  # noqa: PLC0415
-    _, _, dims = resolve(w)
-    return TokenLayout(dims.batch, w.parallel.tp if dims.sp else 1, w.parallel.cp)
+    sp = w.parallel.sequence_parallel and w.parallel.tp > 1
+    return TokenLayout(micro_batch, w.parallel.tp if sp else 1, w.parallel.cp)
+
+
+def routing_trace(w: Workload, cfg: ModelConfig) -> np.ndarray | None:
+    """The recorded choices `moe.tokens = "trace"` replays (refused in one line when the
+    file is unreadable, damaged or of another model)."""
+    if w.moe.tokens != "trace" or cfg.moe is None:
+        return None
+    try:
+        return load(w.moe.trace, cfg.moe)
+    except ValueError as exc:
+        raise ConfigError("moe.trace", w.moe.trace, str(exc)) from None
 
 
 def validate_moe(w: Workload, cfg: ModelConfig) -> None:
@@ -46,6 +59,7 @@ def validate_moe(w: Workload, cfg: ModelConfig) -> None:
                           "parallel.tp > 1 (Megatron-Core requires it: each TP rank routes its "
                           "sequence shard)")
     _validate_source(w)
+    routing_trace(w, cfg)
     if resolve_device(w).kind != "gpu":
         raise ConfigError("model.preset", w.model.preset, "experts run on GPU ranks; Sunway "
                           "ranks schedule SwFormer's dense GPT layer")
@@ -65,6 +79,9 @@ def _validate_source(w: Workload) -> None:
     if on and tokens not in ("", "router"):
         raise ConfigError("moe.tokens", tokens, "with run.numerics='on' the router's own "
                           "choices decide; set 'router' (or run.numerics='off')")
+    if on and tokens == "trace":
+        raise ConfigError("moe.tokens", tokens, "with run.numerics='on' the router's own "
+                          "choices decide; replay a trace with run.numerics='off'")
     if not on and tokens == "router":
         raise ConfigError("moe.tokens", tokens, "needs run.numerics='on' (the router runs on "
                           "real values); timing only: 'balanced' or 'skew'")

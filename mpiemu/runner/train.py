@@ -25,6 +25,8 @@ from ..executors.registry import ExecutorSetup, make_executor
 from ..model.config import ModelConfig
 from ..model.dims import Dims
 from ..comm.grid import ProcessGrid
+from ..model.moe.routing_trace import FILE as ROUTING
+from ..model.moe.routing_trace import write as write_routing
 from ..model.moe.state import MoeRun
 from ..model.stage import StageModel
 from ..model.tensor_parallel import LocalParam
@@ -38,7 +40,7 @@ from ..sim.timeline import Timeline
 from ..config.workload import Workload
 from .context import RankContext
 from .mpi import arrive
-from .moe_setup import token_layout
+from .moe_setup import routing_trace, token_layout
 from .train_setup import (grad_buffer, layout, micro_batches, reference_tolerance, resolve,
                           train_memory, validate)
 
@@ -112,7 +114,8 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
                        micro_batches=m, recompute=w.train.recompute, cp_rank=grid.cp_rank,
                        cp_comm=w.parallel.cp_comm, split=w.parallel.split,
                        moe=None if cfg.moe is None else MoeRun(
-                           cfg.moe, w.moe.source(numerics), w.moe.skew, w.run.seed, gb))
+                           cfg.moe, w.moe.source(numerics), w.moe.skew, w.run.seed, gb,
+                           trace=routing_trace(w, cfg)))
     grads = StageGradients(model, ex, dp, grad_buffer=buf,
                            bucket_bytes=w.train.dp_bucket_MiB * 2**20,
                            bidirectional=overlap.bidirectional, embed=embed,
@@ -192,6 +195,9 @@ def run(ctx: RankContext) -> dict[str, Any]:
             "peak_bytes": ctx.world.gather(peak, root=0)}
     if trainer.grads.params is not None and ctx.numerics:    # ZeRO-3: whole again
         trainer.grads.params.unshard()
+    if model.moe is not None:              # what each rank routed (`routing.npz`)
+        write_routing(ctx.world, model.moe.log, ctx.out / ROUTING, cfg.layers,
+                      gb * cfg.seq_len, ctx.rank, model.moe.moe)
     held = ctx.world.allgather((grid.pp_rank, model.peak_saved))
     summary["in_flight"] = {str(stage): n for stage, n in sorted(set(held))}
     if ctx.numerics:                # bit-level identity of every rank's parameters
@@ -200,7 +206,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
         chk = check_against_reference(ctx.world, cfg, w.optimizer.to_config(), w.run.seed, gb,
                                       grid.tp, grid.tp_rank, model.P,  # type: ignore[arg-type]
                                       [r["loss"] for r in rows], ctx.np_dtype,
-                                      reference_tolerance(w), token_layout(w),
+                                      reference_tolerance(w), token_layout(w, dims.batch),
                                       grid.shape.ep, grid.ep_rank)
         ctx.say(chk.line())
         summary["reference"] = chk.as_dict()

@@ -31,8 +31,8 @@ class MoeMlp(Block):
     """Forward and backward of layer `index`'s experts on one rank."""
 
     def __init__(self, ex: Executor, cfg: ModelConfig, dims: Dims, index: int,
-                 run: MoeRun) -> None:
-        super().__init__(ex, cfg, dims, index)
+                 run: MoeRun, positions: np.ndarray | None = None) -> None:
+        super().__init__(ex, cfg, dims, index, positions=positions)
         assert cfg.moe is not None
         self.moe, self.run, self.ep = cfg.moe, run, ex.ep      # ep None: every expert here
         ep_size, ep_rank = (1, 0) if ex.ep is None else (ex.ep.size, ex.ep.rank)
@@ -53,9 +53,11 @@ class MoeMlp(Block):
         logits = E.gemm(f"{self.tag}.router.fwd", y, P[self.p + "router.w"], n, moe.experts, h)
         r: Routing | None = E.kernel(f"{self.tag}.router.topk", self._router_cost(n), route,
                                      logits, moe, self.run.bias_of(self.i))
+        tokens = self._tokens(masks.samples.start)
         local = counts(r, moe.experts) if r is not None else self.run.timing_counts(
-            self.i, masks.samples.start, self._rank_key(), n)
-        self.run.routed(self.i, local)
+            self.i, masks.samples.start, self._rank_key(), tokens)
+        self.run.routed(self.i, local, tokens, None if r is None else
+                        np.where(r.kept, r.chosen, -1))
         plan = self._plan(local, r)
         c: Cache = {"y": y, "r": r, "plan": plan}
         if moe.aux_loss_coeff and moe.aux_loss != "none":
@@ -71,7 +73,7 @@ class MoeMlp(Block):
                             [(m, 2 * f, h) for m in ms])
         acts = E.kernel(f"{self.tag}.experts.swiglu.fwd",
                         swiglu_cost(sum(ms), f, E.e, E.kernels.mode, False),
-                        lambda: [swiglu(x, None)[1] for x in hs])
+                        lambda: [swiglu(x, None)[1] for x in hs or []])   # type: ignore[arg-type]
         os = E.grouped_gemm(f"{self.tag}.experts.fc2.fwd", acts, self._w(P, "fc2"),
                             [(m, h, f) for m in ms])
         yp = self._exchange("combine", os, plan.recv_rows(), plan.send_rows(), plan,
@@ -85,6 +87,14 @@ class MoeMlp(Block):
             out = E.kernel(f"{self.tag}.shared.add", Cost(n * h, 2 * n * h * E.e, n * h * E.e),
                            np.add, out, s)
         return out, c
+
+    def _tokens(self, sample0: int) -> np.ndarray:
+        """Global ids (sample x seq_len + position) of this rank's rows: position-major
+        over the micro-batch's samples, this TP rank's slice of them under SP."""
+        d = self.d
+        first = self.E.tp.rank * d.shard_rows if d.sp else 0
+        rows = np.arange(first, first + d.shard_rows)
+        return (sample0 + rows % d.batch) * self.cfg.seq_len + self.positions[rows // d.batch]
 
     def _rank_key(self) -> int:
         """Which of a micro-batch's token sets this rank holds (its TP and CP place)."""
@@ -163,7 +173,8 @@ class MoeMlp(Block):
                      [(f, h, m) for m in ms], ready)
         dhs = E.kernel(f"{self.tag}.experts.swiglu.bwd",
                        swiglu_cost(sum(ms), f, E.e, E.kernels.mode, False, backward=True),
-                       lambda: [swiglu_back(g, x)[0] for g, x in zip(dacts, c["hs"])])
+                       lambda: [swiglu_back(g, x)[0]                    # type: ignore[arg-type]
+                                for g, x in zip(dacts or [], c["hs"])])
         dxs = E.grouped_gemm(f"{self.tag}.experts.fc1.bwd", dhs,
                              [transposed(w) for w in self._w(P, "fc1")],
                              [(m, h, 2 * f) for m in ms])

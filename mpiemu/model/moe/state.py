@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .config import MoeConfig
+from .routing_trace import RoutingLog, replayed
 from .tokens import balanced, skewed
 
 
@@ -21,8 +22,10 @@ class MoeRun:
     seed: int
     global_batch: int                # sequences per step over every DP rank
     iteration: int = 0
+    trace: np.ndarray | None = None  # recorded choices to replay (`routing_trace`)
     bias: dict[int, np.ndarray] = field(default_factory=dict)      # layer -> [E]
     step_counts: dict[int, np.ndarray] = field(default_factory=dict)   # kept, this rank
+    log: RoutingLog = field(default_factory=RoutingLog)
 
     def begin_step(self, iteration: int) -> None:
         self.iteration = iteration
@@ -34,17 +37,26 @@ class MoeRun:
             return None
         return self.bias.setdefault(layer, np.zeros(self.moe.experts))
 
-    def timing_counts(self, layer: int, sample0: int, rank_key: int, n: int) -> np.ndarray:
-        """[E] tokens per expert from this rank's n tokens when the router does not run."""
+    def timing_counts(self, layer: int, sample0: int, rank_key: int, tokens: np.ndarray
+                      ) -> np.ndarray:
+        """[E] tokens per expert from this rank's tokens (global ids) when the router does
+        not run."""
+        n = len(tokens)
+        if self.source == "trace":
+            assert self.trace is not None
+            return replayed(self.trace, self.iteration, layer, tokens, self.moe.experts)
         if self.source == "skew":
             return skewed(self.moe, n, self.skew,
                           (self.seed, self.iteration, layer, sample0, rank_key))
         return balanced(self.moe, n)
 
-    def routed(self, layer: int, counts: np.ndarray) -> None:
-        """This rank's kept tokens per expert of one micro-batch, summed over the step."""
+    def routed(self, layer: int, counts: np.ndarray, tokens: np.ndarray | None = None,
+               chosen: np.ndarray | None = None) -> None:
+        """This rank's kept tokens per expert of one micro-batch, summed over the step (and
+        logged, with the tokens' choices when the router ran)."""
         have = self.step_counts.get(layer)
         self.step_counts[layer] = counts.copy() if have is None else have + counts
+        self.log.add(self.iteration, layer, counts, tokens, chosen)
 
     def update_bias(self, layer: int, total: np.ndarray) -> None:
         """b_e += rate x sign(mean load - load_e) over the step's global counts (DeepSeek-V3

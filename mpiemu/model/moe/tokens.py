@@ -5,7 +5,8 @@ expert receives the same share of each rank's n x k choices (what published benc
 force, Megatron-Core `moe_router_force_load_balancing`); "skew", each token's k experts
 drawn without replacement with probabilities proportional to 1 / (rank of the expert)^s, the
 ranking a seeded permutation per layer (Zipf's law with exponent s = `moe.skew`, drawn by
-Gumbel top-k, seeded by run, iteration, layer, micro-batch and the rank's tokens).
+Gumbel top-k, seeded by run, iteration, layer, micro-batch and the rank's tokens); "trace",
+the choices a numerics run recorded (`routing_trace`).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import numpy as np
 from ..seeded import generator
 from .config import MoeConfig
 
-SOURCES = ("router", "balanced", "skew")
+SOURCES = ("router", "balanced", "skew", "trace")
 SKEW_KEY = 7_771                  # separates these draws from the model's other seeds
 
 
