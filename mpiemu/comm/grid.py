@@ -73,16 +73,19 @@ class ProcessGrid:
     def _experts(self, world: MPI.Comm, shape: GridShape) -> None:
         """Expert parallelism: the EP group (the stage's ranks of one expert-DP rank, in EP
         order) and the expert-DP group (of one EP rank), which reduces the experts'
-        gradients: without EP the whole stage when TP splits its tokens (SP), else DP x CP."""
+        gradients. It is the DP x CP group when EP equals TP, the TP group without EP and
+        DP x CP, the whole stage without EP when TP splits the tokens (SP)."""
         self.ep_rank, self.edp_rank = shape.expert_place(self.rank)
         self.ep_comm: Any = None
         self.edp_comm: Any = self.dp_cp_comm
-        if shape.ep == 1:
-            if shape.tp > 1:
-                self.edp_comm = world.Split(color=self.pp_rank, key=self.edp_rank)
+        if shape.ep > 1:
+            stage = self.pp_rank * shape.tp * shape.cp * shape.dp // shape.ep
+            self.ep_comm = world.Split(color=stage + self.edp_rank, key=self.ep_rank)
+        if shape.ep == shape.tp or (shape.ep == 1 and shape.tp == 1):
             return
-        stage = self.pp_rank * shape.tp * shape.cp * shape.dp // shape.ep
-        self.ep_comm = world.Split(color=stage + self.edp_rank, key=self.ep_rank)
+        if shape.ep == 1 and shape.cp * shape.dp == 1:
+            self.edp_comm = self.tp_comm
+            return
         self.edp_comm = world.Split(color=self.pp_rank * shape.ep + self.ep_rank,
                                     key=self.edp_rank)
 
@@ -113,7 +116,21 @@ class ProcessGrid:
                                  mixed=True)
         self.world_map = [fold.rep(k) for k in range(world.Get_size())]
         self._embed(world, c)
+        self._folded_experts(world, s, p)
+
+    def _folded_experts(self, world: MPI.Comm, s: GridShape, p: int) -> None:
+        """Folded EP (`runner.fold_plan` admits ep = tp, or tp = 1 and ep = dp, without CP):
+        the representative's EP group is a `Mirror` of its images; its expert-DP group the
+        DP group (ep = tp) or itself alone."""
         self.ep_rank, self.edp_rank, self.ep_comm, self.edp_comm = 0, 0, None, self.dp_cp_comm
+        if s.ep == 1:
+            if s.tp > 1 and s.cp * s.dp == 1:
+                self.edp_comm = self.tp_comm
+            return
+        self.ep_comm = Mirror("ep", s.ep, 0, [s.rank_of(i % s.tp, i // s.tp, p)
+                                             for i in range(s.ep)])
+        if s.ep != s.tp:
+            self.edp_comm = world.Split(color=world.Get_rank(), key=0)
 
     @staticmethod
     def _dp_cp(world: MPI.Comm, s: GridShape, c: int, p: int) -> Any:
@@ -155,9 +172,9 @@ class ProcessGrid:
         groups = [self.tp_comm, self.dp_comm, self.pp_comm, self.mp_comm, self.embed_comm]
         if self.cp > 1:
             groups += [self.cp_comm, self.dp_cp_comm]
-        if self.shape.ep > 1:
+        if self.ep_comm is not None and not isinstance(self.ep_comm, Mirror):
             groups += [self.ep_comm]
-        if self.edp_comm is not self.dp_cp_comm:
+        if self.edp_comm not in (self.dp_cp_comm, self.tp_comm):
             groups += [self.edp_comm]
         for c in groups:
             if c != MPI.COMM_NULL:

@@ -29,6 +29,7 @@ from ..comm.shape import GridShape
 from ..net import Network
 from ..config.workload import Workload, resolve_device, resolve_network
 from ..config.errors import ConfigError
+from .moe_setup import model_of
 
 # kinds whose ranks differ only by their place in the grid (layer_sweep: thesis ch. 5 to TP 256)
 FOLDABLE_KINDS = ("train", "layer_sweep")
@@ -48,7 +49,11 @@ def obstacle(w: Workload, ranks: list[int] | None = None) -> str | None:
                 "are not shifts of one another")
     if w.debug.fail_rank != -1:
         return "debug.fail_rank injects a fault on one rank"
-    shape = GridShape(w.parallel.tp, w.parallel.dp, w.parallel.pp, w.parallel.cp)
+    why = _experts_obstacle(w)
+    if why is not None:
+        return why
+    shape = GridShape(w.parallel.tp, w.parallel.dp, w.parallel.pp, w.parallel.cp,
+                      w.parallel.ep)
     net = w.network_of(shape.size)
     if net.spec.fabric == "ring" and shape.size > shape.tp:
         return ("a ring fabric with CP, DP or PP groups (their messages cross other devices' "
@@ -66,6 +71,26 @@ def obstacle(w: Workload, ranks: list[int] | None = None) -> str | None:
                "one apart, which its folded form (CP ranks real, DP replicas mirrored) cannot "
                "pair")
     return why
+
+
+def _experts_obstacle(w: Workload) -> str | None:
+    """Experts fold under perfect balance, where their groups are shifts of one another:
+    EP = TP, or TP = 1 and EP = DP, without CP; without EP unless the whole stage (TP and
+    DP) shares the experts."""
+    if model_of(w).moe is None:
+        return None
+    src, par = w.moe.source(False), w.parallel
+    if src != "balanced":
+        return (f"moe.tokens = {src!r} sends different tokens from each rank (only perfect "
+                "balance, 'balanced', folds)")
+    ep, tp, dp, cp = par.ep, par.tp, par.dp, par.cp
+    if ep == 1 and (tp == 1 or dp * cp == 1):
+        return None
+    if cp == 1 and (ep == tp or (tp == 1 and ep == dp)):
+        return None
+    return (f"parallel.ep = {ep} with tp = {tp}, dp = {dp}, cp = {cp} gives expert groups "
+            "that are not shifts of one another (experts fold with ep = tp or tp = 1 and "
+            "ep = dp, without CP; or ep = 1 with tp = 1 or dp x cp = 1)")
 
 
 def _dp_group(s: GridShape, p: int) -> list[int]:
@@ -119,6 +144,7 @@ def _pairs(net: Network, fold: Fold, m: int) -> list[tuple[int, int]]:
     pairs = [(a, b) for a in tp for b in tp if a != b]
     pairs += _ring_pairs(net, [s.rank_of(0, d, p, c) for d in range(s.dp)])
     peers = [s.rank_of(0, 0, k, c) for k in range(s.pp) if k != p]
+    peers += [s.rank_of(i % s.tp, i // s.tp, p, c) for i in range(1, s.ep)]  # the EP group
     if s.cp > 1:
         peers += [x for x in _dp_group(s, p) if x != rep]     # the CP group's among them
     return pairs + [pair for x in peers for pair in ((rep, x), (x, rep))]
@@ -177,4 +203,4 @@ def plan_fold(w: Workload, world_size: int, ranks: list[int] | None = None) -> F
     if why is not None:
         raise ConfigError("run.fold", mode, f"exact folding only; here {why}: launch "
                           f"{full} ranks to run every emulated GPU")
-    return Fold(GridShape(par.tp, par.dp, par.pp, par.cp))
+    return Fold(GridShape(par.tp, par.dp, par.pp, par.cp, par.ep))

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ...comm.mirror import Mirror
 from ..block import Block, Cache, Params, acc, transposed
 from ..config import ModelConfig
 from ..dims import Dims
@@ -107,7 +108,9 @@ class MoeMlp(Block):
         every = local[None]
         if ep is not None and ep.size > 1:
             E.all_gather(ep, f"{self.tag}.dispatch.counts", None, self.moe.experts, IDS)
-            every = np.stack(ep.comm.allgather(local))          # the counts' values, host-side
+            every = np.tile(local, (ep.size, 1)) if isinstance(ep.comm, Mirror) else \
+                np.stack(ep.comm.allgather(local))     # the counts' values, host-side (folded:
+                                                       # balanced, every image's the same)
         order = np.zeros(0, np.int64)
         if r is not None:
             flat = np.flatnonzero(r.kept.reshape(-1))
