@@ -36,3 +36,17 @@ def test_llama_flops_count_grouped_query_attention_and_swiglu() -> None:
     norms = (2 * L + 1) * h                                    # RMSNorm gains
     n_matmul = cfg.param_count() - cfg.padded_vocab * h - norms    # nor the input embedding
     assert per_token == pytest.approx(6 * n_matmul + 12 * L * h * s, rel=1e-9)
+
+
+def test_moe_model_flops_count_the_experts_a_token_passes() -> None:
+    """Mixtral 8x7B: 6 x the GEMM parameters a token passes (attention, top-2 experts, the
+    output layer; not the router) + the attention core's 12 s h per layer, as Megatron-Core's
+    num_floating_point_operations counts an MoE model."""
+    from mpiemu.model.presets import load_model_preset
+    from mpiemu.training.flops import model_flops
+    cfg = load_model_preset("mixtral-8x7b").config
+    h, L, s, m = cfg.hidden, cfg.layers, cfg.seq_len, cfg.moe
+    assert m is not None
+    attn = h * (h + 2 * cfg.groups * cfg.head_dim) + h * h
+    active = L * (attn + cfg.mlp_params(0, active=True) - h * m.experts) + h * cfg.padded_vocab
+    assert model_flops(cfg, 1) / s == 6 * active + 12 * s * h * L

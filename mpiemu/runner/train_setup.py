@@ -262,7 +262,7 @@ def layout(w: Workload, stage: int, micro: int | None = None) -> Layout:
                   dp=w.optimizer.shard_group or par.dp * par.cp, zero=w.optimizer.zero,
                   prefetch=w.optimizer.prefetch,
                   reshard_after_forward=w.optimizer.reshard_after_forward,
-                  split=par.split)
+                  split=par.split, ep=par.ep)
 
 
 def stage_memories(w: Workload, capacity_bytes: float, stages: Sequence[int]

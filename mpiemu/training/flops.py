@@ -13,16 +13,22 @@ V/(16 h L))). MFU = model FLOPs / (time x devices x peak), HFU the same with har
 Llama-family blocks count as Megatron-Core's `num_floating_point_operations` does
 (megatron/training/training.py): QKV 2 h (h + 2 h_kv) with grouped-query attention, the MLP
 2 h f g with g = 3 for SwiGLU (gate, up, down) and 2 otherwise; the attention core as above.
+An MoE layer's MLP counts the experts a token passes, 2 h g (k f_e + f_shared), the router
+not counted (as there: routed experts x moe_ffn_hidden_size, plus the shared experts).
 """
 from __future__ import annotations
 
 from ..model.config import ModelConfig
 
 
-def layer_forward_flops(cfg: ModelConfig, tokens: int) -> tuple[float, float]:
-    """(GEMM FLOPs of one layer's forward, of which the attention core) for `tokens`."""
+def layer_forward_flops(cfg: ModelConfig, tokens: int, layer: int = 0
+                        ) -> tuple[float, float]:
+    """(GEMM FLOPs of layer `layer`'s forward, of which the attention core) for `tokens`."""
     h, f, s = cfg.hidden, cfg.ffn_hidden, cfg.seq_len
     kv = cfg.groups * cfg.head_dim                       # K and V widths (GQA: fewer heads)
+    m = cfg.moe
+    if m is not None and m.is_moe(layer):
+        f = m.top_k * m.expert_ffn + m.shared_ffn
     mlp = (3 if cfg.gated else 2) * h * f
     core = 2.0 * 2 * s * h * tokens
     return 2.0 * (h * (h + 2 * kv) + h * h + mlp) * tokens + core, core
@@ -31,16 +37,25 @@ def layer_forward_flops(cfg: ModelConfig, tokens: int) -> tuple[float, float]:
 def model_flops(cfg: ModelConfig, global_batch: int) -> float:
     """Forward + backward GEMM FLOPs of one iteration (Korthikanti et al. 2022 Eq. 7)."""
     tokens = global_batch * cfg.seq_len
-    layer, _ = layer_forward_flops(cfg, tokens)
-    return 3.0 * (cfg.layers * layer + 2.0 * cfg.hidden * cfg.padded_vocab * tokens)
+    return 3.0 * (_layers_forward(cfg, tokens)[0] + 2.0 * cfg.hidden * cfg.padded_vocab * tokens)
+
+
+def _layers_forward(cfg: ModelConfig, tokens: int) -> tuple[float, float]:
+    """(every layer's forward GEMM FLOPs, their attention cores'): dense layers alike."""
+    dense, core = layer_forward_flops(cfg, tokens)
+    if cfg.moe is None:
+        return cfg.layers * dense, cfg.layers * core
+    k = cfg.moe.dense_layers
+    moe, _ = layer_forward_flops(cfg, tokens, k)
+    return k * dense + (cfg.layers - k) * moe, cfg.layers * core
 
 
 def hardware_flops(cfg: ModelConfig, global_batch: int, recompute: str) -> float:
     """Model FLOPs plus what recomputation runs again (Korthikanti Eq. 8; Narayanan Eq. 3)."""
     tokens = global_batch * cfg.seq_len
-    layer, core = layer_forward_flops(cfg, tokens)
-    extra = {"none": 0.0, "selective": 3.0 * core, "full": layer}[recompute]
-    return model_flops(cfg, global_batch) + cfg.layers * extra
+    layers, cores = _layers_forward(cfg, tokens)
+    extra = {"none": 0.0, "selective": 3.0 * cores, "full": layers}[recompute]
+    return model_flops(cfg, global_batch) + extra
 
 
 def utilization(flops: float, iteration_s: float, devices: int, peak_flops_per_s: float

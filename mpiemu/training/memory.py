@@ -46,11 +46,13 @@ def norm_stats(cfg: ModelConfig) -> int:
     return 2 if cfg.norm_kind == "layernorm" else 1
 
 
-def layer_stored(cfg: ModelConfig, d: Dims, recompute: str = "none") -> Stored:
+def layer_stored(cfg: ModelConfig, d: Dims, recompute: str = "none", moe: bool = False
+                 ) -> Stored:
     """What one layer keeps (pre- or post-norm alike): per sub-layer the norm's input and
     statistics, the input of the column-parallel GEMM (a sequence shard under SP), and the
     sub-layer's own tensors (q, the KV heads once each, the context; the MLP activation's
-    input and output); under `full` recomputation only the layer's input."""
+    input and output, or the experts': `moe`); under `full` recomputation only the layer's
+    input."""
     t, ts, h, w = d.rows, d.shard_rows, d.hidden, d.attn_width
     if recompute == "full":
         return Stored(act=ts * h)
@@ -64,7 +66,20 @@ def layer_stored(cfg: ModelConfig, d: Dims, recompute: str = "none") -> Stored:
         pdrop = cfg.attention_dropout > 0
         s += Stored(act=scores * (2 if pdrop else 1), masks=scores if pdrop else 0)
     gated = 3 if cfg.gated else 2              # SwiGLU's [gate | up] input; GeLU's input
+    if cfg.moe is not None and moe:
+        return s + moe_stored(cfg, d)
     return s + Stored(act=gated * t * d.ffn)   # and the activation's output
+
+
+def moe_stored(cfg: ModelConfig, d: Dims) -> Stored:
+    """An MoE layer's MLP side under perfect balance (each rank computes as many token
+    copies as it routes, ts x k): the router's scores, each copy's expert input, [gate | up],
+    activation and output, and the shared experts' [gate | up] and activation."""
+    assert cfg.moe is not None
+    m, ts = cfg.moe, d.shard_rows
+    copies = ts * m.top_k
+    shared = 3 * d.rows * (m.shared_ffn // d.tp)
+    return Stored(act=ts * m.experts + copies * (2 * d.hidden + 3 * m.expert_ffn) + shared)
 
 
 def embed_stored(cfg: ModelConfig, d: Dims) -> Stored:
@@ -131,6 +146,7 @@ class Layout(NamedTuple):
     prefetch: bool = True           # ZeRO-3: the next layer gathered under this one
     reshard_after_forward: bool = True   # ZeRO-3: a layer's parameters freed after forward
     split: LayerSplit = LayerSplit()     # which layers each stage holds
+    ep: int = 1                     # expert parallelism: experts split over ep ranks
 
     def layers(self, cfg: ModelConfig, chunk: int | None = None) -> int:
         """Layers of this stage (of one of its chunks)."""
@@ -139,19 +155,34 @@ class Layout(NamedTuple):
         return len(chunk_layers(cfg.layers, self.pp, self.chunks, self.stage, chunk,
                                 self.split))
 
+    def moe_layers(self, cfg: ModelConfig, chunk: int | None = None) -> int:
+        """Of those, the layers with experts (none in a dense model)."""
+        if cfg.moe is None:
+            return 0
+        chunks = range(self.chunks) if chunk is None else [chunk]
+        return sum(cfg.moe.is_moe(i) for c in chunks
+                   for i in chunk_layers(cfg.layers, self.pp, self.chunks, self.stage, c,
+                                         self.split))
 
-def layer_param_count(cfg: ModelConfig, tp: int) -> int:
-    """Elements of one transformer layer on a TP rank."""
-    return sum(lp.size for lp in local_params(replace(cfg, layers=1), tp) if lp.layer == 0)
+
+def layer_param_count(cfg: ModelConfig, tp: int, ep: int = 1, moe: bool = False) -> int:
+    """Elements of one transformer layer on a TP rank (an MoE layer's: this EP rank's
+    experts)."""
+    one = replace(cfg, layers=1)
+    if cfg.moe is not None:
+        one = replace(one, moe=replace(cfg.moe, dense_layers=0 if moe else 1))
+    return sum(lp.size for lp in local_params(one, tp, ep) if lp.layer == 0)
 
 
 def local_param_count(cfg: ModelConfig, tp: int, lay: Layout = Layout()) -> int:
-    """Elements a rank of stage `lay.stage` holds: one layer's count times its layers, plus
+    """Elements a rank of stage `lay.stage` holds: its dense and MoE layers' counts, plus
     its embedding / head tensors (the cost grows with neither the layers nor the stages)."""
     edge = edge_names(cfg, lay.pp, lay.stage)
-    edges = sum(lp.size for lp in local_params(replace(cfg, layers=1), tp)
+    edges = sum(lp.size for lp in local_params(replace(cfg, layers=1, moe=None), tp)
                 if lp.layer == -1 and lp.name in edge)
-    return edges + layer_param_count(cfg, tp) * lay.layers(cfg)
+    moe = lay.moe_layers(cfg)
+    dense = layer_param_count(cfg, tp) * (lay.layers(cfg) - moe)
+    return edges + dense + (layer_param_count(cfg, tp, lay.ep, True) * moe if moe else 0)
 
 
 def stage_activations(cfg: ModelConfig, d: Dims, e: int, lay: Layout = Layout()) -> Stored:
@@ -159,10 +190,13 @@ def stage_activations(cfg: ModelConfig, d: Dims, e: int, lay: Layout = Layout())
     schedule (1F1B stage i: p - i; GPipe: all m), each with its layers (and embedding or
     head on the first or last virtual stage)."""
     per_layer = layer_stored(cfg, d, lay.recompute)
+    per_moe = layer_stored(cfg, d, lay.recompute, moe=True)
     chunk = []
     for c in range(lay.chunks):
-        n = lay.layers(cfg, c)
-        s = Stored(n * per_layer.act, n * per_layer.stats, n * per_layer.masks)
+        k = lay.moe_layers(cfg, c)
+        n = lay.layers(cfg, c) - k
+        s = Stored(n * per_layer.act + k * per_moe.act, n * per_layer.stats + k * per_moe.stats,
+                   n * per_layer.masks + k * per_moe.masks)
         if c == 0 and lay.stage == 0:
             s += embed_stored(cfg, d)
         if c == lay.chunks - 1 and lay.stage == lay.pp - 1:
@@ -192,7 +226,7 @@ def memory_report(cfg: ModelConfig, d: Dims, e: int, capacity_bytes: float,
     after forward; the embedding and head unit stays gathered)."""
     n = local_param_count(cfg, d.tp, lay)
     g = lay.grad_bytes or e
-    unit = layer_param_count(cfg, d.tp)
+    unit = layer_param_count(cfg, d.tp, lay.ep, lay.moe_layers(cfg) > 0)
     params, grads = float(n * e), float(n * g)
     if lay.zero >= 2:
         grads = (n - unit) * g / lay.dp + unit * g
