@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from mpiemu.analysis import load
+from mpiemu.analysis.experts import expert_load, rank_all_to_all
 from mpiemu.analysis.unfold import timeline_differences
 from mpiemu.comm.cost import all_to_all_s
 from mpiemu.comm.mirror import Mirror
@@ -93,6 +94,12 @@ def test_a_skewed_trace_makes_every_rank_wait_for_the_busiest(tmp_path: Path) ->
     for r in range(4):                          # every rank waits for it
         assert step(h, r) - step(b, r) >= extra
     assert len({round(step(h, r), 12) for r in range(4)}) == 1
+    # `mpiemu analyze`: the load it saw, and who waited in the all-to-alls
+    hot_run = load(hot)
+    assert set(expert_load(hot_run).max_over_mean) == {4.0}        # 2 of 8 experts take all
+    assert set(expert_load(load(bal)).max_over_mean) == {1.0}
+    waits = rank_all_to_all(hot_run).set_index("rank").wait_s
+    assert all(waits[r] > waits[0] for r in (1, 2, 3))
 
 
 @pytest.mark.parametrize("name, grid", [

@@ -6,6 +6,7 @@ from dataclasses import asdict
 
 from .breakdown import format_breakdown
 from .critical_path import critical_path, path_summary
+from .experts import experts_dict, format_experts
 from .load import Run
 from .network import busiest_ports, format_network
 from .tables import op_totals, rank_budget
@@ -40,6 +41,7 @@ def format_tables(run: Run, top: int = 25) -> list[str]:
     if rows := format_breakdown(run):
         lines += ["per iteration (rank 0; exp = exposed):", *rows, ""]
     lines += format_training(run)
+    lines += format_experts(run)
     lines += path_summary(critical_path(run), top=min(top, 12))
     return lines
 
@@ -55,4 +57,5 @@ def summary_dict(run: Run, top: int = 25) -> dict[str, object]:
             "ranks": [asdict(rank_budget(rt)) for rt in run.ranks],
             "ops": [asdict(r) for r in op_totals(run)[:top]],
             "ports": [asdict(p) | {"share": p.share} for p in busiest_ports(run)],
-            "critical_path_s": dict(by_cat), "training": training_rows(run)}
+            "critical_path_s": dict(by_cat), "training": training_rows(run),
+            **({"experts": ex} if (ex := experts_dict(run)) else {})}
