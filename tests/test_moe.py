@@ -13,6 +13,7 @@ import pytest
 
 from mpiemu.analysis import load
 from mpiemu.analysis.experts import expert_load, rank_all_to_all
+from mpiemu.analysis.export import chrome_trace
 from mpiemu.analysis.unfold import timeline_differences
 from mpiemu.comm.cost import all_to_all_s
 from mpiemu.comm.mirror import Mirror
@@ -100,6 +101,10 @@ def test_a_skewed_trace_makes_every_rank_wait_for_the_busiest(tmp_path: Path) ->
     assert set(expert_load(load(bal)).max_over_mean) == {1.0}
     waits = rank_all_to_all(hot_run).set_index("rank").wait_s
     assert all(waits[r] > waits[0] for r in (1, 2, 3))
+    # the Perfetto export: each rank's tokens per expert, a counter per iteration
+    counters = [e for e in chrome_trace(hot_run)["traceEvents"]
+                if e.get("name") == "tokens sent per expert"]
+    assert len(counters) == 4 * 2 and all(c["args"]["expert 2"] == 0 for c in counters)
 
 
 @pytest.mark.parametrize("name, grid", [

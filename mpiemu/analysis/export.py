@@ -19,6 +19,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from .experts import routing_counts
 from .load import Run
 from .rank_trace import RankTrace
 from .network import egress_port
@@ -149,11 +150,23 @@ def _steps(rt: RankTrace) -> Iterator[dict[str, Any]]:
                "cat": "user_annotation", "ts": t0 * US, "dur": (t1 - t0) * US}
 
 
-def rank_events(rt: RankTrace, threads: tuple[dict[str, int], np.ndarray] | None = None
-                ) -> list[str]:
-    """All trace events of one rank, each as JSON text."""
+def _routing(rt: RankTrace, counts: np.ndarray | None) -> Iterator[dict[str, Any]]:
+    """An MoE run: the tokens this rank sent to each expert in each iteration (summed over
+    layers, `routing.npz`), a counter at the iteration's start."""
+    if counts is None or rt.rank >= counts.shape[2]:
+        return
+    for it, t0, _ in iteration_spans(rt):
+        if it < counts.shape[0]:
+            per = counts[it, :, rt.rank].sum(0)
+            yield {"ph": "C", "pid": rt.rank, "name": "tokens sent per expert", "ts": t0 * US,
+                   "args": {f"expert {e}": int(n) for e, n in enumerate(per)}}
+
+
+def rank_events(rt: RankTrace, threads: tuple[dict[str, int], np.ndarray] | None = None,
+                counts: np.ndarray | None = None) -> list[str]:
+    """All trace events of one rank, each as JSON text (`counts`: an MoE run's routing)."""
     tids, per_event = threads or _threads(rt)
-    small = [*_meta(rt.rank, tids), *_steps(rt), *_ports(rt)]
+    small = [*_meta(rt.rank, tids), *_steps(rt), *_ports(rt), *_routing(rt, counts)]
     return [json.dumps(e) for e in small] + _slices(rt, per_event)
 
 
@@ -219,10 +232,11 @@ def _chunks(run: Run) -> Iterator[str]:
     yield '{"traceEvents": ['
     per_rank: dict[int, np.ndarray] = {}
     sep = ""
+    counts = routing_counts(run)
     for rt in run.ranks:
         threads = _threads(rt)
         per_rank[rt.rank] = threads[1]
-        yield sep + ", ".join(rank_events(rt, threads))
+        yield sep + ", ".join(rank_events(rt, threads, counts))
         sep = ", "
     flows = _flows(run, per_rank)
     if flows:
