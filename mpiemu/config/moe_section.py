@@ -9,6 +9,7 @@ from ..model.moe.config import AUX_LOSSES, SCORES, MoeFieldError
 from ..model.moe.tokens import SOURCES
 from .errors import ConfigError
 
+DISPATCHERS = ("alltoall", "allgather")
 SIZES = ("experts", "top_k", "expert_ffn", "groups", "group_top_k")   # 0: the preset's
 AMOUNTS = ("shared_ffn", "dense_layers", "capacity_factor", "aux_loss_coeff", "z_loss_coeff",
            "bias_update_rate", "topk_scale")                     # -1: the preset's
@@ -40,13 +41,15 @@ class MoeSection:
     tokens: str = ""
     skew: float = 1.0
     trace: str = ""                  # a routing.npz to replay (tokens = "trace")
+    dispatcher: str = "alltoall"     # Megatron-Core --moe-token-dispatcher-type
 
     def __post_init__(self) -> None:
         for key in SIZES:
             if getattr(self, key) < 0:
                 raise ConfigError(f"moe.{key}", getattr(self, key),
                                   "an integer >= 1 (or 0 for the preset's)")
-        for key, allowed in (("score", SCORES), ("aux_loss", AUX_LOSSES), ("tokens", SOURCES)):
+        for key, allowed in (("score", SCORES), ("aux_loss", AUX_LOSSES), ("tokens", SOURCES),
+                             ("dispatcher", DISPATCHERS)):
             if getattr(self, key) and getattr(self, key) not in allowed:
                 raise ConfigError(f"moe.{key}", getattr(self, key), allowed)
         if (self.tokens == "trace") != bool(self.trace):

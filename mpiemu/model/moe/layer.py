@@ -9,8 +9,6 @@ TP-sharded MLP every token passes, added to the routed output. Activations are [
 """
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from ...comm.mirror import Mirror
@@ -21,7 +19,9 @@ from ..executor import Array, Executor, Ready
 from ..masks import Masks
 from ..mlp import Mlp
 from ..ops import Cost, swiglu, swiglu_back, swiglu_cost
-from .dispatch import Plan, by_expert, by_source, permute, split_rows, unpermute
+from .allgather import gather_backward, gather_forward
+from .alltoall import alltoall_backward, alltoall_forward
+from .dispatch import Plan
 from .router import Routing, aux_counts, aux_score_grad, counts, route, route_back
 from .state import MoeRun
 
@@ -50,7 +50,7 @@ class MoeMlp(Block):
     # -- forward ----------------------------------------------------------------------------
     def forward(self, y: Array, P: Params, masks: Masks) -> tuple[Array, Cache]:
         d, E, moe = self.d, self.E, self.moe
-        n, h, f = d.shard_rows, d.hidden, moe.expert_ffn
+        n, h = d.shard_rows, d.hidden
         logits = E.gemm(f"{self.tag}.router.fwd", y, P[self.p + "router.w"], n, moe.experts, h)
         r: Routing | None = E.kernel(f"{self.tag}.router.topk", self._router_cost(n), route,
                                      logits, moe, self.run.bias_of(self.i))
@@ -65,24 +65,8 @@ class MoeMlp(Block):
             groups = d.batch if moe.aux_loss == "seq" else 1
             c["group_counts"] = self._group_sum("router.aux_counts", None if r is None else
                                                 aux_counts(r, moe, d.batch), groups)
-        rows = int(local.sum())
-        xp = E.kernel(f"{self.tag}.permute.fwd", self._move_cost(rows), permute, y,
-                      None if r is None else plan.order, moe.top_k)
-        xs = self._exchange("dispatch", xp, plan.send_rows(), plan.recv_rows(), plan)
-        ms = plan.expert_rows()
-        hs = E.grouped_gemm(f"{self.tag}.experts.fc1.fwd", xs, self._w(P, "fc1"),
-                            [(m, 2 * f, h) for m in ms])
-        acts = E.kernel(f"{self.tag}.experts.swiglu.fwd",
-                        swiglu_cost(sum(ms), f, E.e, E.kernels.mode, False),
-                        lambda: [swiglu(x, None)[1] for x in hs or []])   # type: ignore[arg-type]
-        os = E.grouped_gemm(f"{self.tag}.experts.fc2.fwd", acts, self._w(P, "fc2"),
-                            [(m, h, f) for m in ms])
-        yp = self._exchange("combine", os, plan.recv_rows(), plan.send_rows(), plan,
-                            groups=True)
-        out = E.kernel(f"{self.tag}.unpermute.fwd", self._move_cost(rows, weights=True),
-                       unpermute, yp, None if r is None else plan.order,
-                       None if r is None else r.weights, n)
-        c.update(xs=xs, hs=hs, acts=acts, yp=yp)
+        routed = gather_forward if self.run.dispatcher == "allgather" else alltoall_forward
+        out = routed(self, y, r, plan, P, c)
         if self.shared is not None:
             s, c["shared"] = self.shared.forward(y, P)
             out = E.kernel(f"{self.tag}.shared.add", Cost(n * h, 2 * n * h * E.e, n * h * E.e),
@@ -129,20 +113,6 @@ class MoeMlp(Block):
             y = E.all_reduce(E.cp, f"{self.tag}.{name}.cp", y, k, IDS)
         return None if y is None else y.reshape(groups, -1)
 
-    def _exchange(self, name: str, x: Any, send: list[int], recv: list[int], plan: Plan,
-                  groups: bool = False) -> Any:
-        """An all-to-all-v over EP of rows [sum send, H] (or per-expert groups, regrouped
-        by source first); the received rows per local expert (or concatenated)."""
-        E, h = self.E, self.d.hidden
-        chunks = None
-        if E.on:
-            chunks = by_source(x, plan) if groups else split_rows(x, send)
-        got = chunks if self.ep is None or self.ep.size == 1 else \
-            E.all_to_all(self.ep, f"{self.tag}.{name}", chunks, send, recv, h, E.e)
-        if got is None:
-            return None
-        return np.concatenate(got) if groups else by_expert(got, plan)
-
     def _router_cost(self, n: int) -> list[Cost]:
         """Score, top-k and weights: read the logits, write scores, choices and weights
         (Megatron-Core's fused router kernels: `moe_router_fusion`)."""
@@ -158,17 +128,35 @@ class MoeMlp(Block):
     # -- backward ---------------------------------------------------------------------------
     def backward(self, dm: Array, c: Cache, P: Params, G: Params, with_bias: list[str],
                  ready: Ready) -> Array:
-        d, E, moe = self.d, self.E, self.moe
-        n, h, f = d.shard_rows, d.hidden, moe.expert_ffn
-        r, plan = c["r"], c["plan"]
+        n, h, E = self.d.shard_rows, self.d.hidden, self.E
         ds = None if self.shared is None else self.shared.backward(dm, c["shared"], P, G, [],
                                                                   ready)
-        rows = int(plan.counts[plan.rank].sum())
-        both = E.kernel(f"{self.tag}.unpermute.bwd", self._move_cost(rows, weights=True),
-                        self._unpermute_back, dm, c["yp"], r, plan)
-        dyp, dweights = both if both is not None else (None, None)
-        dos = self._exchange("combine.bwd", dyp, plan.send_rows(), plan.recv_rows(), plan)
-        ms = plan.expert_rows()
+        routed = gather_backward if self.run.dispatcher == "allgather" else alltoall_backward
+        dx, dweights = routed(self, dm, c, P, G, ready)
+        dx = self._router_back(dx, dweights, c, P, G, ready)
+        if ds is not None:
+            dx = E.kernel(f"{self.tag}.shared.residual.bwd",
+                          Cost(n * h, 2 * n * h * E.e, n * h * E.e), np.add, dx, ds)
+        return dx
+
+    def experts_forward(self, xs: list[Array] | None, ms: list[int], P: Params, c: Cache
+                        ) -> list[Array] | None:
+        """The rank's experts on their rows (one grouped GEMM per projection), kept in
+        `c` for backward: the outputs per local expert."""
+        E, h, f = self.E, self.d.hidden, self.moe.expert_ffn
+        hs = E.grouped_gemm(f"{self.tag}.experts.fc1.fwd", xs, self._w(P, "fc1"),
+                            [(m, 2 * f, h) for m in ms])
+        acts = E.kernel(f"{self.tag}.experts.swiglu.fwd",
+                        swiglu_cost(sum(ms), f, E.e, E.kernels.mode, False),
+                        lambda: [swiglu(x, None)[1] for x in hs or []])   # type: ignore[arg-type]
+        c.update(xs=xs, hs=hs, acts=acts, ms=ms)
+        return E.grouped_gemm(f"{self.tag}.experts.fc2.fwd", acts, self._w(P, "fc2"),
+                              [(m, h, f) for m in ms])
+
+    def experts_backward(self, dos: list[Array] | None, c: Cache, P: Params, G: Params,
+                         ready: Ready) -> list[Array] | None:
+        """The experts' input gradients per local expert; their weights' into G."""
+        E, h, f, ms = self.E, self.d.hidden, self.moe.expert_ffn, c["ms"]
         dacts = E.grouped_gemm(f"{self.tag}.experts.fc2.bwd", dos,
                                [transposed(w) for w in self._w(P, "fc2")],
                                [(m, f, h) for m in ms])
@@ -183,15 +171,7 @@ class MoeMlp(Block):
                              [(m, h, 2 * f) for m in ms])
         self._wgrads(G, "fc1", [transposed(x) for x in c["xs"] or []] or None, dhs,
                      [(h, 2 * f, m) for m in ms], ready)
-        dxp = self._exchange("dispatch.bwd", dxs, plan.recv_rows(), plan.send_rows(), plan,
-                             groups=True)
-        dx = E.kernel(f"{self.tag}.permute.bwd", self._move_cost(rows), self._permute_back,
-                      dxp, plan, n)
-        dx = self._router_back(dx, dweights, c, P, G, ready)
-        if ds is not None:
-            dx = E.kernel(f"{self.tag}.shared.residual.bwd",
-                          Cost(n * h, 2 * n * h * E.e, n * h * E.e), np.add, dx, ds)
-        return dx
+        return dxs
 
     def _wgrads(self, G: Params, part: str, xs_t: list[Array] | None, dys: list[Array] | None,
                 shapes: list[tuple[int, int, int]], ready: Ready) -> None:
@@ -200,21 +180,6 @@ class MoeMlp(Block):
         for name, g in zip(names, grads or [None] * len(names)):
             acc(G, name, g)
         ready(names)
-
-    def _unpermute_back(self, dm: np.ndarray, yp: np.ndarray, r: Routing, plan: Plan
-                        ) -> tuple[np.ndarray, np.ndarray]:
-        """(d expert outputs [rows, H], d weights [n, k]) of `unpermute`."""
-        k = self.moe.top_k
-        tok = plan.order // k
-        rows = dm[tok]
-        dw = np.zeros(r.weights.size)
-        dw[plan.order] = (rows * yp).sum(1)
-        return rows * r.weights.reshape(-1)[plan.order][:, None], dw.reshape(r.weights.shape)
-
-    def _permute_back(self, dxp: np.ndarray, plan: Plan, n: int) -> np.ndarray:
-        dx = np.zeros((n, dxp.shape[1]), dxp.dtype)
-        np.add.at(dx, plan.order // self.moe.top_k, dxp)
-        return dx
 
     def _router_back(self, dx: Array, dweights: Array, c: Cache, P: Params, G: Params,
                      ready: Ready) -> Array:

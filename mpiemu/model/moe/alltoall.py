@@ -1,0 +1,81 @@
+"""The all-to-all dispatcher's side of an MoE layer (Megatron-Core `token_dispatcher.py`
+`MoEAlltoAllTokenDispatcher`): the rank's kept choices permuted expert-major, sent to the
+ranks holding their experts in one all-to-all-v, regrouped per local expert; the outputs
+back the same way and summed per token with their weights. Backward runs the conjugates."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..block import Cache, Params
+from ..executor import Array, Ready
+from .dispatch import Plan, by_expert, by_source, permute, split_rows, unpermute
+from .router import Routing
+
+if TYPE_CHECKING:
+    from .layer import MoeMlp
+
+
+def alltoall_forward(lay: "MoeMlp", y: Array, r: Routing | None, plan: Plan, P: Params,
+                     c: Cache) -> Array:
+    """[n, H]: this rank's tokens' routed output."""
+    E, k, n = lay.E, lay.moe.top_k, lay.d.shard_rows
+    rows = int(plan.counts[plan.rank].sum())
+    xp = E.kernel(f"{lay.tag}.permute.fwd", lay._move_cost(rows), permute, y,
+                  None if r is None else plan.order, k)
+    xs = exchange(lay, "dispatch", xp, plan.send_rows(), plan.recv_rows(), plan)
+    os = lay.experts_forward(xs, plan.expert_rows(), P, c)
+    yp = exchange(lay, "combine", os, plan.recv_rows(), plan.send_rows(), plan, groups=True)
+    c["yp"] = yp
+    return E.kernel(f"{lay.tag}.unpermute.fwd", lay._move_cost(rows, weights=True), unpermute,
+                    yp, None if r is None else plan.order, None if r is None else r.weights, n)
+
+
+def alltoall_backward(lay: "MoeMlp", dm: Array, c: Cache, P: Params, G: Params,
+                      ready: Ready) -> tuple[Array, Array]:
+    """(d tokens [n, H], d weights [n, k])."""
+    E, plan, n = lay.E, c["plan"], lay.d.shard_rows
+    rows = int(plan.counts[plan.rank].sum())
+    both = E.kernel(f"{lay.tag}.unpermute.bwd", lay._move_cost(rows, weights=True),
+                    _unpermute_back, dm, c["yp"], c["r"], plan)
+    dyp, dweights = both if both is not None else (None, None)
+    dos = exchange(lay, "combine.bwd", dyp, plan.send_rows(), plan.recv_rows(), plan)
+    dxs = lay.experts_backward(dos, c, P, G, ready)
+    dxp = exchange(lay, "dispatch.bwd", dxs, plan.recv_rows(), plan.send_rows(), plan,
+                   groups=True)
+    dx = E.kernel(f"{lay.tag}.permute.bwd", lay._move_cost(rows), _permute_back, dxp, plan, n,
+                  lay.moe.top_k)
+    return dx, dweights
+
+
+def exchange(lay: "MoeMlp", name: str, x: Any, send: list[int], recv: list[int], plan: Plan,
+             groups: bool = False) -> Any:
+    """An all-to-all-v over EP of rows [sum send, H] (or per-expert groups, regrouped by
+    source first); the received rows per local expert (or concatenated)."""
+    E, h = lay.E, lay.d.hidden
+    chunks = None
+    if E.on:
+        chunks = by_source(x, plan) if groups else split_rows(x, send)
+    got = chunks if lay.ep is None or lay.ep.size == 1 else \
+        E.all_to_all(lay.ep, f"{lay.tag}.{name}", chunks, send, recv, h, E.e)
+    if got is None:
+        return None
+    return np.concatenate(got) if groups else by_expert(got, plan)
+
+
+def _unpermute_back(dm: np.ndarray, yp: np.ndarray, r: Routing, plan: Plan
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """(d expert outputs [rows, H], d weights [n, k]) of `unpermute`."""
+    k = r.weights.shape[1]
+    rows = dm[plan.order // k]
+    dw = np.zeros(r.weights.size)
+    dw[plan.order] = (rows * yp).sum(1)
+    return rows * r.weights.reshape(-1)[plan.order][:, None], dw.reshape(r.weights.shape)
+
+
+def _permute_back(dxp: np.ndarray, plan: Plan, n: int, k: int) -> np.ndarray:
+    """d tokens [n, H]: each kept choice's input gradient summed into its token."""
+    dx = np.zeros((n, dxp.shape[1]), dxp.dtype)
+    np.add.at(dx, plan.order // k, dxp)
+    return dx
