@@ -124,3 +124,49 @@ def test_llama_overrides_follow_each_row_and_its_notes() -> None:
     assert "train.kernels='unfused'" not in sets("torchtitan-2024-12-llama3.1-8b-bf16-compile-8gpu")
     assert all(len({x.split("=")[0] for x in overrides(r)}) == len(overrides(r))
                for r in rows.values())
+
+
+def test_moe_rows_cover_every_bf16_measurement() -> None:
+    """results/moe/rows.csv holds every BF16 row of moe_measured.toml, in order, each with our
+    number or the reason it was not emulated (never both, never neither)."""
+    from mpiemu.studies import moe
+    from mpiemu.studies.common import read_csv
+    rows = read_csv(ROOT / "results" / "moe" / "rows.csv")
+    assert [r["id"] for r in rows] == [m["id"] for m in moe.measured()]
+    assert all(bool(r["ours"]) != bool(r["not_emulated"]) for r in rows)
+
+
+def test_moe_overrides_follow_each_row() -> None:
+    """Every layout value comes from the row; experts with EP run ZeRO-0 (the distributed
+    optimizer over experts is not modelled); the notes add what they state; rows without a
+    preset, with ETP > 1 or of DeepSeek-V3 are not run, saying why."""
+    from mpiemu.studies.moe import measured, not_expressed, overrides, routing_label
+    rows = {r["id"]: r for r in measured()}
+    s = overrides(rows["automodel-2025-10-qwen3-30b-a3b-bf16-8gpu"])
+    assert {"parallel.dp=8", "parallel.ep=8", "train.micro_batch=4", "train.recompute='full'",
+            "optimizer.zero=0", "optimizer.clip_grad_norm=0.0", "moe.capacity_factor=0.0",
+            "parallel.sequence_parallel=false"} <= set(s)
+    s = overrides(rows["modelzoo-qwen3-235b-a22b-bf16-256gpu-deepep-ep32"])
+    assert {"parallel.tp=2", "parallel.sequence_parallel=true", "parallel.virtual_stages=4",
+            "parallel.embedding_in_split=true", "train.recompute='none'"} <= set(s)
+    drop = rows["modelzoo-mixtral-8x22b-bf16-128gpu-token-drop"]
+    assert "moe.capacity_factor=1.0" in overrides(drop)
+    assert routing_label(drop).startswith("token drop")
+    assert routing_label(rows["dgxc-v25.05-nemo2-deepseek-v3-bf16-1024gpu"]) != "forced balance"
+    assert not_expressed(rows["dgxc-v24.11.1-nemo-grok1-314b-bf16-512gpu"]).startswith("no preset")
+    assert "etp 4" in not_expressed(rows["dgxc-v24.11.1-nemo-grok1-314b-bf16-512gpu"])
+    deepseek = rows["automodel-2025-10-deepseek-v3-bf16-256gpu"]
+    assert "multi-head latent attention" in not_expressed(deepseek)
+    assert not_expressed(rows["automodel-2025-10-qwen3-30b-a3b-bf16-8gpu"]) == ""
+    assert all(len({x.split("=")[0] for x in overrides(r)}) == len(overrides(r))
+               for r in rows.values())
+
+
+def test_moe_flop_counts_reproduce_the_printed_tflops(tmp_path: Path) -> None:
+    """Each source's FLOP count (`moe.toml [flop_conventions]`: Megatron's with MLA and MTP
+    for DeepSeek-V3, Megatron's for Qwen3-235B, AutoModel's for Qwen3-30B) times the source's
+    own throughput gives the model TFLOP/s it prints, within 1%."""
+    from mpiemu.studies import moe
+    checks = moe.flop_checks(moe.write_workload(tmp_path))
+    assert {c["convention"] for c in checks} == {"megatron", "automodel_qwen3"}
+    assert all(abs(c["difference"]) < 0.01 for c in checks), checks

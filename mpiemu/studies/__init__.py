@@ -52,6 +52,9 @@ STUDIES: dict[str, StudyInfo] = {s.name: s for s in (
     StudyInfo("llama", "mpiemu.studies.llama", "llama_measured.toml (published H100 runs)",
               "Llama 2 / 3 / 3.1 8B-405B BF16 pre-training on H100: step time, tokens/s/GPU, "
               "MFU"),
+    StudyInfo("moe", "mpiemu.studies.moe", "moe_measured.toml (published H100 MoE runs)",
+              "Mixtral / Qwen3 / DeepSeek-V3 and other MoE BF16 pre-training on H100: step "
+              "time, tokens/s/GPU, MFU"),
     StudyInfo("nmc_optimizer", "mpiemu.studies.nmc_optimizer", "003 (thesis ch. 6)",
               "LAMB / Adam updates on near-bank compute vs the GPU, BERT end to end"),
 )}
