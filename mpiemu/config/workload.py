@@ -192,6 +192,10 @@ class DebugSection:
             raise ConfigError("debug.fail_at", self.fail_at, FAIL_AT)
 
 
+MAX_GLOBAL_BATCH = 1 << 24          # 16.8M sequences: 100x the largest published batches
+MAX_MICRO_BATCHES = 1 << 16         # per DP rank and step (Llama 3 405B: 16 x its stages)
+
+
 @dataclass(frozen=True)
 class Workload:
     """A whole experiment, as resolved from TOML plus `--set` overrides."""
@@ -216,6 +220,21 @@ class Workload:
         if not re.fullmatch(r"[A-Za-z0-9._+-][A-Za-z0-9._+ -]{0,99}", self.name):
             raise ConfigError("name", self.name, "1-100 letters, digits, '._+-' or spaces "
                               "(it names the run directory)")
+        self._check_batch()
+
+    def _check_batch(self) -> None:
+        """A global batch an emulation can step through: at most MAX_GLOBAL_BATCH sequences
+        and MAX_MICRO_BATCHES micro-batches per DP rank (a schedule's passes are walked one
+        by one, to place them and to size the memory they keep)."""
+        gb, mb = self.train.global_batch, self.train.micro_batch
+        if gb > MAX_GLOBAL_BATCH:
+            raise ConfigError("train.global_batch", gb, f"at most {MAX_GLOBAL_BATCH} sequences "
+                              "(or 0 for the preset's)")
+        micro = gb // (self.parallel.dp * max(mb, 1)) if mb else 1
+        if micro > MAX_MICRO_BATCHES:
+            raise ConfigError("train.micro_batch", mb, f"gives {micro} micro-batches per DP "
+                              f"rank; at most {MAX_MICRO_BATCHES}: a larger micro-batch or "
+                              "global batch / DP")
 
     def check_world(self, world_size: int) -> None:
         """tp * cp * dp * pp must equal the number of ranks the job was launched with."""
