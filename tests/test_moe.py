@@ -107,6 +107,19 @@ def test_a_skewed_trace_makes_every_rank_wait_for_the_busiest(tmp_path: Path) ->
     assert len(counters) == 4 * 2 and all(c["args"]["expert 2"] == 0 for c in counters)
 
 
+def test_shared_experts_run_under_the_all_to_alls_when_overlapped(tmp_path: Path) -> None:
+    grid = [*TIMING, "parallel.dp=4", "parallel.ep=4", "moe.shared_ffn=256"]
+    off = load(run(tmp_path / "off", 4, *grid)).to_pandas()
+    on = load(run(tmp_path / "on", 4, *grid, "moe.shared_overlap=true")).to_pandas()
+
+    def first(df: "object", name: str) -> "object":
+        return df[(df["rank"] == 0) & (df.iteration == 0) & (df.name == name)].iloc[0]
+    a2a, fc1 = first(on, "l0.dispatch"), first(on, "l0.shared.fc1.fwd.gemm")
+    assert a2a.t_start_s <= fc1.t_start_s < a2a.t_end_s    # under the dispatch
+    assert first(off, "l0.shared.fc1.fwd.gemm").t_start_s >= first(off, "l0.combine").t_end_s
+    assert on.t_end_s.max() < off.t_end_s.max()
+
+
 @pytest.mark.parametrize("name, grid", [
     ("ep-eq-tp", ["parallel.tp=2", "parallel.dp=2", "parallel.ep=2",
                   "parallel.sequence_parallel=true"]),

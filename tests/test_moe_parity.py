@@ -35,6 +35,8 @@ CASES = [
                                           "moe.capacity_factor=1.0"]),
     (4, "ep4-allgather-dp4-shared", ["parallel.dp=4", "parallel.ep=4", "moe.shared_ffn=32",
                                      "moe.dispatcher='allgather'"]),
+    (4, "ep4-shared-overlap", ["parallel.dp=4", "parallel.ep=4", "moe.shared_ffn=32",
+                               "moe.shared_overlap=true"]),
     (4, "ep4-capacity-micro2", ["parallel.dp=4", "parallel.ep=4", "moe.capacity_factor=1.25",
                                 "train.global_batch=16", "train.micro_batch=2"]),
     (4, "ep2-tp2-dp2-shared", ["parallel.tp=2", "parallel.dp=2", "parallel.ep=2",

@@ -42,6 +42,8 @@ class MoeSection:
     skew: float = 1.0
     trace: str = ""                  # a routing.npz to replay (tokens = "trace")
     dispatcher: str = "alltoall"     # Megatron-Core --moe-token-dispatcher-type
+    shared_overlap: bool = False     # shared experts under the all-to-alls (its
+                                     # --moe-shared-expert-overlap)
 
     def __post_init__(self) -> None:
         for key in SIZES:

@@ -299,10 +299,19 @@ class GpuExecutor:
                    itemsize: int) -> list[np.ndarray] | None:
         """Rows of `width` elements to every member (`send_rows[j]` to member j), theirs
         received in member order: NCCL's all-to-all-v, issued at the cursor and waited for."""
+        got, t_end = self.all_to_all_start(group, name, chunks, send_rows, recv_rows, width,
+                                           itemsize)
+        self._t = t_end
+        return got
+
+    def all_to_all_start(self, group: TimedComm, name: str, chunks: list[np.ndarray] | None,
+                         send_rows: list[int], recv_rows: list[int], width: int,
+                         itemsize: int) -> tuple[list[np.ndarray] | None, SimTime]:
+        """`all_to_all` issued at the cursor, the cursor left where it is: (what arrived,
+        when the call ends); the caller runs independent work, then `wait_until` the end."""
         got, span = all_to_all_v(group, chunks, send_rows, recv_rows, itemsize=itemsize,
                                  after=self._t, label=name, unit=width)
-        self._t = span.t_end
-        return None if chunks is None else got      # type: ignore[return-value]
+        return (None if chunks is None else got), span.t_end     # type: ignore[return-value]
 
     def send(self, group: TimedComm, name: str, buf: Array, dest: int, tag: int,
              nbytes: float) -> SendHandle:

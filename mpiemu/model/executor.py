@@ -154,6 +154,11 @@ class Executor(Protocol):
         """Rows to and from every member of `group` (all-to-all-v), at the cursor, waited
         for; None when timing only."""
 
+    def all_to_all_start(self, group: TimedComm, name: str, chunks: list[np.ndarray] | None,
+                         send_rows: list[int], recv_rows: list[int], width: int,
+                         itemsize: int) -> tuple[list[np.ndarray] | None, SimTime]:
+        """The same, issued at the cursor but not waited for: (received, its end time)."""
+
     def send(self, group: TimedComm, name: str, buf: Array, dest: int, tag: int,
              nbytes: float) -> SendHandle:
         """A message whose data exists at the cursor; nothing waits for it here (`wait()`

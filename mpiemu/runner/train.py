@@ -114,7 +114,8 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
                        micro_batches=m, recompute=w.train.recompute, cp_rank=grid.cp_rank,
                        cp_comm=w.parallel.cp_comm, split=w.parallel.split,
                        moe=None if cfg.moe is None else MoeRun(
-                           cfg.moe, w.moe.source(numerics), w.moe.dispatcher, w.moe.skew,
+                           cfg.moe, w.moe.source(numerics), w.moe.dispatcher,
+                           w.moe.shared_overlap, w.moe.skew,
                            w.run.seed, gb,
                            trace=routing_trace(w, cfg)))
     grads = StageGradients(model, ex, dp, grad_buffer=buf,

@@ -4,7 +4,7 @@ ranks holding their experts in one all-to-all-v, regrouped per local expert; the
 back the same way and summed per token with their weights. Backward runs the conjugates."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -24,7 +24,8 @@ def alltoall_forward(lay: "MoeMlp", y: Array, r: Routing | None, plan: Plan, P: 
     rows = int(plan.counts[plan.rank].sum())
     xp = E.kernel(f"{lay.tag}.permute.fwd", lay._move_cost(rows), permute, y,
                   None if r is None else plan.order, k)
-    xs = exchange(lay, "dispatch", xp, plan.send_rows(), plan.recv_rows(), plan)
+    xs = exchange(lay, "dispatch", xp, plan.send_rows(), plan.recv_rows(), plan,
+                  side=c.get("side"))
     os = lay.experts_forward(xs, plan.expert_rows(), P, c)
     yp = exchange(lay, "combine", os, plan.recv_rows(), plan.send_rows(), plan, groups=True)
     c["yp"] = yp
@@ -40,7 +41,8 @@ def alltoall_backward(lay: "MoeMlp", dm: Array, c: Cache, P: Params, G: Params,
     both = E.kernel(f"{lay.tag}.unpermute.bwd", lay._move_cost(rows, weights=True),
                     _unpermute_back, dm, c["yp"], c["r"], plan)
     dyp, dweights = both if both is not None else (None, None)
-    dos = exchange(lay, "combine.bwd", dyp, plan.send_rows(), plan.recv_rows(), plan)
+    dos = exchange(lay, "combine.bwd", dyp, plan.send_rows(), plan.recv_rows(), plan,
+                   side=c.get("side"))
     dxs = lay.experts_backward(dos, c, P, G, ready)
     dxp = exchange(lay, "dispatch.bwd", dxs, plan.recv_rows(), plan.send_rows(), plan,
                    groups=True)
@@ -50,15 +52,24 @@ def alltoall_backward(lay: "MoeMlp", dm: Array, c: Cache, P: Params, G: Params,
 
 
 def exchange(lay: "MoeMlp", name: str, x: Any, send: list[int], recv: list[int], plan: Plan,
-             groups: bool = False) -> Any:
+             groups: bool = False, side: Callable[[], Any] | None = None) -> Any:
     """An all-to-all-v over EP of rows [sum send, H] (or per-expert groups, regrouped by
-    source first); the received rows per local expert (or concatenated)."""
+    source first); the received rows per local expert (or concatenated). `side`: work
+    independent of it, run while it moves (start -> side -> wait)."""
     E, h = lay.E, lay.d.hidden
     chunks = None
     if E.on:
         chunks = by_source(x, plan) if groups else split_rows(x, send)
-    got = chunks if lay.ep is None or lay.ep.size == 1 else \
-        E.all_to_all(lay.ep, f"{lay.tag}.{name}", chunks, send, recv, h, E.e)
+    if lay.ep is None or lay.ep.size == 1:
+        got = chunks
+    elif side is not None:
+        # the shared experts need none of these tokens: they run while the bytes move
+        got, t_end = E.all_to_all_start(lay.ep, f"{lay.tag}.{name}", chunks, send, recv, h,
+                                        E.e)
+        side()
+        E.wait_until(t_end)
+    else:
+        got = E.all_to_all(lay.ep, f"{lay.tag}.{name}", chunks, send, recv, h, E.e)
     if got is None:
         return None
     return np.concatenate(got) if groups else by_expert(got, plan)

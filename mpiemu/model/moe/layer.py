@@ -65,13 +65,24 @@ class MoeMlp(Block):
             groups = d.batch if moe.aux_loss == "seq" else 1
             c["group_counts"] = self._group_sum("router.aux_counts", None if r is None else
                                                 aux_counts(r, moe, d.batch), groups)
+        shared = self.shared
+        if shared is not None and self._overlapped():       # under the dispatch all-to-all
+            c["side"] = lambda: c.update(zip(("shared_out", "shared"), shared.forward(y, P)))
         routed = gather_forward if self.run.dispatcher == "allgather" else alltoall_forward
         out = routed(self, y, r, plan, P, c)
-        if self.shared is not None:
-            s, c["shared"] = self.shared.forward(y, P)
+        if shared is not None:
+            s = c.pop("shared_out") if "shared_out" in c else None
+            if s is None:
+                s, c["shared"] = shared.forward(y, P)
             out = E.kernel(f"{self.tag}.shared.add", Cost(n * h, 2 * n * h * E.e, n * h * E.e),
                            np.add, out, s)
         return out, c
+
+    def _overlapped(self) -> bool:
+        """Shared experts run while the dispatch all-to-all moves (forward) and while the
+        combine's gradient moves (backward): Megatron-Core --moe-shared-expert-overlap."""
+        return self.run.shared_overlap and self.run.dispatcher == "alltoall" and \
+            self.ep is not None and self.ep.size > 1
 
     def _tokens(self, sample0: int) -> np.ndarray:
         """Global ids (sample x seq_len + position) of this rank's rows: position-major
@@ -128,11 +139,15 @@ class MoeMlp(Block):
     # -- backward ---------------------------------------------------------------------------
     def backward(self, dm: Array, c: Cache, P: Params, G: Params, with_bias: list[str],
                  ready: Ready) -> Array:
-        n, h, E = self.d.shard_rows, self.d.hidden, self.E
-        ds = None if self.shared is None else self.shared.backward(dm, c["shared"], P, G, [],
-                                                                  ready)
+        n, h, E, shared = self.d.shard_rows, self.d.hidden, self.E, self.shared
+        c["side"] = None
+        if shared is not None and self._overlapped():   # under the combine's gradient's
+            c["side"] = lambda: c.update(ds=shared.backward(dm, c["shared"], P, G, [], ready))
+        elif shared is not None:
+            c["ds"] = shared.backward(dm, c["shared"], P, G, [], ready)
         routed = gather_backward if self.run.dispatcher == "allgather" else alltoall_backward
         dx, dweights = routed(self, dm, c, P, G, ready)
+        ds = c.get("ds")
         dx = self._router_back(dx, dweights, c, P, G, ready)
         if ds is not None:
             dx = E.kernel(f"{self.tag}.shared.residual.bwd",

@@ -19,6 +19,7 @@ class MoeRun:
     moe: MoeConfig
     source: str                      # "router", "balanced" or "skew" (`model.moe.tokens`)
     dispatcher: str                  # "alltoall" or "allgather" (`moe.dispatcher`)
+    shared_overlap: bool
     skew: float
     seed: int
     global_batch: int                # sequences per step over every DP rank
