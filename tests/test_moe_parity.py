@@ -37,6 +37,15 @@ CASES = [
                                      "moe.dispatcher='allgather'"]),
     (4, "ep4-shared-overlap", ["parallel.dp=4", "parallel.ep=4", "moe.shared_ffn=32",
                                "moe.shared_overlap=true"]),
+    # Megatron's distributed optimizer: experts sharded over expert DP (EP 2 of DP 4), kept
+    # whole where each lives on one rank (EP 4), in the DP buckets where EP = TP
+    (4, "zero1-ep2-dp4", ["parallel.dp=4", "parallel.ep=2", "optimizer.zero=1"]),
+    (4, "zero1-ep4-dp4-top1", ["parallel.dp=4", "parallel.ep=4", "optimizer.zero=1",
+                               "moe.top_k=1"]),
+    (4, "zero1-tp2-dp2-ep2", ["parallel.tp=2", "parallel.dp=2", "parallel.ep=2",
+                              "parallel.sequence_parallel=true", "optimizer.zero=1"]),
+    (4, "zero1-tp2-dp2-ep1", ["parallel.tp=2", "parallel.dp=2",
+                              "parallel.sequence_parallel=true", "optimizer.zero=1"]),
     (4, "ep4-capacity-micro2", ["parallel.dp=4", "parallel.ep=4", "moe.capacity_factor=1.25",
                                 "train.global_batch=16", "train.micro_batch=2"]),
     (4, "ep2-tp2-dp2-shared", ["parallel.tp=2", "parallel.dp=2", "parallel.ep=2",
@@ -56,7 +65,7 @@ def overrides(*extra: str) -> list[str]:
     return ["run.kind='train'", "run.iterations=3", "run.numerics='on'",
             "run.numeric_dtype='fp64'", "model.preset='tiny-moe'", "model.layers=2",
             "train.check_reference=true", "train.dp_bucket_MiB=0.02", "optimizer.zero=0",
-            "train.global_batch=8", *extra]
+            "train.global_batch=8", *extra]     # a later optimizer.zero wins
 
 
 @pytest.mark.mpi

@@ -63,11 +63,11 @@ def validate_moe(w: Workload, cfg: ModelConfig) -> None:
     if resolve_device(w).kind != "gpu":
         raise ConfigError("model.preset", w.model.preset, "experts run on GPU ranks; Sunway "
                           "ranks schedule SwFormer's dense GPT layer")
-    if (ep > 1 or par.tp > 1) and w.optimizer.zero > 0:
-        raise ConfigError("optimizer.zero", w.optimizer.zero, "must be 0 with experts and "
-                          "parallel.ep or parallel.tp > 1 (the experts' gradients are "
-                          "all-reduced over expert data parallelism; sharding them there is "
-                          "not modelled)")
+    if (ep > 1 or par.tp > 1) and w.optimizer.zero > 1:
+        raise ConfigError("optimizer.zero", w.optimizer.zero, "must be 0 or 1 with experts "
+                          "and parallel.ep or parallel.tp > 1 (the experts' gradients are "
+                          "reduced over expert data parallelism, and sharded there by the "
+                          "distributed optimizer; ZeRO-2 / 3 over it is not modelled)")
     if w.optimizer.name == "lamb":
         raise ConfigError("optimizer.name", "lamb", "experts train with 'adam' (LAMB's "
                           "per-tensor norms are not split by expert)")

@@ -127,20 +127,23 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
                            shard_group=opt_cfg.shard_group, experts=edp)
     step = PipelineStep(model, grads, pp, w.parallel.schedule, m, ctx.np_dtype)
     opt = ShardedOptimizer(opt_cfg, model.specs, ex, grid.tp_rank, model.P, norm=mp,
-                           counted=lambda lp: counted_once(grid, lp, edp is not None),
-                           buckets=grads.buckets, params=grads.params)
+                           counted=lambda lp: counted_once(grid, lp, edp is not None,
+                                                           opt_cfg.zero >= 1),
+                           buckets=grads.buckets, params=grads.params,
+                           expert_buckets=grads.expert_buckets)
     if opt.zero is not None:       # forwards wait for their layers' parameter gathers
         grads.param_ready = opt.zero.param_ready
     return Trainer(model, grads, step, opt, made)
 
 
-def counted_once(grid: ProcessGrid, lp: LocalParam, experts: bool) -> bool:
+def counted_once(grid: ProcessGrid, lp: LocalParam, experts: bool, sharded: bool) -> bool:
     """Whether this rank counts `lp` in the gradient norm: TP-split tensors on every TP
-    rank, replicated ones on the first, the tied table on the first stage; with experts
-    split over EP (norm over the world) one DP x CP replica, experts on expert-DP rank 0."""
+    rank, replicated ones on the first, the tied table on the first stage. With experts
+    reduced apart (norm over the world): sharded (ZeRO-1), every rank its disjoint shares;
+    otherwise one DP x CP replica, experts on expert-DP rank 0."""
     if lp.name == "wte" and grid.pp_rank > 0:
         return False
-    if not experts:
+    if not experts or sharded:
         return lp.tp_split or grid.tp_rank == 0
     if lp.expert:
         return grid.edp_rank == 0

@@ -57,6 +57,11 @@ STUDIES: dict[str, StudyInfo] = {s.name: s for s in (
               "time, tokens/s/GPU, MFU"),
     StudyInfo("nmc_optimizer", "mpiemu.studies.nmc_optimizer", "003 (thesis ch. 6)",
               "LAMB / Adam updates on near-bank compute vs the GPU, BERT end to end"),
+    StudyInfo("moe_imbalance", "mpiemu.studies.moe_imbalance",
+              "none (the router's own choices over real training steps)",
+              "expert load imbalance over hundreds of training steps (aux loss on / off, "
+              "expert bias) and its emulated step-time cost, small model and Mixtral 8x7B "
+              "shapes"),
 )}
 
 

@@ -64,32 +64,52 @@ class DistributedAdam:
 
     def step(self, P: Params) -> None:
         """Clip by the global norm, Adam on the shares, all-gather the parameters."""
+        sq, n = self.squares(P)
+        coeff = 1.0
+        if self.opt.needs_global_norm:
+            norm = self.norm_of(sq, n)
+            if self.opt.clip_grad_norm > 0 and sq is not None:
+                coeff = min(1.0, clip_coeff(self.opt, norm))
+        self.update(P, coeff)
+
+    def _on(self) -> bool:
+        return self.E.on and all(sh.grad is not None for sh in self.buckets.shards)
+
+    def squares(self, P: Params) -> tuple[np.ndarray | None, int]:
+        """(this rank's sum of squares of the gradient elements the norm counts, or None
+        timing only; the elements of its shares). The step starts here: Megatron copies each
+        parameter's slice of the share to fp32 in its own kernel; the slices differ between
+        DP ranks, which folding's symmetry (`comm.mirror`) cannot follow, so one copy per
+        bucket share stands for them."""
         self.steps += 1
         E, shards = self.E, self.buckets.shards
         n = sum(sh.hi - sh.lo for sh in shards)
-        on = E.on and all(sh.grad is not None for sh in shards)
-        dtype: Any = next(v for v in P.values() if v is not None).dtype if on else np.float64
-        coeff = 1.0
-        # Megatron copies each parameter's slice of the share to fp32 in its own kernel; the
-        # slices differ between DP ranks, which folding's symmetry (`comm.mirror`) cannot
-        # follow, so one copy per bucket share stands for them
-        before, after = mixed_precision_passes([sh.hi - sh.lo for sh in shards], E.e, E.dtype)
+        before, _ = mixed_precision_passes([sh.hi - sh.lo for sh in shards], E.e, E.dtype)
         charge_passes(E, before)
-        if self.opt.needs_global_norm:
-            sq = None
-            if on:
-                sq = np.array([sum(_masked_sq(sh.grad, self._masks(b, sh, dtype)[3])
-                                   for b, sh in enumerate(shards))], np.float64)
-                copies = getattr(self.buckets, "copies", 1)
-                if copies > 1:          # hybrid sharding: every shard counted once
-                    sq /= copies
-            norm = self.norm_of(sq, n)
-            if self.opt.clip_grad_norm > 0 and on:
-                coeff = min(1.0, clip_coeff(self.opt, norm))
+        if not (self.opt.needs_global_norm and self._on()):
+            return None, n
+        dtype = self._dtype(P)
+        sq = np.array([sum(_masked_sq(sh.grad, self._masks(b, sh, dtype)[3])
+                           for b, sh in enumerate(shards))], np.float64)
+        copies = getattr(self.buckets, "copies", 1)
+        if copies > 1:          # hybrid sharding: every shard counted once
+            sq /= copies
+        return sq, n
+
+    def _dtype(self, P: Params) -> Any:
+        return next(v for v in P.values() if v is not None).dtype if self._on() else np.float64
+
+    def update(self, P: Params, coeff: float) -> None:
+        """Adam on the shares with gradients scaled by `coeff` (clipping); the parameters
+        all-gathered after."""
+        E, shards = self.E, self.buckets.shards
+        on, dtype = self._on(), self._dtype(P)
+        n = sum(sh.hi - sh.lo for sh in shards)
         new = [self._update(b, sh, P, coeff, dtype) if on else None
                for b, sh in enumerate(shards)]
         E.kernel("optim.adam", adam_cost(n))
-        charge_passes(E, after)
+        charge_passes(E, mixed_precision_passes([sh.hi - sh.lo for sh in shards], E.e,
+                                                E.dtype)[1])
         if self.params is None:     # ZeRO-3 keeps its shards: each layer gathers when used
             self._gather(P, shards, new)
 

@@ -50,8 +50,9 @@ class StageGradients:
         self.expert_buckets = GradBuckets(
             experts, self.grad_bytes, bucket_bytes,
             {lp.name: lp.size for lp in model.specs if lp.expert}, bidirectional,
-            overlap=overlap_grad_reduce, prescale=self._scale if scaled and ddp == "core"
-            else None, reduce_s=ex.cost.reduction_s) if experts is not None else None
+            shard=zero == 1, overlap=overlap_grad_reduce,
+            prescale=self._scale if scaled and ddp == "core" else None,
+            reduce_s=ex.cost.reduction_s) if experts is not None else None
         sharded = zero >= 2 and dp.size > 1       # ZeRO-2 / 3: per unit, per micro-batch
         shard, replicas = hybrid(dp, shard_group) if sharded else (dp, None)
         self.buckets: GradBuckets | ShardedGrads = ShardedGrads(

@@ -168,9 +168,8 @@ class Layout(NamedTuple):
 def layer_param_count(cfg: ModelConfig, tp: int, ep: int = 1, moe: bool = False) -> int:
     """Elements of one transformer layer on a TP rank (an MoE layer's: this EP rank's
     experts)."""
-    one = replace(cfg, layers=1)
-    if cfg.moe is not None:
-        one = replace(one, moe=replace(cfg.moe, dense_layers=0 if moe else 1))
+    one = replace(cfg, layers=1, moe=None if cfg.moe is None else
+                  replace(cfg.moe, dense_layers=0 if moe else 1))
     return sum(lp.size for lp in local_params(one, tp, ep) if lp.layer == 0)
 
 

@@ -51,7 +51,8 @@ class ShardedOptimizer:
                  tp_rank: int, P: Params, norm: TimedComm | None = None,
                  counted: Callable[[LocalParam], bool] | None = None,
                  buckets: GradBuckets | ShardedGrads | None = None,
-                 params: ShardedParams | None = None) -> None:
+                 params: ShardedParams | None = None,
+                 expert_buckets: GradBuckets | None = None) -> None:
         self.opt, self.specs, self.E, self.tp_rank = opt, specs, ex, tp_rank
         # the global gradient norm: summed over one model replica (TP x PP ranks), every
         # tensor once (replicated ones on TP rank 0, the tied table on the first stage)
@@ -61,6 +62,15 @@ class ShardedOptimizer:
         if opt.distributed and buckets is not None and buckets.dp.size > 1:
             self.zero = DistributedAdam(opt, specs, ex, buckets, self.norm_of, self.counted,
                                         params)
+        # experts split over EP: their shares over expert DP (Megatron's expert distributed
+        # optimizer), or, where each expert lives on one rank, a plain update there
+        self.experts: DistributedAdam | list[LocalParam] | None = None
+        if self.zero is not None and expert_buckets is not None:
+            self.experts = [lp for lp in specs if lp.expert]
+            if expert_buckets.dp.size > 1:
+                self.experts = DistributedAdam(opt, specs, ex, expert_buckets, self.norm_of,
+                                               self.counted)
+                self.experts.param_ready = self.zero.param_ready    # one map, max over both
         self.m = {n: None if w is None else np.zeros_like(w) for n, w in P.items()}
         self.v = {n: None if w is None else np.zeros_like(w) for n, w in P.items()}
         self.steps = 0
@@ -98,8 +108,11 @@ class ShardedOptimizer:
     def step(self, P: Params, G: Params) -> None:
         """Clip by the global gradient norm if asked, then Adam or LAMB on every shard."""
         self.steps += 1
-        if self.zero is not None:          # ZeRO-1: this DP rank's shares of the buckets
+        if self.zero is not None and self.experts is None:    # ZeRO-1: this DP rank's shares
             self.zero.step(P)
+            return
+        if self.zero is not None:
+            self._step_with_experts(P, G)
             return
         before, after = mixed_precision_passes([lp.size for lp in self.specs], self.E.e,
                                                self.E.dtype) if self.fp32_grads else ([], [])
@@ -110,6 +123,41 @@ class ShardedOptimizer:
             self._adam(_arrays(P), _arrays(G))
         else:
             self._lamb(_arrays(P), _arrays(G))
+        charge_passes(self.E, after)
+
+    def _step_with_experts(self, P: Params, G: Params) -> None:
+        """ZeRO-1 with experts reduced apart: both shares' squares summed into one global
+        norm (one all-reduce), then each updated with the same clipping."""
+        assert self.zero is not None and self.experts is not None
+        sq, n = self.zero.squares(P)
+        local = self.experts if isinstance(self.experts, list) else []
+        if isinstance(self.experts, DistributedAdam):
+            esq, en = self.experts.squares(P)
+        else:
+            en = sum(lp.size for lp in local)
+            esq = None if not self.E.on else np.array(
+                [sum(float((G[lp.name] ** 2).sum()) for lp in local)])    # type: ignore[operator,misc]
+        coeff = 1.0
+        if self.opt.needs_global_norm:
+            total = None if sq is None or esq is None else sq + esq
+            norm = self.norm_of(total, n + en)
+            if self.opt.clip_grad_norm > 0 and total is not None:
+                coeff = min(1.0, clip_coeff(self.opt, norm))
+        self.zero.update(P, coeff)
+        if isinstance(self.experts, DistributedAdam):
+            self.experts.update(P, coeff)
+            return
+        if self.E.on and coeff < 1.0:
+            for lp in local:
+                G[lp.name] = G[lp.name] * coeff                       # type: ignore[operator,assignment]
+        before, after = mixed_precision_passes([en], self.E.e, self.E.dtype)
+        charge_passes(self.E, before)
+        for lp in local:                  # each expert on one rank: Adam in place there
+            if self.E.on:
+                w = P[lp.name]
+                assert w is not None
+                w -= self.opt.lr * self._moments(lp.name, w, G[lp.name], lp.decay)  # type: ignore[arg-type]
+        self.E.kernel("optim.adam.experts", adam_cost(en))
         charge_passes(self.E, after)
 
     def _global_norm(self, G: Params) -> float:

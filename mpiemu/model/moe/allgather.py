@@ -6,22 +6,17 @@ no counts need exchanging first. Backward: the output gradient gathered, the inp
 weight gradients reduce-scattered."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from ..block import Cache, Params
 from ..executor import Array, Ready
-from .dispatch import Plan
+from .dispatch import ExpertLayer, Plan
 from .router import Routing
-
-if TYPE_CHECKING:
-    from .layer import MoeMlp
 
 IDS = 8
 
 
-def gather_forward(lay: "MoeMlp", y: Array, r: Routing | None, plan: Plan, P: Params,
+def gather_forward(lay: ExpertLayer, y: Array, r: Routing | None, plan: Plan, P: Params,
                    c: Cache) -> Array:
     """[n, H]: this rank's tokens' routed output."""
     E, ep, n, h, k = lay.E, lay.ep, lay.d.shard_rows, lay.d.hidden, lay.moe.top_k
@@ -50,7 +45,7 @@ def gather_forward(lay: "MoeMlp", y: Array, r: Routing | None, plan: Plan, P: Pa
     return _scatter(lay, "combine", yg, size)
 
 
-def gather_backward(lay: "MoeMlp", dm: Array, c: Cache, P: Params, G: Params,
+def gather_backward(lay: ExpertLayer, dm: Array, c: Cache, P: Params, G: Params,
                     ready: Ready) -> tuple[Array, Array]:
     """(d tokens [n, H], d weights [n, k])."""
     E, ep, n, h, k = lay.E, lay.ep, lay.d.shard_rows, lay.d.hidden, lay.moe.top_k
@@ -75,7 +70,7 @@ def gather_backward(lay: "MoeMlp", dm: Array, c: Cache, P: Params, G: Params,
     return dx, None if dw is None else np.asarray(dw).reshape(n, k)
 
 
-def _picks(lay: "MoeMlp", chosen: np.ndarray | None) -> list[tuple[np.ndarray, np.ndarray]]:
+def _picks(lay: ExpertLayer, chosen: np.ndarray | None) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per local expert: (gathered token rows, their choice slots), in gathered order."""
     if chosen is None:
         return []
@@ -115,7 +110,7 @@ def _scatter_rows(dxs: list[np.ndarray], picks: list[tuple[np.ndarray, np.ndarra
     return out
 
 
-def _scatter(lay: "MoeMlp", name: str, x: Array, size: int) -> Array:
+def _scatter(lay: ExpertLayer, name: str, x: Array, size: int) -> Array:
     """Sum [size n, H] partials over EP, each rank keeping its own n rows."""
     n, h = lay.d.shard_rows, lay.d.hidden
     if lay.ep is None or size == 1:

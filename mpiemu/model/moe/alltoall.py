@@ -4,20 +4,17 @@ ranks holding their experts in one all-to-all-v, regrouped per local expert; the
 back the same way and summed per token with their weights. Backward runs the conjugates."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
 
 from ..block import Cache, Params
 from ..executor import Array, Ready
-from .dispatch import Plan, by_expert, by_source, permute, split_rows, unpermute
+from .dispatch import ExpertLayer, Plan, by_expert, by_source, permute, split_rows, unpermute
 from .router import Routing
 
-if TYPE_CHECKING:
-    from .layer import MoeMlp
 
-
-def alltoall_forward(lay: "MoeMlp", y: Array, r: Routing | None, plan: Plan, P: Params,
+def alltoall_forward(lay: ExpertLayer, y: Array, r: Routing | None, plan: Plan, P: Params,
                      c: Cache) -> Array:
     """[n, H]: this rank's tokens' routed output."""
     E, k, n = lay.E, lay.moe.top_k, lay.d.shard_rows
@@ -33,7 +30,7 @@ def alltoall_forward(lay: "MoeMlp", y: Array, r: Routing | None, plan: Plan, P: 
                     yp, None if r is None else plan.order, None if r is None else r.weights, n)
 
 
-def alltoall_backward(lay: "MoeMlp", dm: Array, c: Cache, P: Params, G: Params,
+def alltoall_backward(lay: ExpertLayer, dm: Array, c: Cache, P: Params, G: Params,
                       ready: Ready) -> tuple[Array, Array]:
     """(d tokens [n, H], d weights [n, k])."""
     E, plan, n = lay.E, c["plan"], lay.d.shard_rows
@@ -51,7 +48,7 @@ def alltoall_backward(lay: "MoeMlp", dm: Array, c: Cache, P: Params, G: Params,
     return dx, dweights
 
 
-def exchange(lay: "MoeMlp", name: str, x: Any, send: list[int], recv: list[int], plan: Plan,
+def exchange(lay: ExpertLayer, name: str, x: Any, send: list[int], recv: list[int], plan: Plan,
              groups: bool = False, side: Callable[[], Any] | None = None) -> Any:
     """An all-to-all-v over EP of rows [sum send, H] (or per-expert groups, regrouped by
     source first); the received rows per local expert (or concatenated). `side`: work

@@ -10,9 +10,33 @@ the same in reverse; backward's exchanges are their conjugates (dispatch <-> com
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
+
+from ..block import Cache, Params
+from ..dims import Dims
+from ..executor import Array, Executor, Ready
+from .config import MoeConfig
+
+
+class ExpertLayer(Protocol):
+    """What a dispatcher (`alltoall`, `allgather`) uses of its MoE layer (`layer.MoeMlp`)."""
+
+    E: Executor
+    ep: Any                     # the EP group (`comm.p2p.TimedComm`), None without EP
+    d: Dims
+    moe: MoeConfig
+    tag: str
+    mine: range                 # the global indices of this rank's experts
+
+    def experts_forward(self, xs: list[Array] | None, ms: list[int], P: Params, c: Cache
+                        ) -> list[Array] | None: ...
+
+    def experts_backward(self, dos: list[Array] | None, c: Cache, P: Params, G: Params,
+                         ready: Ready) -> list[Array] | None: ...
+
+    def _move_cost(self, rows: int, weights: bool = False) -> Any: ...
 
 
 class Plan(NamedTuple):
