@@ -6,8 +6,8 @@ row: model preset, TP, PP, CP, interleaved virtual stages, DP, EP, global batch,
 sequence length, recomputation, the capacity factor, sequence parallelism (required with TP),
 with what its notes add (`moe.toml [note_rules]`, `[layout_overrides]`). Tokens per expert are
 in perfect balance (`moe.tokens = 'balanced'`, what forced-balance benchmarks run; each row
-says what its source used). The distributed optimizer and FSDP over experts are not modelled:
-rows run with ZeRO-0 and say so. A run of more GPUs than stages folds (`run.fold`) where that
+says what its source used). FSDP (ZeRO-3) over experts is not modelled: such rows run with
+Megatron's distributed optimizer (ZeRO-1) and say so. A run of more GPUs than stages folds (`run.fold`) where that
 is exact; a row is listed, not run, with its reason when its model has no preset, when it
 uses expert tensor parallelism (etp > 1), when it is DeepSeek-V3 (`moe.toml [deepseek]`), when
 the emulator refuses its layout, or when it needs more processes than `[max_processes]`.
@@ -129,7 +129,8 @@ def overrides(row: dict[str, Any]) -> list[str]:
     """`--set` items that emulate one measured row (every value from the row or its notes)."""
     tp, vp, ep = int(row["tp"]), int(row["vp"]), int(row["ep"])
     sp = str(fig("sequence_parallel").value) == "tp > 1" and tp > 1
-    zero = int(fig("zero_with_experts").value) if ep > 1 or tp > 1 else source_zero(row)
+    zero = min(source_zero(row), int(fig("zero_with_experts").value)) if ep > 1 or tp > 1 \
+        else source_zero(row)
     sets = [f"model.preset='{row['model']}'", f"model.seq_len={row['seq_len']}",
             f"parallel.tp={tp}", f"parallel.pp={row['pp']}", f"parallel.cp={row['cp']}",
             f"parallel.dp={row['dp']}", f"parallel.ep={ep}",
@@ -381,8 +382,8 @@ def emulated_with(row: dict[str, Any], sets: list[str]) -> list[str]:
     out = []
     zero = int(_set_value(sets, "optimizer.zero"))
     if zero != source_zero(row):
-        out.append(f"{row['sharding']} emulated with ZeRO-{zero} (the distributed optimizer over "
-                   "experts is not modelled)")
+        out.append(f"{row['sharding']} emulated with ZeRO-{zero} (ZeRO-2 / 3 over experts is "
+                   "not modelled)")
     note = recompute_rule(row)["note"]
     if note:
         out.append(note)
