@@ -50,3 +50,20 @@ def test_moe_model_flops_count_the_experts_a_token_passes() -> None:
     attn = h * (h + 2 * cfg.groups * cfg.head_dim) + h * h
     active = L * (attn + cfg.mlp_params(0, active=True) - h * m.experts) + h * cfg.padded_vocab
     assert model_flops(cfg, 1) / s == 6 * active + 12 * s * h * L
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "qwen3-235b-a22b"])
+def test_qwen3_flops_are_megatron_cores_with_the_query_projection_size(name: str) -> None:
+    """Heads of kv_channels 128 (not hidden / heads = 64): Megatron-Core's
+    num_floating_point_operations (megatron/training/training.py), whose attention terms
+    scale with query_projection_size = kv_channels x num_attention_heads:
+    12 B s L h^2 ((1 + g/a + s/h) q/h + (f/h) k 3/2 + V/(2 L h))."""
+    cfg = load_model_preset(name).config
+    m = cfg.moe
+    assert m is not None and cfg.head_dim == 128 and cfg.attn_width == 128 * cfg.heads
+    B, s, L, h, V = 1, cfg.seq_len, cfg.layers, cfg.hidden, cfg.padded_vocab
+    q, g, a = cfg.kv_channels * cfg.heads, cfg.groups, cfg.heads
+    megatron = 12 * B * s * L * h * h * ((1 + g / a + s / h) * q / h
+                                         + m.expert_ffn / h * m.top_k * 3 / 2
+                                         + V / (2 * L * h))
+    assert model_flops(cfg, B) == pytest.approx(megatron, rel=1e-12)

@@ -2,7 +2,8 @@
 RMSNorm, SwiGLU, RoPE with Llama 3.1's scaling, no biases, untied embeddings, and grouped-
 query attention with fewer KV heads than TP ranks (replicated through the gathered QKV
 output, as Megatron-Core), as many, and more; with SP, pipeline stages, DP, each
-recomputation mode and flash attention. Grids whose size equals the MPI world run
+recomputation mode and flash attention; Qwen3's attention (heads of `kv_channels`, QK-norm)
+under TP, SP, CP, PP, ZeRO-3 and experts. Grids whose size equals the MPI world run
 in-process (`make test` runs them at 2 and 4 ranks)."""
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from mpi4py import MPI
 from mpiemu.runner.job import run_workload
 from tests.test_train_parity import assert_matches_reference
 
+QWEN = ["model.kv_channels=16", "model.qk_norm=true"]
 # (ranks, id, overrides): kv_heads < tp, = tp, > tp on the tiny Llama (8 heads, 2 KV heads)
 CASES = [
     (2, "kv-eq-tp", ["parallel.tp=2"]),
@@ -68,6 +70,16 @@ CASES = [
                                   "optimizer.prefetch=false"]),
     (4, "cp2-dp2-distributed", ["parallel.cp=2", "parallel.dp=2", "optimizer.zero=1",
                                 "model.attention='flash'"]),
+    # Qwen3 attention: heads of 16 (not hidden / heads = 8: q 64 -> 128, o 128 -> 64) with
+    # QK-norm, whose gains' gradients are summed over TP with and without SP
+    (2, "qwen-tp2", ["parallel.tp=2", *QWEN]),
+    (2, "qwen-cp2-flash", ["parallel.cp=2", "model.attention='flash'", *QWEN]),
+    (2, "qwen-pp2", ["parallel.pp=2", *QWEN]),
+    (2, "qwen-moe-ep2-tp2-sp", ["model.preset='tiny-moe'", "optimizer.zero=0", "parallel.tp=2",
+                                "parallel.sequence_parallel=true", "parallel.ep=2", *QWEN]),
+    (4, "qwen-tp4-mqa-sp", ["parallel.tp=4", "model.kv_heads=1",
+                            "parallel.sequence_parallel=true", *QWEN]),
+    (4, "qwen-tp2-dp2-zero3", ["parallel.tp=2", "parallel.dp=2", "optimizer.zero=3", *QWEN]),
 ]
 
 

@@ -74,6 +74,27 @@ def test_activation_accounting_matches_sharded_steps(sp: bool, recompute: str) -
     assert_accounting_matches(one_step(TINY, comm, sp, recompute))
 
 
+# Qwen3's attention on the tiny Llama: heads of 16 (q 64 -> 128) and QK-norm, whose inputs
+# and per-head rstd are kept
+QWEN = dataclasses.replace(load_model_preset("tiny-llama").config, kv_channels=16,
+                           qk_norm=True)
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_qwen3_attention_accounting_equals_what_a_step_stores(recompute: str) -> None:
+    assert_accounting_matches(one_step(QWEN, MPI.COMM_SELF, sp=False, recompute=recompute))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("sp", [False, True])
+def test_qwen3_attention_accounting_matches_sharded_steps(sp: bool) -> None:
+    """At 4 ranks TP exceeds the 2 KV heads: the norms run on the rank's gathered group."""
+    comm = MPI.COMM_WORLD
+    if QWEN.heads % comm.size or QWEN.seq_len % comm.size:
+        pytest.skip(f"tiny-llama does not split {comm.size} ways")
+    assert_accounting_matches(one_step(QWEN, comm, sp))
+
+
 def korthikanti_bytes(s: int, b: int, h: int, a: int, t: int, sp: bool, mode: str) -> float:
     """Activation bytes per layer, Korthikanti et al. 2022 Table 2 (2-byte values, 1-byte
     dropout masks)."""

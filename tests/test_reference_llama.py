@@ -1,5 +1,6 @@
 """The one-process reference's Llama-family blocks (serial): RMSNorm, SwiGLU, RoPE (with
-Llama 3.1's frequency scaling), grouped-query attention, no biases, an untied output layer."""
+Llama 3.1's frequency scaling), grouped-query attention, no biases, an untied output layer;
+Qwen3's heads of their own width (`kv_channels`) and QK-norm."""
 from __future__ import annotations
 
 import ast
@@ -37,6 +38,11 @@ CASES = {
     "post-rmsnorm": dict(LLAMA, norm="post", attention_mask="bidirectional", bias=True),
     # (e) GQA under both dropouts: one probability mask per query head
     "llama-gqa-dropout": dict(LLAMA, hidden_dropout=0.1, attention_dropout=0.1),
+    # (f) Qwen3's attention: heads of kv_channels 12 (q 32 -> 48, o 48 -> 32) and QK-norm
+    "qwen3-kv-channels-qk-norm": dict(LLAMA, kv_channels=12, qk_norm=True),
+    # (g) a hidden size the heads do not divide (30 / 4), heads of 10, QK-norm with dropout
+    "qwen3-hidden-not-heads": dict(LLAMA, hidden=30, kv_channels=10, qk_norm=True,
+                                   attention_dropout=0.1),
 }
 
 

@@ -44,6 +44,8 @@ class ModelSection:
     tied_embeddings: bool | None = None
     rope_theta: float = 0.0
     rope_scaling: float = -1.0       # 0: no scaling; -1: the preset's
+    kv_channels: int = -1            # a head's width; 0: hidden // heads; -1: the preset's
+    qk_norm: bool | None = None      # RMSNorm of each head's q and k (Qwen3)
 
     def __post_init__(self) -> None:
         if not Path(self.preset).suffix.endswith("toml") \
@@ -64,6 +66,9 @@ class ModelSection:
             v = getattr(self, key)
             if v != -1.0 and not 0.0 <= v < 1.0:
                 raise ConfigError(f"model.{key}", v, "a rate in [0, 1) (or -1 for the preset's)")
+        if self.kv_channels < -1:
+            raise ConfigError("model.kv_channels", self.kv_channels, "an integer >= 1 (0: "
+                              "hidden // heads, -1: the preset's)")
 
     def resolve(self) -> ModelConfig:
         """The preset's model with this section's overrides applied (unpadded vocabulary)."""
@@ -78,9 +83,10 @@ class ModelSection:
                                                       "norm_kind", "activation", "position")
                         if getattr(self, k)})
         changes.update({k: getattr(self, k) for k in ("hidden_dropout", "attention_dropout",
-                                                      "rope_scaling", "kv_heads")
+                                                      "rope_scaling", "kv_heads",
+                                                      "kv_channels")
                         if getattr(self, k) != -1})
-        changes.update({k: getattr(self, k) for k in ("bias", "tied_embeddings")
+        changes.update({k: getattr(self, k) for k in ("bias", "tied_embeddings", "qk_norm")
                         if getattr(self, k) is not None})
         if self.rope_theta:
             changes["rope_theta"] = self.rope_theta

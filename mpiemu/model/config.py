@@ -34,7 +34,8 @@ ATTENTION_ALIASES = {"dense": "baseline", "blockwise": "flash"}   # the names be
 # PaLM 118 layers, H = 18432, FFN 73728, 256K vocabularies, 1M-token contexts).
 MAX_SIZE = {"hidden": 1 << 20, "layers": 10_000, "heads": 1 << 16, "ffn_hidden": 1 << 22,
             "vocab": 1 << 24, "seq_len": 1 << 24, "attention_block": 1 << 24,
-            "vocab_multiple": 1 << 16, "kv_heads": 1 << 16, "rope_original_max": 1 << 24}
+            "vocab_multiple": 1 << 16, "kv_heads": 1 << 16, "rope_original_max": 1 << 24,
+            "kv_channels": 1 << 16}
 MAX_ROPE_SCALING = 1024.0                # Llama 3.1: 8; Llama 3.2 1B/3B: 32
 
 
@@ -47,6 +48,13 @@ class ModelConfig:
     `position = "rope"` (theta; Llama 3.1's frequency scaling when `rope_scaling` > 0),
     `kv_heads` < heads (grouped-query attention; 1: multi-query), `bias = false`,
     `tied_embeddings = false` (an output layer of its own).
+
+    Qwen3 attention: `kv_channels` > 0 sets each head's width apart from hidden / heads
+    (Megatron-Core TransformerConfig.kv_channels; HF `head_dim`): the query projection is
+    then hidden -> heads x kv_channels and the output projection back. `qk_norm` applies an
+    RMSNorm over each head's q and k (one gain of kv_channels each, shared by the heads)
+    after the QKV GEMM and before RoPE (Megatron-Core `qk_layernorm`; HF Qwen3Attention
+    q_norm / k_norm; Qwen3 report, arXiv 2505.09388, 2).
     """
 
     name: str
@@ -78,6 +86,8 @@ class ModelConfig:
     rope_high_freq_factor: float = 4.0
     rope_original_max: int = 8192    # the context the scaled frequencies were trained on
     moe: MoeConfig | None = None     # experts in place of the MLP (`model/moe/`)
+    kv_channels: int = 0             # a head's width; 0: hidden // heads (Megatron-Core)
+    qk_norm: bool = False            # RMSNorm of each head's q and k (Qwen3)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attention",
@@ -87,10 +97,14 @@ class ModelConfig:
             if not 1 <= getattr(self, key) <= MAX_SIZE[key]:
                 raise FieldError(f"model.{key}", getattr(self, key),
                                        f"must be in 1..{MAX_SIZE[key]}")
-        if self.hidden % self.heads:
+        if not 0 <= self.kv_channels <= MAX_SIZE["kv_channels"]:
+            raise FieldError("model.kv_channels", self.kv_channels,
+                             f"must be in 1..{MAX_SIZE['kv_channels']} (or 0: hidden // heads)")
+        if not self.kv_channels and self.hidden % self.heads:
             raise FieldError("model.heads", self.heads,
                                    f"does not divide model.hidden={self.hidden}; choose heads "
-                                   f"in {braces(divisors(self.hidden))}")
+                                   f"in {braces(divisors(self.hidden))} (or set "
+                                   "model.kv_channels)")
         for key, allowed in (("norm", NORMS), ("attention_mask", MASKS),
                              ("attention", ATTENTIONS)):
             if getattr(self, key) not in allowed:
@@ -106,6 +120,10 @@ class ModelConfig:
                                  f"choose one of {braces(allowed)}")
         self._check_attention_heads()
         self._check_rope()
+        if self.qk_norm and self.norm_kind != "rmsnorm":
+            raise FieldError("model.qk_norm", True, "needs model.norm_kind='rmsnorm' (Megatron-"
+                             "Core's qk_layernorm uses the model's norm; only RMSNorm's is "
+                             "modelled)")
         if self.moe is not None and not self.gated:
             raise FieldError("model.activation", self.activation,
                              "must be swiglu with experts (moe): the experts are SwiGLU FFNs")
@@ -134,7 +152,8 @@ class ModelConfig:
         if self.position != "rope":
             return
         if self.head_dim % 2:
-            raise FieldError("model.heads", self.heads, f"gives an odd head size "
+            key = "kv_channels" if self.kv_channels else "heads"
+            raise FieldError(f"model.{key}", getattr(self, key), f"gives an odd head size "
                              f"{self.head_dim}; rotary positions need an even one")
         if not 0 < self.rope_theta < math.inf:
             raise FieldError("model.rope_theta", self.rope_theta, "must be > 0")
@@ -151,7 +170,16 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        """A head's width: kv_channels, or hidden // heads when it is 0 (Megatron-Core's
+        TransformerConfig: kv_channels defaults to hidden_size // num_attention_heads)."""
+        return self.kv_channels or self.hidden // self.heads
+
+    @property
+    def attn_width(self) -> int:
+        """Columns of the query projection and rows of the output projection: heads x
+        head_dim (= hidden unless kv_channels says otherwise; Megatron-Core
+        `query_projection_size = kv_channels * num_attention_heads`)."""
+        return self.heads * self.head_dim
 
     @property
     def causal(self) -> bool:
@@ -180,16 +208,19 @@ class ModelConfig:
         multiple = make_vocab_size_divisible_by * tensor_model_parallel_size)."""
         return replace(self, vocab_padded=_round_up(self.vocab, self.vocab_multiple * tp))
 
-    def param_count(self) -> int:
-        """Parameters of the unsharded model (with its padded vocabulary)."""
-        h, dh = self.hidden, self.head_dim
+    def param_count(self, active: bool = False) -> int:
+        """Parameters of the unsharded model (with its padded vocabulary); `active`: those
+        a token passes (an MoE layer's top_k routed experts, not all of them)."""
+        h, dh, q = self.hidden, self.head_dim, self.attn_width
         kv = self.groups * dh
         b = 1 if self.bias else 0
         norm = (2 if self.norm_kind == "layernorm" else 1) * h
-        attn = 2 * norm + h * (h + 2 * kv) + b * (h + 2 * kv) + h * h + b * h
+        qk = 2 * dh if self.qk_norm else 0          # the q and k gains, shared by the heads
+        attn = 2 * norm + h * (q + 2 * kv) + b * (q + 2 * kv) + q * h + b * h + qk
         edge = self.padded_vocab * h * (1 if self.tied_embeddings else 2) + norm
         edge += self.seq_len * h if self.position == "learned" else 0
-        return self.layers * attn + sum(self.mlp_params(i) for i in range(self.layers)) + edge
+        return self.layers * attn + edge + sum(self.mlp_params(i, active)
+                                               for i in range(self.layers))
 
     def mlp_params(self, layer: int, active: bool = False) -> int:
         """Parameters of a layer's MLP: dense, or its router, experts (the top_k a token

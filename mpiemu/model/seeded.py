@@ -30,9 +30,11 @@ def full_param_specs(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...], s
     init: "normal" N(0, std), "scaled" N(0, std / sqrt(2 layers)) for the projections that
     feed the residual stream (GPT-2, Megatron), "zeros" (biases), "ones" (norm gains).
     RMSNorm has no bias; a gated MLP has a gate `w1` and an up projection `w3` (Llama's
-    names); rotary positions have no table; an untied model has its own `lm_head`.
+    names); rotary positions have no table; an untied model has its own `lm_head`. The
+    query and output projections are heads x head_dim wide (`kv_channels`); QK-norm adds a
+    gain of head_dim for q and one for k (`q_norm.g`, `k_norm.g`, ones as RMSNorm's).
     """
-    h, f, kv = cfg.hidden, cfg.ffn_hidden, cfg.groups * cfg.head_dim
+    h, f, kv, q = cfg.hidden, cfg.ffn_hidden, cfg.groups * cfg.head_dim, cfg.attn_width
     yield "wte", (cfg.padded_vocab, h), "normal"
     if cfg.position == "learned":
         yield "wpe", (cfg.seq_len, h), "normal"
@@ -41,10 +43,13 @@ def full_param_specs(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...], s
     for i in range(cfg.layers):
         p = f"layers.{i}."
         yield from _norm(cfg, p + "ln1")
-        for x, width in (("q", h), ("k", kv), ("v", kv)):
+        for x, width in (("q", q), ("k", kv), ("v", kv)):
             yield p + f"attn.w{x}", (h, width), "normal"
             yield from _bias(cfg, p + f"attn.b{x}", width)
-        yield p + "attn.wo", (h, h), "scaled"
+        if cfg.qk_norm:
+            yield p + "q_norm.g", (cfg.head_dim,), "ones"
+            yield p + "k_norm.g", (cfg.head_dim,), "ones"
+        yield p + "attn.wo", (q, h), "scaled"
         yield from _bias(cfg, p + "attn.bo", h)
         yield from _norm(cfg, p + "ln2")
         if cfg.moe is not None and cfg.moe.is_moe(i):

@@ -6,8 +6,12 @@ rank holds its query heads and the KV heads they use; when TP exceeds the KV hea
 rank's QKV GEMM makes an even slice of the grouped QKV output (per KV group: its query
 heads, K, V), which is all-gathered over TP and each rank keeps its group and its query
 heads (Megatron-Core `get_query_key_value_tensors`); backward reduce-scatters the gradient.
-Query head j attends with KV head j // (query heads per KV head). Rotary positions (Llama)
-rotate q and k after the QKV GEMM. Activations are [S*B, width], sequence first.
+Query head j attends with KV head j // (query heads per KV head). QK-norm (Qwen3;
+Megatron-Core `qk_layernorm`) normalizes each q and k head over its head_dim values (RMSNorm,
+one gain each shared by the heads) after the QKV GEMM, and rotary positions (Llama) then
+rotate q and k; under context parallelism the K blocks travel normalized and rotated. A
+head is `model.kv_channels` wide, so the attention's width heads x head_dim need not be
+the hidden size. Activations are [S*B, width], sequence first.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from .executor import Array, Ready
 from .masks import Masks
 from .ops import (Cost, bias_add_cost, bias_grad_cost, rope, rope_back, rope_cost,
                   rope_frequencies, rope_tables)
+from .qk_norm import QkNorm
 
 # Megatron-LM's fused softmax runs for half-precision scores of at most this many keys, else
 # torch's softmax (megatron/model/fused_softmax.py at de593298, is_kernel_available)
@@ -48,6 +53,10 @@ class SelfAttention(Block):
         if d.gathered:            # TP exceeds the KV heads: every rank's slice, all of it
             qkv = E.tp_gather_cols(f"{self.tag}.qkv.gather", qkv, d.rows, w)
         c: Cache = {"h": y}       # the input (its sequence shard under SP: gathered again)
+        if qkv is not None and d.gathered:
+            qkv = self._own_group(qkv)
+        if cfg.qk_norm:
+            c["qk_norm"] = self._qk_norm().forward(qkv, P)
         qkv = self._rope(qkv, backward=False)
         if d.cp > 1:              # the whole sequence's KV, from the other CP ranks
             q, k, v = self._split(qkv) if qkv is not None else (None, None, None)
@@ -87,6 +96,10 @@ class SelfAttention(Block):
                     self._charge_core(backward=False, suffix=".recompute")
             self._charge_core(backward=True)
         dqkv = self._rope(dqkv, backward=True)
+        if self.cfg.qk_norm:
+            self._qk_norm().backward(dqkv, c["qk_norm"], P, G, ready)
+        if dqkv is not None and d.gathered:
+            dqkv = self._grouped_grad(dqkv)
         if d.gathered:            # each rank's share of every rank's gradient, summed
             dqkv = E.tp_scatter_cols(f"{self.tag}.qkv.scatter", dqkv, d.rows, d.qkv_width)
         qkv_b = self.biases("qkv.b")
@@ -179,12 +192,14 @@ class SelfAttention(Block):
         return dkv.reshape(b, d.kv_heads, r, s, dh).sum(2)
 
     # -- rotary positions and the grouped QKV ---------------------------------------------------
+    def _qk_norm(self) -> QkNorm:
+        """QK-norm over the rank's q and k heads (`qk_norm`)."""
+        return QkNorm(self.E, self.cfg, self.d, self.p, self.tag)
+
     def _rope(self, qkv: Array, backward: bool) -> Array:
-        """q and k of the QKV output (the gathered one: the rank's group) rotated by their
-        positions, or their gradients rotated back: the rank's [rows, q | k | v]."""
+        """q and k of the rank's [rows, q | k | v] rotated by their positions (in place), or
+        their gradients rotated back."""
         d, E, cfg = self.d, self.E, self.cfg
-        if qkv is not None and d.gathered and not backward:
-            qkv = self._own_group(qkv)
         if cfg.position != "rope":
             return qkv
         sfx = ".bwd" if backward else ".fwd"
@@ -194,8 +209,6 @@ class SelfAttention(Block):
             E.kernel(f"{self.tag}.rope.{what}{sfx}",
                      rope_cost(d.rows, width, d.seq, d.head_dim, E.e, E.kernels.mode),
                      fn, qkv, lo, width)
-        if qkv is not None and d.gathered and backward:
-            qkv = self._grouped_grad(qkv)
         return qkv
 
     def _tables(self, dtype: type) -> tuple[np.ndarray, np.ndarray]:

@@ -14,7 +14,11 @@ row slice of the embedding table or the output layer, "expert" a routed expert's
 tensors ([gate | up] for FC-1), held by the expert-parallel rank its expert belongs to
 (experts split contiguously over EP; expert tensor parallelism 1). Under sequence parallelism a
 replicated parameter sees only the rank's sequence rows, so its gradient is a partial sum
-that must be all-reduced over TP (Megatron's layernorm grads).
+that must be all-reduced over TP (Megatron's layernorm grads). QK-norm's gains (Qwen3) are
+replicated too but applied to every head: a TP rank holds its own heads, so its gradient
+is a partial sum over them and is all-reduced over TP whenever tp > 1, with or without SP
+(`heads_shared`; HF transformers plans them "replicated_with_grad_allreduce",
+configuration_qwen3_moe.py @008e5743 `base_model_tp_plan`).
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ class LocalParam(NamedTuple):
     shape: tuple[int, ...]     # local shape
     layer: int                 # -1 for embedding / final norm
     split: tuple[int, ...] = ()    # "qkv", "glu": local columns of each full tensor, in order
+    heads_shared: bool = False     # a gain every head applies (QK-norm): partial over TP
 
     @property
     def tp_split(self) -> bool:
@@ -49,6 +54,11 @@ class LocalParam(NamedTuple):
     def sp_partial(self) -> bool:
         """Gradient is a partial sum over TP ranks under sequence parallelism."""
         return self.kind == "rep"
+
+    def tp_partial(self, sp: bool, tp: int) -> bool:
+        """Gradient is a partial sum over the tp ranks: a replicated parameter under SP
+        (the rank's sequence rows), or a gain shared by heads split over TP."""
+        return tp > 1 and ((sp and self.sp_partial) or self.heads_shared)
 
     @property
     def decay(self) -> bool:
@@ -79,7 +89,10 @@ def local_params(cfg: ModelConfig, tp: int, ep: int = 1, ep_rank: int = 0
         p = f"layers.{i}."
         yield from _norm(cfg, p + "ln1", i)
         yield from _qkv(cfg, tp, p, i)
-        yield LocalParam(p + "proj.w", (p + "attn.wo",), "row", (h // tp, h), i)
+        if cfg.qk_norm:          # one RMSNorm gain of head_dim for q and one for k
+            for x in ("q_norm.g", "k_norm.g"):
+                yield LocalParam(p + x, (p + x,), "rep", (cfg.head_dim,), i, (), True)
+        yield LocalParam(p + "proj.w", (p + "attn.wo",), "row", (cfg.attn_width // tp, h), i)
         if cfg.bias:
             yield LocalParam(p + "proj.b", (p + "attn.bo",), "rep", (h,), i)
         yield from _norm(cfg, p + "ln2", i)

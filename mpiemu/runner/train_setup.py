@@ -183,6 +183,9 @@ def _validate_sunway(w: Workload) -> None:
                           cfg.kv_heads if cfg.groups != cfg.heads else False,
                           "Sunway ranks schedule SwFormer's GPT layer (multi-head attention "
                           "with biases)")
+    if cfg.attn_width != cfg.hidden:
+        raise ConfigError("model.kv_channels", cfg.kv_channels, "Sunway ranks schedule "
+                          "SwFormer's GPT layer (heads x head_dim = model.hidden); use 0")
     if w.parallel.sequence_parallel:
         raise ConfigError("parallel.sequence_parallel", True, "Sunway ranks model Megatron TP "
                           "with all-reduces (SWattention / SwFormer); set it to false")

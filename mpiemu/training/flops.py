@@ -13,6 +13,11 @@ V/(16 h L))). MFU = model FLOPs / (time x devices x peak), HFU the same with har
 Llama-family blocks count as Megatron-Core's `num_floating_point_operations` does
 (megatron/training/training.py): QKV 2 h (h + 2 h_kv) with grouped-query attention, the MLP
 2 h f g with g = 3 for SwiGLU (gate, up, down) and 2 otherwise; the attention core as above.
+Heads of their own width (`kv_channels`, Qwen3) count as there too: its
+`query_projection_size = args.kv_channels * args.num_attention_heads` (a d) scales the QKV
+GEMM, 2 h (a d + 2 g d) with g KV heads, the output projection, 2 a d h, and the attention
+core, 2 x 2 s a d per token (a d = h otherwise, so every other model counts as before);
+QK-norm is not a GEMM and is not counted.
 An MoE layer's MLP counts the experts a token passes, 2 h g (k f_e + f_shared), the router
 not counted (as there: routed experts x moe_ffn_hidden_size, plus the shared experts).
 """
@@ -25,13 +30,14 @@ def layer_forward_flops(cfg: ModelConfig, tokens: int, layer: int = 0
                         ) -> tuple[float, float]:
     """(GEMM FLOPs of layer `layer`'s forward, of which the attention core) for `tokens`."""
     h, f, s = cfg.hidden, cfg.ffn_hidden, cfg.seq_len
+    q = cfg.attn_width                                   # heads x head_dim (= h by default)
     kv = cfg.groups * cfg.head_dim                       # K and V widths (GQA: fewer heads)
     m = cfg.moe
     if m is not None and m.is_moe(layer):
         f = m.top_k * m.expert_ffn + m.shared_ffn
     mlp = (3 if cfg.gated else 2) * h * f
-    core = 2.0 * 2 * s * h * tokens
-    return 2.0 * (h * (h + 2 * kv) + h * h + mlp) * tokens + core, core
+    core = 2.0 * 2 * s * q * tokens
+    return 2.0 * (h * (q + 2 * kv) + q * h + mlp) * tokens + core, core
 
 
 def model_flops(cfg: ModelConfig, global_batch: int) -> float:

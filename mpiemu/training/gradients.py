@@ -5,8 +5,9 @@ Each micro-batch's gradient of a parameter reaches Megatron's `main_grad` buffer
 hook (`grad_buffer`); after the last micro-batch it joins the DP buckets (`data_parallel`),
 which reduce while backward goes on (Megatron: no_sync for the other micro-batches).
 Gradients reduced elsewhere first join the buckets at the step's end: under sequence
-parallelism those of parameters that saw only the rank's sequence rows (all-reduced over
-TP), and with pp > 1 the tied embedding's (all-reduced between the first and last stage).
+parallelism those of parameters that saw only the rank's sequence rows, and with tp > 1
+QK-norm's gains, which saw only the rank's heads (both all-reduced over TP), and with
+pp > 1 the tied embedding's (all-reduced between the first and last stage).
 With the distributed optimizer's overlapped parameter gather, a forward waits for its
 layer's parameters here.
 """
@@ -58,7 +59,7 @@ class StageGradients:
         self.buckets: GradBuckets | ShardedGrads = ShardedGrads(
             shard, self.grad_bytes, units(model.specs, shard),
             {lp.name: lp.layer for lp in model.specs}, ex.cost.reduction_s, bidirectional,
-            partial=self._sp_grad_sync if model.d.sp else None,
+            partial=self._sp_grad_sync if self._tp_partial() else None,
             replicas=replicas) if sharded else GradBuckets(
             dp, self.grad_bytes, math.inf if ddp == "local" else bucket_bytes,
             sizes, bidirectional, shard=zero == 1,
@@ -68,8 +69,7 @@ class StageGradients:
         # gradients reduced elsewhere first (TP under SP; the tied table across stages):
         # they join the DP buckets at the end of the step (ZeRO-2 / 3: each unit's SP ones
         # are summed over TP just before it is reduce-scattered)
-        sp_partial = [lp.name for lp in model.specs if lp.sp_partial] \
-            if model.d.sp and not sharded else []
+        sp_partial = [] if sharded else self._tp_partial()
         self.tied_across_stages = model.pp > 1 and model.cfg.tied_embeddings \
             and "wte" in model.P            # a first or last stage, the table tied
         self.deferred = sp_partial + (["wte"] if self.tied_across_stages else [])
@@ -182,21 +182,25 @@ class StageGradients:
         if out is not None and g is not None:
             m.G["wte"] = out.reshape(g.shape)
 
+    def _tp_partial(self) -> list[str]:
+        """The gradients that are partial sums over TP (`LocalParam.tp_partial`)."""
+        d = self.model.d
+        return [lp.name for lp in self.model.specs if lp.tp_partial(d.sp, d.tp)]
+
     def _sp_grad_sync(self, among: list[str] | None = None) -> None:
-        """All-reduce over TP the gradients of replicated parameters, which saw only this
-        rank's sequence rows (Megatron SP); `among`: of these tensors only (one unit's)."""
+        """All-reduce over TP the gradients of replicated parameters which saw only this
+        rank's sequence rows (Megatron SP) or heads (QK-norm's gains); `among`: of these
+        tensors only (one unit's)."""
         m = self.model
-        if not m.d.sp:
-            return
-        names = [lp.name for lp in m.specs if lp.sp_partial and
-                 (among is None or lp.name in among)]
+        names = [n for n in self._tp_partial() if among is None or n in among]
         if not names or (among is None and isinstance(self.buckets, ShardedGrads)):
             return
         count = sum(m.by_name[n].size for n in names)
         flat = None
         if self.E.on:
             flat = np.concatenate([np.ravel(m.G[n]) for n in names])   # type: ignore[arg-type]
-        out = self.E.tp_sum("tp.sp_grads", flat, count, self.grad_bytes)
+        label = "tp.sp_grads" if m.d.sp else "tp.head_grads"
+        out = self.E.tp_sum(label, flat, count, self.grad_bytes)
         if out is not None:
             offset = 0
             for n in names:

@@ -50,9 +50,10 @@ def layer_stored(cfg: ModelConfig, d: Dims, recompute: str = "none", moe: bool =
                  ) -> Stored:
     """What one layer keeps (pre- or post-norm alike): per sub-layer the norm's input and
     statistics, the input of the column-parallel GEMM (a sequence shard under SP), and the
-    sub-layer's own tensors (q, the KV heads once each, the context; the MLP activation's
-    input and output, or the experts': `moe`); under `full` recomputation only the layer's
-    input."""
+    sub-layer's own tensors (q, the KV heads once each, the context, heads x head_dim wide
+    (`kv_channels`); QK-norm's inputs q and k and one fp32 rstd per head and row; the MLP
+    activation's input and output, or the experts': `moe`); under `full` recomputation only
+    the layer's input."""
     t, ts, h, w = d.rows, d.shard_rows, d.hidden, d.attn_width
     if recompute == "full":
         return Stored(act=ts * h)
@@ -60,6 +61,8 @@ def layer_stored(cfg: ModelConfig, d: Dims, recompute: str = "none", moe: bool =
     drop = cfg.hidden_dropout > 0
     s = Stored(act=4 * ts * h, stats=2 * norm_stats(cfg) * ts, masks=2 * ts * h if drop else 0)
     s += Stored(act=2 * t * w + 2 * t * d.kv_heads * d.head_dim)   # q, k, v, the context
+    if cfg.qk_norm:                             # the norms' inputs and rstd (`qk_norm`)
+        s += Stored(act=t * (w + d.kv_heads * d.head_dim), stats=t * (d.heads + d.kv_heads))
     if cfg.attention == "flash":
         s += Stored(stats=d.batch * d.heads * d.seq)          # row log-sum-exp only
     elif recompute == "none":                                  # baseline, sd, sdf keep y

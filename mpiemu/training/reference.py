@@ -8,6 +8,9 @@ dropout masks (`seeded`) and the normal CDF of the erf GeLU (`special`, thesis E
 Llama-family switches of `ModelConfig`: RMSNorm, SwiGLU (gate `w1`, up `w3`), rotary
 positions on q and k, grouped-query attention (`kv_heads`), linear layers without biases and
 an untied output layer `lm_head`; every combination, with the GPT and BERT paths unchanged.
+Qwen3's attention: heads of `kv_channels` apart from hidden / heads (Wq [H, heads x dh],
+Wo [heads x dh, H]) and QK-norm, an RMSNorm of each q and k head over its dh values with
+one gain each shared by the heads, before the rotation (HF Qwen3Attention: q_norm, k_norm).
 """
 from __future__ import annotations
 
@@ -96,7 +99,7 @@ class Reference:
         k rotated by their positions under rotary embeddings."""
         cfg = self.cfg
         pre = f"layers.{i}.attn."
-        bsz, s, h = x.shape
+        bsz, s, _ = x.shape
         nh, ng, dh = cfg.heads, cfg.groups, cfg.head_dim
 
         def heads(t: np.ndarray, n: int) -> np.ndarray:
@@ -105,6 +108,10 @@ class Reference:
         q = heads(self._linear(x, pre + "wq", pre + "bq"), nh)
         k = heads(self._linear(x, pre + "wk", pre + "bk"), ng)
         v = heads(self._linear(x, pre + "wv", pre + "bv"), ng)
+        qk: Cache = {}
+        if cfg.qk_norm:           # over each head's dh values, one gain shared by the heads
+            q, qk["q"] = rms_norm(q, self.params[f"layers.{i}.q_norm.g"], cfg.layernorm_eps)
+            k, qk["k"] = rms_norm(k, self.params[f"layers.{i}.k_norm.g"], cfg.layernorm_eps)
         if self.rope is not None:
             cos, sin = self.rope[0][:s], self.rope[1][:s]            # (S, dh)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -116,10 +123,10 @@ class Reference:
         probs = e / e.sum(-1, keepdims=True)
         mask = self._probs_mask(it, i)
         dropped = probs if mask is None else probs * mask
-        o = (dropped @ v_all).transpose(0, 2, 1, 3).reshape(bsz, s, h)  # (B, S, H)
+        o = (dropped @ v_all).transpose(0, 2, 1, 3).reshape(bsz, s, nh * dh)  # (B, S, nh dh)
         out = self._linear(o, pre + "wo", pre + "bo")
         return out, {"x": x, "q": q, "k": k_all, "v": v_all, "probs": probs, "mask": mask,
-                     "dropped": dropped, "o": o}
+                     "dropped": dropped, "o": o, "qk": qk}
 
     def _attention_back(self, dout: np.ndarray, c: Cache, i: int,
                         g: dict[str, np.ndarray]) -> np.ndarray:
@@ -140,6 +147,9 @@ class Reference:
         if self.rope is not None:
             cos, sin = self.rope[0][:s], self.rope[1][:s]
             dq, dk = apply_rope_back(dq, cos, sin), apply_rope_back(dk, cos, sin)
+        if self.cfg.qk_norm:
+            dq, g[f"layers.{i}.q_norm.g"] = rms_norm_back(dq, c["qk"]["q"])
+            dk, g[f"layers.{i}.k_norm.g"] = rms_norm_back(dk, c["qk"]["k"])
         dx = np.zeros_like(c["x"])
         for name, d in (("q", dq), ("k", dk), ("v", dv)):
             d2 = d.transpose(0, 2, 1, 3).reshape(bsz, s, -1)           # (B, S, n * dh)
