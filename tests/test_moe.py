@@ -135,7 +135,9 @@ def test_balanced_experts_fold_exactly(tmp_path: Path, name: str, grid: list[str
 
 
 @pytest.mark.parametrize("ranks, extra, field", [
-    (2, ["parallel.dp=2", "parallel.ep=3"], "parallel.ep=3: does not divide moe.experts=8"),
+    (4, ["parallel.dp=4", "parallel.ep=4", "moe.experts=6"],
+     "parallel.ep=4: does not divide moe.experts=6"),
+    (2, ["parallel.dp=2", "parallel.ep=3"], "parallel.ep=3: does not divide a stage's"),
     (2, ["parallel.dp=2", "parallel.ep=4"], "parallel.ep=4: does not divide a stage's"),
     (1, ["moe.top_k=9"], "moe.top_k=9: must be in 1..moe.experts=8"),
     (1, ["moe.capacity_factor=-0.5"], "moe.capacity_factor=-0.5: must be > 0"),

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from ..model.pipeline_schedules import SCHEDULES
 from ..model.pipeline_split import LayerSplit
+from ..model.config import braces, divisors
 from .errors import ConfigError
 
 CP_COMMS = ("p2p", "all_gather")     # Megatron-Core --cp-comm-type (a2a not modelled)
@@ -45,6 +46,11 @@ class ParallelSection:
             if getattr(self, name) < 0:
                 raise ConfigError(f"parallel.{name}", getattr(self, name),
                                   "an integer >= 0 (0: as the other stages)")
+        stage = self.tp * self.cp * self.dp
+        if stage % self.ep:
+            raise ConfigError("parallel.ep", self.ep, f"does not divide a stage's tp*cp*dp = "
+                              f"{stage} ranks (expert parallel x expert data parallel); "
+                              f"choose ep in {braces(divisors(stage))}")
         if self.devices > MAX_DEVICES:
             raise ConfigError(self.grid_field, self.grid_value,
                               f"at most {MAX_DEVICES} emulated devices (a folded job still "

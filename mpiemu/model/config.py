@@ -235,8 +235,9 @@ class ModelConfig:
 
 
 def divisors(n: int) -> list[int]:
-    """The divisors of n, ascending (for 'choose tp in ...' messages)."""
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of n, ascending (for 'choose tp in ...' messages): pairs up to sqrt(n)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def braces(items: Sequence[object]) -> str:

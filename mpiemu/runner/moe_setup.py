@@ -46,14 +46,9 @@ def validate_moe(w: Workload, cfg: ModelConfig) -> None:
             raise ConfigError("parallel.ep", ep, f"needs a model with experts; model.preset="
                               f"{w.model.preset!r} has none (try tiny-moe or mixtral-8x7b)")
         return
-    stage = par.tp * par.cp * par.dp
     if cfg.moe.experts % ep:
         raise ConfigError("parallel.ep", ep, f"does not divide moe.experts={cfg.moe.experts}; "
                           f"choose ep in {braces(divisors(cfg.moe.experts))}")
-    if stage % ep:
-        raise ConfigError("parallel.ep", ep, f"does not divide a stage's tp*cp*dp = {stage} "
-                          "ranks (expert parallel x expert data parallel); choose ep in "
-                          f"{braces([e for e in divisors(stage) if cfg.moe.experts % e == 0])}")
     if par.tp > 1 and not par.sequence_parallel:
         raise ConfigError("parallel.sequence_parallel", False, "must be true with experts and "
                           "parallel.tp > 1 (Megatron-Core requires it: each TP rank routes its "
