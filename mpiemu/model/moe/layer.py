@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...comm.mirror import Mirror
 from ..block import Block, Cache, Params, acc, transposed
 from ..config import ModelConfig
 from ..dims import Dims
@@ -99,6 +98,7 @@ class MoeMlp(Block):
     def _plan(self, local: np.ndarray, r: Routing | None) -> Plan:
         """Every EP rank's counts (all-gathered, Megatron's `preprocess`) and this rank's
         permutation: kept choices expert-major in token order."""
+        from ...comm.mirror import Mirror  # noqa: PLC0415  (MPI: only where a run has EP)
         E, ep = self.E, self.ep
         every = local[None]
         if ep is not None and ep.size > 1:
