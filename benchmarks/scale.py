@@ -94,7 +94,11 @@ FOLDED = [(8, 1024, PP8, ["parallel.dp=16", "train.global_batch=1536", *ZERO]),
           (64, 3072, "workloads/megatron-1t-tp8-pp64.toml",
            ["parallel.dp=6", "train.global_batch=3072", *ZERO]),
           # Llama 3.1 405B as pre-trained (Llama 3 paper Table 4): TP 8 x PP 16 x DP 128
-          (16, 16384, "workloads/llama3.1-405b-tp8-pp16-dp128.toml", [])]
+          (16, 16384, "workloads/llama3.1-405b-tp8-pp16-dp128.toml", []),
+          # Mixtral 8x7B, experts split over EP 8 = TP 8 (SP), DP 32, PP 4: 1,024 H100s
+          (4, 1024, "workloads/mixtral-8x7b-ep8.toml",
+           ["parallel.tp=8", "parallel.ep=8", "parallel.dp=32", "parallel.pp=4",
+            "parallel.sequence_parallel=true", "train.global_batch=1024", *ZERO])]
 SMALL = ["model.layers=8", "train.memory_check=warn", "run.iterations=1"]
 # (what, unfolded ranks, folded ranks, workload, overrides): three symmetry kinds
 EXACT = [("TP ring", 8, 1, TP8, ["model.layers=2", *SMALL[1:]]),

@@ -47,17 +47,16 @@ def write(world: Any, log: RoutingLog, path: Path, layers: int, tokens: int, ran
     its = 1 + max((it for _, c, _ in every for it, _ in c), default=-1)
     ranks = 1 + max(r for r, _, _ in every)
     counts = np.zeros((its, layers, ranks, moe.experts), np.int64)
-    choices = np.full((its, layers, tokens, moe.top_k), -1, np.int32)
-    seen = np.zeros((its, layers), bool)
-    for r, cnt, cho in every:
+    for r, cnt, _ in every:
         for (it, layer), c in cnt.items():
             counts[it, layer, r] += c
-        for (it, layer), parts in cho.items():
-            seen[it, layer] = True
-            for tok, ch in parts:
-                choices[it, layer, tok] = ch
     arrays: dict[str, Any] = {"counts": counts, "experts": moe.experts, "top_k": moe.top_k}
-    if seen.any():
+    if any(cho for _, _, cho in every):      # the router ran: every token's choices
+        choices = np.full((its, layers, tokens, moe.top_k), -1, np.int32)
+        for _, _, cho in every:
+            for (it, layer), parts in cho.items():
+                for tok, ch in parts:
+                    choices[it, layer, tok] = ch
         arrays["choices"] = choices
     np.savez_compressed(path, **arrays)
 
