@@ -23,13 +23,12 @@ from __future__ import annotations
 import json
 import re
 import tempfile
-import time
 import tomllib
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from . import runs as launch
 from .common import Golden, Row, load_figures
+from .measured_rows import Plan, emulate, last_wins, run
 
 MEASURED = Path(__file__).with_name("llama_measured.toml")
 WORKLOAD = """name = "llama"
@@ -101,18 +100,12 @@ def overrides(row: dict[str, Any]) -> list[str]:
             sets += list(rule["sets"])
     for e in _by_prefix("model_overrides", row):
         sets += list(e["sets"])
-    return _last_wins(sets)
+    return last_wins(sets)
 
 
 def _layers(preset: str) -> int:
     from ..model.presets import load_model_preset  # noqa: PLC0415
     return load_model_preset(preset).config.layers
-
-
-def _last_wins(sets: list[str]) -> list[str]:
-    """One item per key, the last one given, in first-seen order."""
-    last = {s.split("=")[0]: s for s in sets}
-    return list(dict.fromkeys(last[s.split("=")[0]] for s in sets))
 
 
 def write_workload(where: Path) -> Path:
@@ -122,15 +115,6 @@ def write_workload(where: Path) -> Path:
     path = where / "llama.toml"
     path.write_text(WORKLOAD.format(dtype=fig["emulated_dtype"].value, device=fig["device"].value))
     return path
-
-
-class Plan(NamedTuple):
-    """How one row is emulated: its overrides, MPI processes, or why it is not run."""
-
-    row: dict[str, Any]
-    sets: list[str]
-    processes: int
-    reason: str                      # "" when it is emulated
 
 
 def plan(row: dict[str, Any], workload: Path) -> Plan:
@@ -260,53 +244,10 @@ def study_rows(runs: Path, ids: tuple[str, ...] = (), reuse: bool = False
     """(rows.csv, runs.csv) rows for every BF16 row (or those of `ids`): each distinct
     layout emulated once, in its folded form where that is exact."""
     workload = write_workload(runs)
-    done: dict[tuple[str, ...], tuple[str, dict[str, Any]]] = {}
-    planned: dict[tuple[str, ...], Plan] = {}
-    rows: list[Row] = []
-    log: list[Row] = []
-    for r in measured():
-        if ids and r["id"] not in ids:
-            continue
-        key = (str(r["gpus"]), *overrides(r))
-        if key not in planned:          # folding's check of a 2048-GPU layout takes seconds
-            planned[key] = plan(r, workload)
-        p = planned[key]._replace(row=r)
-        if p.reason:
-            rows.append(row_of(p, workload, None, ""))
-            continue
-        if key not in done:
-            out = runs / r["id"]
-            t0 = time.perf_counter()
-            try:
-                ran = _launch(p, workload, out, reuse)
-            except RuntimeError as exc:
-                planned[key] = _fold_failed(p, exc)
-                if planned[key].reason:
-                    rows.append(row_of(planned[key], workload, None, ""))
-                    continue
-                p = planned[key]
-                ran = _launch(p, workload, out, reuse)
-            log.append({"run": r["id"], "gpus": r["gpus"], "processes": p.processes,
-                        "wall_s": time.perf_counter() - t0 if ran else None,
-                        "sets": " ".join(p.sets)})
-            done[key] = (r["id"], json.loads((out / "manifest.json").read_text())["summary"])
-        first, summary = done[key]
-        rows.append(row_of(p, workload, summary, first))
-    return rows, log
-
-
-def _fold_failed(p: Plan, exc: RuntimeError) -> Plan:
-    """A folded run that folding stopped at its first inexact call (`FoldError`): unfolded
-    if the study can afford one process per GPU, else not emulated, saying why."""
-    found = re.search(r"FoldError: run\.fold: (.*?)(?:, so folding| \(traceback|$)", str(exc))
-    if found is None or p.processes >= int(p.row["gpus"]):
-        raise exc
-    gpus, limit = int(p.row["gpus"]), int(load_figures("llama")["max_processes"].value)
-    if gpus <= limit:
-        return p._replace(processes=gpus)
-    return p._replace(reason=f"{gpus} GPUs need {gpus} MPI processes unfolded, more than this "
-                             f"study's {limit}; folded, the run stops at its first inexact call "
-                             f"({found.group(1)})")
+    return emulate([r for r in measured() if not ids or r["id"] in ids],
+                   lambda r: (str(r["gpus"]), *overrides(r)), lambda r: plan(r, workload),
+                   lambda p, summary, first: row_of(p, workload, summary, first), runs,
+                   workload, int(load_figures("llama")["max_processes"].value), 3000, reuse)
 
 
 def what_if_rows(runs: Path, rows: list[Row], reuse: bool = False) -> list[Row]:
@@ -320,9 +261,9 @@ def what_if_rows(runs: Path, rows: list[Row], reuse: bool = False) -> list[Row]:
         if d["row"] not in base:
             continue
         p = plan(meas[d["row"]], workload)
-        p = p._replace(sets=_last_wins(p.sets + list(d["sets"])))
+        p = p._replace(sets=last_wins(p.sets + list(d["sets"])))
         where = runs / f"what-if-{d['row']}"
-        _launch(p, workload, where, reuse)
+        run(p, workload, where, reuse, 3000)
         it = json.loads((where / "manifest.json").read_text())["summary"]["iterations"][0]
         step, b = float(it["t_end"] - it["t_start"]), base[d["row"]]
         idle = step - it["compute_s"] - it["tp_exposed_s"] - it["dp_exposed_s"]
@@ -332,19 +273,6 @@ def what_if_rows(runs: Path, rows: list[Row], reuse: bool = False) -> list[Row]:
                     "what_if_idle_s": idle, "ours_dp_exposed_s": b["ours_dp_exposed_s"],
                     "what_if_dp_exposed_s": float(it["dp_exposed_s"])})
     return out
-
-
-def _launch(p: Plan, workload: Path, out: Path, reuse: bool) -> bool:
-    """Run it (False: `reuse` and a complete run with the same overrides is already there)."""
-    manifest = out / "manifest.json"
-    if reuse and manifest.exists():
-        m = json.loads(manifest.read_text())
-        given = [c for i, c in enumerate(m.get("command", [])) if i and
-                 m["command"][i - 1] == "--set"]
-        if m.get("status") == "complete" and given == p.sets:
-            return False
-    launch.run(p.processes, workload, p.sets, out, timeout=3000)
-    return True
 
 
 def golden() -> list[Golden]:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import moe
+from . import moe, moe_rows
 from .common import Row, md_table, pct, plt, signed_pct, write_csv
 
 UNITS = {"step_time_s": "s / step", "tokens_per_s_per_gpu": "tokens/s/GPU",
@@ -136,7 +136,7 @@ def _kv_channels_status() -> str:
     from ..model.presets import load_model_preset  # noqa: PLC0415
     parts = []
     for name in ("qwen3-30b-a3b", "qwen3-235b-a22b"):
-        cfg, nm = load_model_preset(name).config, moe.not_modelled(name)
+        cfg, nm = load_model_preset(name).config, moe_rows.not_modelled(name)
         if "head_dim" in nm and cfg.head_dim != int(nm["head_dim"]):
             parts.append(f"`{name}` runs heads of {cfg.head_dim} (hidden / heads) where the "
                          f"model's are {nm['head_dim']} wide (its [not_modelled] head_dim; "
@@ -224,7 +224,7 @@ def _why(rows: list[Row]) -> list[str]:
 
 def markdown(rows: list[Row], log: list[Row], wall_s: float,
              checks: list[Row]) -> list[str]:
-    fp8 = moe.fp8_rows()
+    fp8 = moe_rows.fp8_rows()
     folded = sum(1 for x in log if x["processes"] < x["gpus"])
     out = ["# Mixture-of-Experts pre-training on H100: emulated vs measured (BF16)", "",
            "Regenerate: `make reports` or `mpiemu report moe` (`--keep-runs DIR --reuse` "
