@@ -19,7 +19,7 @@ import numpy as np
 
 from ..comm.collectives import all_gather
 from .data_parallel import BucketShard, GradBuckets
-from .fully_sharded import ShardedGrads, ShardedParams
+from .fully_sharded import ShardedGrads, ShardedParams, fill
 from .config import OptimizerConfig
 from ..model.executor import Executor
 from ..model.block import Params
@@ -144,12 +144,7 @@ class DistributedAdam:
                 layer = self.by_name[name].layer
                 self.param_ready[layer] = max(self.param_ready.get(layer, 0.0), span.t_end)
             if full is not None:
-                offset = 0
-                for name in sh.names:
-                    p = P[name]
-                    assert p is not None
-                    p[...] = full[offset:offset + p.size].reshape(p.shape)
-                    offset += p.size
+                fill(P, sh.names, full)
         if not self.opt.overlap_param_gather:
             E.wait_until(end)
             self.param_ready.clear()

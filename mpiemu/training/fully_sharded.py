@@ -29,7 +29,7 @@ numerics run, so any use of a parameter that was not gathered shows in the resul
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -157,6 +157,16 @@ class ShardedGrads:
         self._by_unit.clear()
 
 
+def fill(P: Params, names: Sequence[str], flat: np.ndarray) -> None:
+    """The tensors `names` of P overwritten, in order, from consecutive slices of `flat`."""
+    offset = 0
+    for n in names:
+        p = P[n]
+        assert p is not None
+        p[...] = flat[offset:offset + p.size].reshape(p.shape)
+        offset += p.size
+
+
 class ShardedParams:
     """ZeRO-3 parameters: each unit's shard between uses, gathered over DP when a pass
     needs it (`need`), freed after (`done`)."""
@@ -199,13 +209,7 @@ class ShardedParams:
             shard = self.shards[key]
             if shard is None:
                 continue
-            full = np.concatenate(self.dp.comm.allgather(shard))
-            offset = 0
-            for n in u.names:
-                p = self.P[n]
-                assert p is not None
-                p[...] = full[offset:offset + p.size].reshape(p.shape)
-                offset += p.size
+            fill(self.P, u.names, np.concatenate(self.dp.comm.allgather(shard)))
 
     def _gather(self, key: int) -> None:
         u = self.units[key]
@@ -213,12 +217,7 @@ class ShardedParams:
                                 wire_itemsize=self.E.e, unit=1, label=f"dp.param_ag.L{key}")
         self.ready[key] = span.t_end
         if full is not None:
-            offset = 0
-            for n in u.names:
-                p = self.P[n]
-                assert p is not None
-                p[...] = full[offset:offset + p.size].reshape(p.shape)
-                offset += p.size
+            fill(self.P, u.names, full)
 
     def _free(self, u: Unit) -> None:
         for n in u.names:
