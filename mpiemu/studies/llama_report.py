@@ -11,19 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from . import llama
+from .measured_report import agreement, emulated, num, sentences
 from .common import Row, load_figures, md_table, pct, plt, signed_pct, write_csv
 
 UNITS = {"step_time_s": "s / step", "tokens_per_s_per_gpu": "tokens/s/GPU",
          "model_tflops_per_gpu": "model TFLOP/s/GPU"}
-
-
-def _emulated(rows: list[Row]) -> list[Row]:
-    return [r for r in rows if r["ours"] is not None]
-
-
-def _num(x: float) -> str:
-    """A measured or emulated value at the precision it is worth."""
-    return f"{x:.2f}" if x < 100 else f"{x:,.0f}"
 
 
 def _layout(r: Row) -> str:
@@ -33,28 +25,19 @@ def _layout(r: Row) -> str:
             f"gb {r['global_batch']} seq {r['seq_len']}, {r['recompute']}, ZeRO-{r['zero']}")
 
 
-def _agreement(em: list[Row]) -> str:
-    """'N of M within the band; median and worst |difference|' of emulated rows."""
-    band = float(load_figures("llama")["band"].value)
-    errs = [abs(r["difference"]) for r in em]
-    worst = max(em, key=lambda r: abs(r["difference"]))
-    return (f"{sum(e <= band for e in errs)} of {len(em)} within {pct(band, 0)} of the "
-            f"measurement; median |difference| {pct(statistics.median(errs))}, worst "
-            f"{signed_pct(worst['difference'])} (`{worst['id']}`)")
-
-
 def headline(rows: list[Row]) -> str:
     """How many emulated rows fall in the band, the median and worst |difference|: all of
     them, then those whose layout the notes state in full."""
-    em = _emulated(rows)
+    band = float(load_figures("llama")["band"].value)
+    em = emulated(rows)
     if not em:
         return "No row was emulated."
     stated = [r for r in em if not r["placeholders"]]
-    out = (f"Emulated rows, on each row's own metric: {_agreement(em)}. "
+    out = (f"Emulated rows, on each row's own metric: {agreement(em, band)}. "
            f"{len(rows) - len(em)} of the {len(rows)} BF16 rows are not emulated (below).")
     if stated and len(stated) < len(em):
         out += (f" Leaving out the {len(em) - len(stated)} rows whose notes call layout values "
-                f"placeholders (marked *): {_agreement(stated)}.")
+                f"placeholders (marked *): {agreement(stated, band)}.")
     return out
 
 
@@ -63,7 +46,7 @@ def _by_framework(rows: list[Row]) -> list[str]:
     out = []
     for fw in dict.fromkeys(r["framework"] for r in rows):
         mine = [r for r in rows if r["framework"] == fw]
-        em = _emulated(mine)
+        em = emulated(mine)
         diffs = [r["tokens_difference"] for r in em]
         out.append([fw, len(mine), len(em), sum(abs(r["difference"]) <= band for r in em),
                     signed_pct(statistics.median(diffs)) if diffs else "-"])
@@ -75,7 +58,7 @@ def _table(rows: list[Row]) -> list[str]:
     out = []
     for r in rows:
         unit = UNITS[r["metric"]]
-        ours = "-" if r["ours"] is None else _num(r["ours"])
+        ours = "-" if r["ours"] is None else num(r["ours"])
         diff = "not emulated" if r["ours"] is None else signed_pct(r["difference"])
         diff += " *" if r["placeholders"] else ""
         tok = (f"{r['measured_tokens_per_s_per_gpu']:,.0f} / " +
@@ -85,7 +68,7 @@ def _table(rows: list[Row]) -> list[str]:
         mfu += " / " + ("-" if r["ours_mfu_their_count"] is None
                         else pct(r["ours_mfu_their_count"]))
         out.append([f"`{r['id']}`", r["framework"], r["model"], r["gpus"], _layout(r),
-                    f"{_num(r['measured'])} {unit}", ours, diff, tok, mfu])
+                    f"{num(r['measured'])} {unit}", ours, diff, tok, mfu])
     return md_table(["row", "framework", "model", "GPUs", "layout", "measured", "ours",
                      "difference", "tokens/s/GPU measured / ours",
                      "MFU stated / ours (our count) / ours (their count)"], out,
@@ -95,7 +78,7 @@ def _table(rows: list[Row]) -> list[str]:
 def _breakdown(rows: list[Row]) -> list[str]:
     """Rank 0's iteration of each distinct emulated run: where the time goes."""
     out = []
-    for r in _emulated(rows):
+    for r in emulated(rows):
         if r["shared_run"] != r["id"]:
             continue
         step = r["ours_step_s"]
@@ -106,11 +89,6 @@ def _breakdown(rows: list[Row]) -> list[str]:
     return md_table(["run", "ours s", "compute", "exposed TP", "exposed DP",
                      "idle (bubble, waits)", "memory GiB (fullest stage)", "fits 80 GiB"],
                     out, "lrrrrrrl")
-
-
-def _sentences(text: str, keys: tuple[str, ...]) -> list[str]:
-    return [s.strip() for s in re.split(r"(?<=\.) (?=[A-Z(])", text)
-            if any(k in s for k in keys)]
 
 
 def _sources(rows: list[Row]) -> list[str]:
@@ -124,7 +102,7 @@ def _sources(rows: list[Row]) -> list[str]:
         groups.setdefault(found.group(0) if found else m["source"][:80], []).append(m)
     out: list[str] = []
     for url, ms in groups.items():
-        left = list(dict.fromkeys(s for m in ms for s in _sentences(
+        left = list(dict.fromkeys(s for m in ms for s in sentences(
             m["notes"], ("NOT STATED", "not stated", "placeholder", "DIFFERS", "NOT a"))))
         ours = list(dict.fromkeys(a["text"] for m in ms for a in fig["assumptions"].value
                                   if m["id"].startswith(a["prefix"])))
@@ -141,7 +119,7 @@ def _sources(rows: list[Row]) -> list[str]:
 
 def _why(rows: list[Row], what_if: list[Row]) -> list[str]:
     """Where the emulated pipelined runs lose time, and what the rows do not model."""
-    em = _emulated(rows)
+    em = emulated(rows)
     out = ["## Why the differences", ""]
     tp = [r for r in em if int(r["tp"]) > 1 and r["id"].startswith("dgxc-")]
     if tp:
@@ -190,7 +168,7 @@ def markdown(rows: list[Row], log: list[Row], wall_s: float,
              what_if: list[Row] | None = None) -> list[str]:
     fig = load_figures("llama")
     not_em = [r for r in rows if r["ours"] is None]
-    shared = sum(1 for r in _emulated(rows) if r["shared_run"] != r["id"])
+    shared = sum(1 for r in emulated(rows) if r["shared_run"] != r["id"])
     folded = sum(1 for x in log if x["processes"] < x["gpus"])
     out = ["# Llama pre-training on H100: emulated vs measured (BF16)", "",
            "Regenerate: `make reports` or `mpiemu report llama` (`--keep-runs DIR --reuse` "
@@ -235,7 +213,7 @@ def markdown(rows: list[Row], log: list[Row], wall_s: float,
 def plot(rows: list[Row], path: Path) -> None:
     """Ours against measured tokens/s per GPU, log-log, with the band around y = x."""
     band = float(load_figures("llama")["band"].value)
-    em = _emulated(rows)
+    em = emulated(rows)
     pyplot = plt()
     fig, ax = pyplot.subplots(figsize=(7, 6))
     lo = min(min(r["measured_tokens_per_s_per_gpu"], r["ours_tokens_per_s_per_gpu"])

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from . import moe, moe_rows
+from .measured_report import agreement, emulated, num, sentences
 from .common import Row, md_table, pct, plt, signed_pct, write_csv
 
 UNITS = {"step_time_s": "s / step", "tokens_per_s_per_gpu": "tokens/s/GPU",
@@ -20,15 +21,6 @@ KINDS = (("FP8 not modelled", "FP8 not modelled"), ("no preset", "no preset"),
          ("preset not honest", "DeepSeek-V3's attention not modelled (moe.toml [deepseek])"),
          ("refuses the layout", "the emulator refuses the layout"),
          ("MPI processes", "does not fold; more processes than the study's limit"))
-
-
-def _emulated(rows: list[Row]) -> list[Row]:
-    return [r for r in rows if r["ours"] is not None]
-
-
-def _num(x: float) -> str:
-    """A measured or emulated value at the precision it is worth."""
-    return f"{x:.2f}" if x < 100 else f"{x:,.0f}"
 
 
 def _layout(r: Row) -> str:
@@ -43,25 +35,17 @@ def _kind(reason: str) -> str:
     return next((label for key, label in KINDS if key in reason), "other")
 
 
-def _agreement(em: list[Row]) -> str:
-    band = float(moe.fig("band").value)
-    errs = [abs(r["difference"]) for r in em]
-    worst = max(em, key=lambda r: abs(r["difference"]))
-    return (f"{sum(e <= band for e in errs)} of {len(em)} within {pct(band, 0)} of the "
-            f"measurement; median |difference| {pct(statistics.median(errs))}, worst "
-            f"{signed_pct(worst['difference'])} (`{worst['id']}`)")
-
-
 def headline(rows: list[Row], fp8: list[dict[str, Any]]) -> str:
     """How many emulated rows fall in the band and the median |difference|, then why the
     others were not emulated, by kind."""
-    em = _emulated(rows)
+    band = float(moe.fig("band").value)
+    em = emulated(rows)
     kinds: dict[str, int] = {}
     for r in rows:
         if r["ours"] is None:
             kinds[_kind(r["not_emulated"])] = kinds.get(_kind(r["not_emulated"]), 0) + 1
     why = ", ".join(f"{n} {k}" for k, n in kinds.items())
-    out = (f"Emulated rows, on each row's own metric: {_agreement(em)}." if em
+    out = (f"Emulated rows, on each row's own metric: {agreement(em, band)}." if em
            else "No row was emulated.")
     return (f"{out} {len(rows) - len(em)} of the {len(rows)} BF16 rows are not emulated "
             f"(first reason: {why}); the {len(fp8)} FP8 rows are listed only (FP8 not "
@@ -73,7 +57,7 @@ def _by_framework(rows: list[Row]) -> list[str]:
     out = []
     for fw in dict.fromkeys(r["framework"] for r in rows):
         mine = [r for r in rows if r["framework"] == fw]
-        em = _emulated(mine)
+        em = emulated(mine)
         diffs = [r["tokens_difference"] for r in em]
         out.append([fw, len(mine), len(em), sum(abs(r["difference"]) <= band for r in em),
                     signed_pct(statistics.median(diffs)) if diffs else "-"])
@@ -86,7 +70,7 @@ def _table(rows: list[Row]) -> list[str]:
     out = []
     for r in rows:
         unit = UNITS[r["metric"]]
-        ours = "-" if r["ours"] is None else _num(r["ours"])
+        ours = "-" if r["ours"] is None else num(r["ours"])
         if r["ours"] is None:
             diff = "not emulated"
         else:
@@ -99,7 +83,7 @@ def _table(rows: list[Row]) -> list[str]:
         mfu += " / " + ("-" if r["ours_mfu_their_count"] is None
                         else pct(r["ours_mfu_their_count"]))
         out.append([f"`{r['id']}`", r["framework"], r["model"], r["gpus"], _layout(r),
-                    r["routing"], f"{_num(r['measured'])} {unit}", ours, diff, tok, mfu])
+                    r["routing"], f"{num(r['measured'])} {unit}", ours, diff, tok, mfu])
     return md_table(["row", "framework", "model", "GPUs", "layout", "routing (source)",
                      "measured", "ours", "difference", "tokens/s/GPU measured / ours",
                      "MFU stated / ours (our count) / ours (their count)"], out,
@@ -109,7 +93,7 @@ def _table(rows: list[Row]) -> list[str]:
 def _breakdown(rows: list[Row]) -> list[str]:
     """Rank 0's iteration of each distinct emulated run: where the time goes."""
     out = []
-    for r in _emulated(rows):
+    for r in emulated(rows):
         if r["shared_run"] != r["id"]:
             continue
         step = r["ours_step_s"]
@@ -125,7 +109,7 @@ def _breakdown(rows: list[Row]) -> list[str]:
 def _changes(rows: list[Row]) -> list[str]:
     """Per emulated row: what its emulation changes from what the source ran."""
     out = []
-    for r in _emulated(rows):
+    for r in emulated(rows):
         out.append(f"* `{r['id']}` (ZeRO-{r['zero']}, recompute {r['recompute']}, tokens "
                    f"{r['tokens']}): {r['emulated_with'] or 'nothing'}.")
     return out
@@ -156,11 +140,6 @@ def _flop_checks(checks: list[Row]) -> list[str]:
                      for c in checks], "llrrr")
 
 
-def _sentences(text: str, keys: tuple[str, ...]) -> list[str]:
-    return [s.strip() for s in re.split(r"(?<=\.) (?=[A-Z(])", text)
-            if any(k in s for k in keys)]
-
-
 def _sources(rows: list[Row]) -> list[str]:
     """Per source document: its rows, what its notes say it leaves out, what we assume."""
     meas = {r["id"]: r for r in moe.measured()}
@@ -171,7 +150,7 @@ def _sources(rows: list[Row]) -> list[str]:
         groups.setdefault(found.group(0) if found else m["source"][:80], []).append(m)
     out: list[str] = []
     for url, ms in groups.items():
-        left = list(dict.fromkeys(s for m in ms for s in _sentences(
+        left = list(dict.fromkeys(s for m in ms for s in sentences(
             m["notes"], ("NOT STATED", "DISAGREEMENT", "NOT READ"))))
         ours = list(dict.fromkeys(a["text"] for m in ms for a in moe.fig("assumptions").value
                                   if m["id"].startswith(a["prefix"])))
@@ -203,7 +182,7 @@ def _not_emulated(rows: list[Row], fp8: list[dict[str, Any]]) -> list[str]:
 
 def _why(rows: list[Row]) -> list[str]:
     """Where the emulated time goes, and what the emulation leaves out."""
-    em = _emulated(rows)
+    em = emulated(rows)
     if not em:
         return []
     out = ["## Why the differences", ""]
@@ -280,7 +259,7 @@ def plot(rows: list[Row], path: Path) -> None:
     """Ours against measured tokens/s per GPU, log-log, with the band around y = x; the
     rows not emulated as ticks on the measured axis."""
     band = float(moe.fig("band").value)
-    em = _emulated(rows)
+    em = emulated(rows)
     pyplot = plt()
     fig, ax = pyplot.subplots(figsize=(7, 6))
     allx = [r["measured_tokens_per_s_per_gpu"] for r in rows]
