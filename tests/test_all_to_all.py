@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 from mpiemu.comm.all_to_all import all_to_all_v
 from mpiemu.comm.cost import Choice, all_to_all_s, estimate_s
-from mpiemu.comm.mirror import FoldError, Mirror
+from mpiemu.comm.folded import FoldError, FoldedComm
 from mpiemu.comm.p2p import TimedComm
 from mpiemu.net import Network
 from mpiemu.sim.timeline import Timeline
@@ -140,7 +140,7 @@ def test_one_rank_copies_its_chunk_at_no_time() -> None:
 def _folded(n: int) -> TimedComm:
     """Rank 0 of a folded group of n on one DGX H100 node (its members are images)."""
     devices = list(range(n))
-    return TimedComm(Mirror("tp", n, 0, devices), Timeline(),
+    return TimedComm(FoldedComm.images("tp", 0, devices), Timeline(),
                      Network(network("dgx-h100"), n), "tp", devices=devices)
 
 
@@ -179,7 +179,7 @@ def test_node_deltas_are_nccls_order_and_a_permutation() -> None:
 def test_rounds_go_node_by_node_and_pair_each_send_with_a_receive() -> None:
     from mpiemu.comm.all_to_all import rounds
     devices = [0, 1, 2, 3]
-    tc = TimedComm(Mirror("dp", 4, 0, devices), Timeline(),
+    tc = TimedComm(FoldedComm.images("dp", 0, devices), Timeline(),
                    Network(network("dgx-h100", devices_per_node=2), 4), "dp", devices=devices)
     assert rounds(tc) == [(-1, -1), (1, 1), (2, 2), (3, 3)]
     one = _folded(4)                          # one node: (rank + s), (rank - s)

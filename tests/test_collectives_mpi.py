@@ -90,7 +90,7 @@ def test_nvls_tree_time_is_its_closed_form_on_two_nodes() -> None:
     _, span = all_reduce(tc, None, reduce_s=H100, count=count, wire_itemsize=itemsize)
     spec, s = tc.net.spec, count * itemsize
     b_sw = spec.intra.bw_bytes_per_s * spec.nvls_efficiency
-    rail = tc.split("rail", tc.rank % 2)
+    rail = tc.split("rail", lambda r: r % 2)
     on_rail = call_for(tc, "all_reduce", s, itemsize)[1]._replace(algorithm="ring")
     h = count // 2
     want = (spec.base("nvls_tree", "simple") + 2 * s / b_sw

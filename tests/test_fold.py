@@ -1,5 +1,6 @@
-"""Symmetric folding (issue 12): a folded run's every emulated rank equals the unfolded run's,
-bit for bit; folding that would not be exact is refused in one line."""
+"""Folding: a folded run's every emulated rank equals the unfolded run's, bit for bit, with
+one process per stage or per class of images; folding that would not be exact is refused in
+one line."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ import pytest
 
 from mpiemu.analysis import load
 from mpiemu.analysis.unfold import timeline_differences
-from mpiemu.comm.mirror import FoldError, Mirror
+from mpiemu.comm.folded import FoldError, FoldedComm
 from mpiemu.comm.shape import Fold, GridShape
 from mpiemu.config.errors import ConfigError
 from mpiemu.runner.fold_plan import plan_fold
@@ -21,7 +22,16 @@ from tests.conftest import our_lines, run_mpi
 
 TIMING = ["--set", "run.numerics=off", "--set", "train.check_reference=false",
           "--set", "run.iterations=2"]
-# (name, workload, overrides, emulated ranks, stages)
+
+
+def nodes(tp: int, dp: int, pp: int, *more: str) -> list[str]:
+    """A TP x DP x PP grid on DGX A100 nodes (8 GPUs each unless `more` says otherwise)."""
+    sets = ["network.preset=dgx-a100", f"parallel.tp={tp}", f"parallel.dp={dp}",
+            f"parallel.pp={pp}", *more]
+    return [a for s in sets for a in ("--set", s)]
+
+
+# (name, workload, overrides, emulated ranks, processes of the folded run)
 CASES = [
     ("tp-ring", "workloads/quickstart.toml",
      ["--set", "parallel.dp=1", "--set", "train.global_batch=4"], 2, 1),
@@ -29,6 +39,17 @@ CASES = [
      ["--set", "parallel.pp=1", "--set", "train.global_batch=4", "--set",
       "network.preset=dgx-a100", "--set", "network.devices_per_node=2"], 4, 1),
     ("tp-pp-dp-1f1b", "workloads/pipeline-small.toml", [], 8, 2),
+    # classes of images: TP inside 8-GPU nodes, DP across them (docs/folding.md)
+    ("tp2-dp8-two-nodes-sp-zero1", "workloads/pipeline-small.toml",
+     nodes(2, 8, 1, "train.global_batch=16", "optimizer.zero=1"), 16, 4),
+    ("tp4-dp4-two-nodes-tree", "workloads/pipeline-small.toml",      # NCCL's tree and ring
+     nodes(4, 4, 1, "optimizer.zero=0"), 16, 4),
+    ("tp4-dp4-two-nodes-rings", "workloads/pipeline-small.toml",
+     nodes(4, 4, 1, "optimizer.zero=0", "collectives.algorithm=ring"), 16, 2),
+    ("tp4-dp8-four-nodes-zero1", "workloads/pipeline-small.toml",
+     nodes(4, 8, 1, "train.global_batch=16"), 32, 2),
+    ("tp2-dp4-pp2-tree-4-gpu-nodes", "workloads/pipeline-small.toml",
+     nodes(2, 4, 2, "optimizer.zero=0", "network.devices_per_node=4"), 16, 8),
     ("layer-sweep", "workloads/comp_vs_comm.toml",        # thesis ch. 5, TP x DP on 1 process
      ["--set", "parallel.dp=2", "--set", "layer_sweep.hidden=[1024, 2048]", "--set",
       "layer_sweep.seq_len=[1024]", "--set", "layer_sweep.batch=[1]", "--set",
@@ -97,13 +118,14 @@ def test_a_fold_that_is_not_exact_stops_at_its_first_uneven_collective(tmp_path:
     (["run.numerics=on"], 2, "run.numerics = \"on\""),
     (["run.fold=on", "run.numerics=on"], 2, "folding mirrors timing only"),
     (["run.fold=off"], 2, "must equal the 2 ranks"),
-    (["run.fold=on"], 8, "a job of parallel.pp = 2 ranks"),
+    (["run.fold=on"], 8, "a job of 2 ranks (one per stage)"),
     (["run.fold=sometimes"], 2, "choose one of 'auto', 'on', 'off'"),
     (["parallel.pp=1", "train.global_batch=4", "device.preset=t3-gpu"], 1, "ring fabric"),
     (["parallel.pp=1", "train.global_batch=4", "optimizer.zero=0",
       "network.preset=dgx-a100", "network.devices_per_node=2"], 1, "tree"),
     (["parallel.pp=1", "parallel.tp=4", "parallel.dp=2", "train.global_batch=4",
-      "network.preset=dgx-a100", "network.devices_per_node=2"], 1, "not the same"),
+      "network.preset=dgx-a100", "network.devices_per_node=2"], 1, "the tp group's all-reduce "
+     "as a tree"),
     (["debug.fail_rank=1"], 2, "debug.fail_rank"),
 ])
 def test_folds_that_cannot_be_exact_are_refused_in_one_line(
@@ -131,7 +153,7 @@ def test_images_map_the_grid_onto_itself() -> None:
 
 
 def test_mirror_answers_a_receive_with_this_ranks_own_send_the_other_way() -> None:
-    m = Mirror("tp", 4, 0, [0, 1, 2, 3])
+    m = FoldedComm.images("tp", 0, [0, 1, 2, 3])
     h = np.arange(5.0)
     m.Isend(h, 1, 100)                     # to offset +1
     got = np.empty(5)
@@ -143,7 +165,7 @@ def test_mirror_answers_a_receive_with_this_ranks_own_send_the_other_way() -> No
     with pytest.raises(FoldError, match="does not divide"):
         m.take(3, 100, got, 8.0)
     with pytest.raises(FoldError, match="spans pipeline stages"):
-        Mirror("mp", 4, 0, [0, 1, 2, 3], mixed=True).Isend(h, 1, 100)
+        FoldedComm("mp", 0, [0, 1, 2, 3], [0] * 4, mixed=True).Isend(h, 1, 100)
 
 
 def test_a_folded_run_too_large_to_expand_loads_as_its_representatives(tmp_path: Path

@@ -1,6 +1,7 @@
-"""Folding with context parallelism: one MPI rank per (CP rank, pipeline stage) gives every
-emulated rank the unfolded run's times, bytes, peers, names and routes bit for bit; the
-DP x CP group's `RingMirror` pairs messages by ring direction, with and without MPI."""
+"""Folding with context parallelism: one MPI rank per class of images (CP ranks apart) gives
+every emulated rank the unfolded run's times, bytes, peers, names and routes bit for bit;
+a `FoldedComm` whose members are played by other processes pairs messages by offset, with
+and without MPI."""
 from __future__ import annotations
 
 from collections import defaultdict, deque
@@ -13,10 +14,10 @@ from mpi4py import MPI
 
 from mpiemu.analysis import load
 from mpiemu.analysis.unfold import timeline_differences
-from mpiemu.comm.mirror import FoldError, Mirror, RingMirror
+from mpiemu.comm.folded import FoldError, FoldedComm
 from mpiemu.comm.shape import Fold, GridShape
 from mpiemu.config.errors import ConfigError
-from mpiemu.runner.fold_plan import plan_fold
+from mpiemu.runner.fold_plan import classes, plan_fold
 from mpiemu.runner.job import validate
 from tests.conftest import run_mpi
 
@@ -37,7 +38,8 @@ def grid(tp: int, cp: int, dp: int, pp: int) -> list[str]:
 H100_NVLS = ["device.preset='h100-sxm5'", "network.preset='dgx-h100'",
              "collectives.algorithm='nvls'"]
 RAILS = ["network.preset='dgx-a100'", "network.devices_per_node=2"]
-# (name, grid (tp, cp, dp, pp), more settings): unfolded tp*cp*dp*pp ranks vs folded cp*pp
+FOUR = ["network.preset='dgx-a100'", "network.devices_per_node=4"]
+# (name, grid (tp, cp, dp, pp), more settings): unfolded tp*cp*dp*pp ranks vs one per class
 CASES = [
     ("cp2-dp2-ring", (1, 2, 2, 1), [zero(0)]),
     ("cp2-dp2-allgather-zero1", (1, 2, 2, 1), ["parallel.cp_comm='all_gather'", zero(1)]),
@@ -49,6 +51,9 @@ CASES = [
     ("cp2-tp2-pp2", (2, 2, 1, 2), [zero(0)]),                      # DP x CP all real
     ("cp2-dp2-rails-zero1", (1, 2, 2, 1), [*RAILS, zero(1)]),      # across nodes, rail rings
     ("cp2-dp2-nvls", (1, 2, 2, 1), [*H100_NVLS, zero(0)]),
+    # two DP x CP members per node, two nodes: DP in 2 classes, rail rings pair members
+    # three apart (1 -> 0 -> 3 -> 2)
+    ("cp2-dp4-two-per-node-zero1", (1, 2, 4, 1), [*FOUR, zero(1)]),
 ]
 
 
@@ -68,11 +73,12 @@ def test_folded_cp_run_equals_the_unfolded_run_per_emulated_rank(
         ) -> None:
     tp, cp, dp, pp = shape
     s = GridShape(tp, dp, pp, cp)
+    fold = classes(validate(WORKLOAD, [*LLAMA, *grid(*shape), *extra], s.size))[0]
+    assert fold.launch < s.size
     full = load(run(tmp_path / "full", s.size, [*grid(*shape), *extra])).ranks
-    folded_dir = run(tmp_path / "folded", cp * pp, [*grid(*shape), *extra])
+    folded_dir = run(tmp_path / "folded", fold.launch, [*grid(*shape), *extra])
     reps = load(folded_dir, expand=False)
-    fold = Fold(s)
-    assert [r.rank for r in reps.ranks] == sorted(fold.rep(m) for m in range(cp * pp))
+    assert [r.rank for r in reps.ranks] == sorted(fold.rep(m) for m in range(fold.launch))
     # the representatives' own traces are the unfolded ranks', everything included
     assert timeline_differences([full[r.rank] for r in reps.ranks], reps.ranks) == []
     folded = load(folded_dir).ranks
@@ -85,30 +91,23 @@ def test_a_cp_fold_is_planned_and_refused_by_its_launch_size() -> None:
     w = validate(WORKLOAD, base, 4)
     assert plan_fold(w, 8) is None
     assert plan_fold(w, 4) == Fold(GridShape(1, 2, 2, 2))
-    with pytest.raises(ConfigError, match=r"a job of parallel.cp\*parallel.pp = 2\*2 = 4 "
-                       r"ranks \(one per context-parallel rank of each pipeline stage\)"):
+    with pytest.raises(ConfigError, match=r"a job of 4 ranks \(one per \(CP rank, stage\)\)"):
         validate(WORKLOAD, [*base, "run.fold='on'"], 2)
-    with pytest.raises(ConfigError, match=r"or 4 \(one per context-parallel rank"):
+    with pytest.raises(ConfigError, match=r"or 4 \(one per \(CP rank, stage\)\)"):
         validate(WORKLOAD, base, 2)
-    with pytest.raises(ConfigError, match="stage 0, CP rank 0: the route") as exc:
-        validate(WORKLOAD, [*LLAMA, *grid(1, 2, 4, 1), "network.preset='dgx-a100'",
-                            "network.devices_per_node=4", zero(1)], 2)
+    with pytest.raises(ConfigError, match=r"or 4 \(2 per \(CP rank, stage\), its TP x DP "
+                       r"ranks in 1 x 2 classes") as exc:
+        validate(WORKLOAD, [*LLAMA, *grid(1, 2, 4, 1), *FOUR, zero(1)], 2)
     assert "\n" not in str(exc.value)
 
 
-def test_cp_folds_refuse_a_tree_over_dp_x_cp_across_nodes() -> None:
-    with pytest.raises(ConfigError, match="the DP x CP group spans nodes"):
+def test_a_tree_over_dp_x_cp_across_nodes_keeps_dp_ranks_apart() -> None:
+    """NCCL may pick its tree for a plain all-reduce across nodes: the DP x CP members play
+    different roles, so no two are images, and there is nothing left to fold."""
+    with pytest.raises(ConfigError, match="no two emulated GPUs are exact images.*tree"):
         validate(WORKLOAD, [*LLAMA, *grid(1, 2, 2, 1), *RAILS, zero(0)], 2)
-
-
-def test_cp_folds_refuse_rail_rings_that_pair_far_members() -> None:
-    """Two DP x CP members per node: the second rail's ring goes 1 -> 0 -> 3, which the
-    folded form's ring mirror (offsets +1 and -1) cannot pair."""
-    rails = [*LLAMA, "network.preset='dgx-a100'", "network.devices_per_node=4", zero(1)]
-    with pytest.raises(ConfigError, match="pair members more than one apart") as exc:
-        validate(WORKLOAD, [*rails, *grid(2, 2, 4, 1)], 2)
-    assert "\n" not in str(exc.value)
-    assert plan_fold(validate(WORKLOAD, [*rails, *grid(2, 2, 2, 1)], 2), 2) is not None
+    fold = classes(validate(WORKLOAD, [*LLAMA, *grid(2, 2, 2, 1), *FOUR, zero(0)], 8))[0]
+    assert (fold.tp_classes, fold.dp_classes, fold.launch) == (1, 2, 4)   # TP still folds
 
 
 def test_studies_launch_one_process_per_cp_rank_and_stage() -> None:
@@ -120,13 +119,15 @@ def test_cp_images_keep_cp_rank_and_stage() -> None:
     s = GridShape(2, 2, 2, 2)                  # tp, dp, pp, cp: 16 devices
     fold = Fold(s)
     assert fold.launch == 4
-    assert [fold.place(m) for m in range(4)] == [(0, 0), (1, 0), (0, 1), (1, 1)]
     assert [fold.rep(m) for m in range(4)] == [0, 2, 8, 10]
     assert fold.members(1) == [2, 3, 6, 7]      # (t, c=1, d, p=0)
     for g in fold.images():
         assert sorted(g(x) for x in range(16)) == list(range(16))
         assert all(s.cp_rank(g(x)) == s.cp_rank(x) and g(x) // 8 == x // 8
                    for x in range(16))
+    finer = Fold(s, 1, 2)                       # DP ranks apart: one process per (c, d, p)
+    assert finer.launch == 8 and finer.members(1) == [2, 3]
+    assert [finer.proc(x) for x in finer.members(5)] == [5, 5]
 
 
 class Mailbox:
@@ -159,59 +160,56 @@ class Mailbox:
         return Fake()
 
 
-def header(sender: int, direction: int, nbytes: float = 8.0) -> np.ndarray:
-    return np.array([sender, direction, 0.0, 0.0, nbytes])
+def header(sender: int, offset: int, nbytes: float = 8.0) -> np.ndarray:
+    return np.array([sender, offset, 0.0, 0.0, nbytes])
 
 
-@pytest.mark.parametrize("cp, dp", [(2, 2), (3, 2), (2, 1)])
-def test_ring_mirror_pairs_each_receive_with_the_send_it_is_an_image_of(cp: int, dp: int
-                                                                        ) -> None:
+def interleaved(n: int, q: int, box: Mailbox) -> list[FoldedComm]:
+    """A group of n whose member j is played by real rank j mod q (the DP x CP group: q CP
+    ranks real, DP replicas images), one `FoldedComm` per real rank."""
+    return [FoldedComm("dp x cp", c, range(n), [j % q for j in range(n)], box.comm(c))
+            for c in range(q)]
+
+
+@pytest.mark.parametrize("cp, dp, offsets", [(2, 2, (1, -1)), (3, 2, (1, -1, 2)),
+                                             (2, 1, (1,)), (2, 4, (1, 3, -3))])
+def test_folded_comm_pairs_each_receive_with_the_send_it_is_an_image_of(
+        cp: int, dp: int, offsets: tuple[int, ...]) -> None:
     n, box = cp * dp, Mailbox(cp)
-    ms = [RingMirror("dp x cp", n, c, range(n), box.comm(c)) for c in range(cp)]
-    for c, m in enumerate(ms):                 # every member sends both ways round the ring
-        m.Isend(header(c, +1), (c + 1) % n, 100)
-        m.Isend(header(c, -1), (c - 1) % n, 100)
+    ms = interleaved(n, cp, box)
+    for c, m in enumerate(ms):                 # every member sends at every offset
+        for k in offsets:
+            m.Isend(header(c, k), (c + k) % n, 100)
     for c, m in enumerate(ms):
-        for source, direction in (((c - 1) % n, +1), ((c + 1) % n, -1)):
+        for k in offsets:
             got = np.empty(5)
+            source = (c - k) % n
             reqs, fill = m.receive(got, source, 100, 8.0)
             fill()
-            # what the real rank playing the source sent the same way (its image came here)
-            assert got[:2].tolist() == [source % cp, direction]
-    # one real tag per direction (a group of two has one direction)
-    assert {t for _, _, t in box.tags} == ({200} if n == 2 else {200, 201})
+            # what the process playing the source sent at that offset (its image came here)
+            assert got[:2].tolist() == [source % cp, k]
+    real = {t for _, _, t in box.tags}         # each offset its own tag on real messages
+    assert real == {100 * n + k % n for k in offsets if (k % n) % cp}
 
 
-def test_ring_mirror_refuses_what_is_not_a_ring_and_checks_bytes() -> None:
-    box = Mailbox(2)
-    a, b = (RingMirror("dp x cp", 4, c, range(4), box.comm(c)) for c in range(2))
-    with pytest.raises(FoldError, match="member 2 ahead, where only rings are exact"):
-        a.Isend(header(0, 2), 2, 100)
+def test_folded_comm_checks_bytes_and_refuses_what_it_cannot_mirror() -> None:
+    a, b = interleaved(4, 2, Mailbox(2))
     a.Isend(header(0, +1), 1, 100)
     got = np.empty(5)
     with pytest.raises(FoldError, match="does not divide"):
         b.receive(got, 0, 100, 16.0)[1]()
-    with pytest.raises(ValueError, match="not played by real rank"):
-        RingMirror("dp x cp", 4, 1, range(4), box.comm(0))
-
-
-def test_ring_mirror_of_one_real_rank_is_the_plain_mirror() -> None:
-    m = RingMirror("dp", 4, 0, range(4), Mailbox(1).comm(0))
-    plain = Mirror("dp", 4, 0, range(4))
-    for mirror in (m, plain):
-        mirror.Isend(header(0, +1), 1, 100)
-        got = np.empty(5)
-        reqs, fill = mirror.receive(got, 3, 100, 8.0)
-        fill()
-        assert reqs == [] and got.tolist() == header(0, +1).tolist()
+    with pytest.raises(FoldError, match="never sent"):
+        a.receive(got, 2, 100, 8.0)[1]()      # an image of a: a sent nothing at offset 2
+    with pytest.raises(FoldError, match="use `sub`"):
+        a.Split(0, 0)
 
 
 @pytest.mark.mpi(min_size=2)
-def test_ring_mirror_over_real_ranks_separates_the_two_directions() -> None:
+def test_folded_comm_over_real_ranks_keeps_offsets_apart() -> None:
     world = MPI.COMM_WORLD
     q, c = world.Get_size(), world.Get_rank()
     n = 2 * q                                   # cp = q real ranks, dp = 2
-    m = RingMirror("dp x cp", n, c, range(n), world.Dup())
+    m = FoldedComm("dp x cp", c, range(n), [j % q for j in range(n)], world.Dup())
     try:
         sends = [m.Isend(header(c, +1), (c + 1) % n, 7),
                  m.Isend(header(c, -1), (c - 1) % n, 7)]
@@ -224,5 +222,8 @@ def test_ring_mirror_over_real_ranks_separates_the_two_directions() -> None:
         assert got[+1][:2].tolist() == [(c - 1) % q, +1]
         assert got[-1][:2].tolist() == [(c + 1) % q, -1]
         assert m.allreduce(c) == q - 1
+        mine = m.sub([j for j in range(n) if j % q == c])     # this rank and its image
+        assert mine.size == 2 and mine.procs == [0, 0] and mine.allreduce(c) == c
+        mine.Free()
     finally:
         m.Free()

@@ -16,7 +16,7 @@ from mpiemu.analysis.experts import expert_load, rank_all_to_all
 from mpiemu.analysis.export import chrome_trace
 from mpiemu.analysis.unfold import timeline_differences
 from mpiemu.comm.cost import all_to_all_s
-from mpiemu.comm.mirror import Mirror
+from mpiemu.comm.folded import FoldedComm
 from mpiemu.comm.p2p import TimedComm
 from mpiemu.config.errors import ConfigError
 from mpiemu.config.workload import load_workload
@@ -51,7 +51,7 @@ def test_balanced_all_to_alls_move_equal_bytes_in_the_closed_form_time(tmp_path:
     assert ev.bytes.nunique() == 1 and len(ev) == 4 * 2 * 2 * 2 * 2   # ranks layers micro
     w = load_workload(WORKLOAD, [*BASE, *TIMING, "parallel.dp=4", "parallel.ep=4"])
     net = w.network_of(4)
-    tc = TimedComm(Mirror("ep", 4, 0, range(4)), Timeline(), net, "ep", devices=range(4))
+    tc = TimedComm(FoldedComm.images("ep", 0, range(4)), Timeline(), net, "ep", devices=range(4))
     rows = 16 * 2 // 8 * 2                  # 16 tokens x top 2 over 8 experts, 2 per rank
     first = ev[(ev.iteration == 0) & (ev.name == "l0.dispatch")].groupby("rank").first()
     assert np.allclose(first.duration_s, all_to_all_s(tc, rows * 64 * 2), rtol=1e-9, atol=0)
@@ -120,16 +120,20 @@ def test_shared_experts_run_under_the_all_to_alls_when_overlapped(tmp_path: Path
     assert on.t_end_s.max() < off.t_end_s.max()
 
 
-@pytest.mark.parametrize("name, grid", [
+@pytest.mark.parametrize("name, grid, launch", [
     ("ep-eq-tp", ["parallel.tp=2", "parallel.dp=2", "parallel.ep=2",
-                  "parallel.sequence_parallel=true"]),
-    ("ep-eq-dp-pp2", ["parallel.dp=2", "parallel.ep=2", "parallel.pp=2"]),
-    ("ep1-dp4", ["parallel.dp=4"]),
+                  "parallel.sequence_parallel=true"], 1),
+    ("ep-eq-dp-pp2", ["parallel.dp=2", "parallel.ep=2", "parallel.pp=2"], 2),
+    ("ep1-dp4", ["parallel.dp=4"], 1),
+    # EP over TP and DP: a TP shift reorders the EP group, so TP ranks are two classes
+    ("ep-over-tp-and-dp", ["parallel.tp=2", "parallel.dp=2", "parallel.ep=4",
+                           "parallel.sequence_parallel=true"], 2),
+    ("ep2-dp4", ["parallel.dp=4", "parallel.ep=2"], 2),     # EP groups {0, 1}, {2, 3}
 ])
-def test_balanced_experts_fold_exactly(tmp_path: Path, name: str, grid: list[str]) -> None:
+def test_balanced_experts_fold_exactly(tmp_path: Path, name: str, grid: list[str],
+                                       launch: int) -> None:
     full = load(run(tmp_path / "full", 4, *TIMING, *grid)).ranks
-    pp = 2 if "parallel.pp=2" in grid else 1
-    folded = load(run(tmp_path / "folded", pp, *TIMING, *grid)).ranks
+    folded = load(run(tmp_path / "folded", launch, *TIMING, *grid)).ranks
     assert [r.rank for r in folded] == list(range(4))
     assert timeline_differences(full, folded) == []
 
@@ -170,6 +174,7 @@ def test_routing_traces_of_another_model_or_damaged_are_refused(tmp_path: Path) 
 def test_folding_refuses_routed_tokens_and_mixed_groups() -> None:
     with pytest.raises(ConfigError, match="only perfect balance"):
         validate(WORKLOAD, [*BASE, *TIMING, "parallel.dp=4", "moe.tokens='skew'"], 1)
-    with pytest.raises(ConfigError, match="expert groups that are not shifts"):
+    with pytest.raises(ConfigError, match=r"or 2 \(2 per stage.*the ep group \[0, 1, 2, 3\] "
+                       "shifted by"):
         validate(WORKLOAD, [*BASE, *TIMING, "parallel.tp=2", "parallel.dp=2",
                             "parallel.sequence_parallel=true", "parallel.ep=4"], 1)

@@ -90,7 +90,7 @@ def test_hierarchical_all_reduce_is_its_three_rings() -> None:
                     algorithm="hierarchical", protocol="simple")
     count, itemsize = 1 << 19, 2              # 1 MiB: one segment (pipeline_depth)
     _, span = all_reduce(tc, None, reduce_s=A100, count=count, wire_itemsize=itemsize)
-    intra, rail = tc.split("node", tc.rank // 2), tc.split("rail", tc.rank % 2)
+    intra, rail = tc.split("node", lambda r: r // 2), tc.split("rail", lambda r: r % 2)
     s = count * itemsize
     ring = call_for(tc, "all_reduce", s, itemsize)[1]._replace(algorithm="ring")
     c = s // 2

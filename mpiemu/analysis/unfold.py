@@ -1,8 +1,8 @@
 """Expanding a folded run: every emulated rank gets its trace back.
 
-A folded run (`comm.mirror`) writes one file per (CP rank, pipeline stage), standing for its
-tp x dp images. The image of member (a, c, b, p) is the representative's trace with every
-device renamed by `Fold.image`: ports `port.<d>`, NICs `nic.<d>`, links `link.<a>><b>` and
+A folded run (`comm.folded`) writes one file per class of exact images, standing for its
+members. A member's trace is its representative's with every device shifted as the member
+is shifted from it in TP and DP (`GridShape.image_map`): ports `port.<d>`, NICs `nic.<d>`, links `link.<a>><b>` and
 each message's `peer` (the device at the other end); times are the same, which is what
 makes folding exact. The events array is shared, not copied, where no peer is renamed.
 """
@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..comm.shape import Fold, GridShape
+from ..comm.shape import GridShape
 from .rank_trace import RankTrace
 
 _DEVICE = re.compile(r"((?:port|nic)\.)(\d+)(\.)|(link\.)(\d+)>(\d+)")
@@ -58,12 +58,12 @@ def expand(ranks: list[RankTrace], manifest: dict[str, Any]) -> list[RankTrace]:
         return ranks
     shape = GridShape(int(grid["tp"]), int(grid["dp"]), int(grid.get("pp", 1)),
                       int(grid.get("cp", 1)))
-    fold = Fold(shape)
     out: list[RankTrace] = []
     for rt in ranks:
         images = _Images(rt)
         for m in folded.get(str(rt.rank), [rt.rank]):
-            out.append(rt if m == rt.rank else images.image(m, shape, fold.image(m)))
+            out.append(rt if m == rt.rank else
+                       images.image(m, shape, shape.image_map(rt.rank, m)))
     return sorted(out, key=lambda r: r.rank)
 
 

@@ -1,5 +1,5 @@
 """Timed MPI communication: the communicator with emulated time (`p2p`), the grid (`grid`,
-`shape`), folding's mirrored groups (`mirror`), the ring (`ring`, `lanes`), NCCL's trees
+`shape`), folding's communicators (`folded`), the ring (`ring`, `lanes`), NCCL's trees
 (`tree`, `nvls_tree`), the collectives (`collectives`), their closed forms (`cost`) and
 NCCL's tuner (`tuner`).
 

@@ -31,7 +31,7 @@ What NCCL does, and what is taken from it:
   and each message its hop's Simple latency (hwLat, x `hop_latency_scale.simple`).
 
 The closed form is `comm.cost.all_to_all_s` (exact on one switch node with equal counts:
-base + (n-1) b / B + a). A folded (`Mirror`) group runs it only timing-only and with equal
+base + (n-1) b / B + a). A folded (`FoldedComm`) group runs it only timing-only and with equal
 counts, where every member's sends are images of this rank's (`FoldError` otherwise).
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ import numpy as np
 from ..sim.timeline import SimTime, Span, latest
 from .collectives import _record
 from .cost import P2P_ALGORITHM, p2p_share
-from .mirror import FoldError, Mirror
+from .folded import FoldError, FoldedComm
 from .p2p import Call, RecvHandle, SendHandle, TimedComm, wait_all
 from .tuner import Choice, node_groups
 
@@ -162,7 +162,7 @@ def all_to_all_v(tc: TimedComm, chunks: Sequence[np.ndarray | None] | None,
         out[me] = np.array(chunks[me], copy=True)
     if n == 1:
         return out, Span(t0, t0)
-    if isinstance(tc.comm, Mirror):
+    if isinstance(tc.comm, FoldedComm):
         _check_fold(tc, chunks, send_counts, recv_counts)
     row = unit * itemsize
     wire = sum(send_counts[j] for j in range(n) if j != me) * row

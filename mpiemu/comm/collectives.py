@@ -31,7 +31,7 @@ from mpi4py import MPI
 from ..net.message import switch_reduce
 from ..sim.timeline import SimTime, Span, latest
 from .cost import choose, estimate_s, nvls_tree_depth, pipeline_depth, tree_depth
-from .mirror import FoldError, Mirror
+from .folded import FoldError, FoldedComm
 from .nvls_tree import nvls_tree_all_reduce
 from .p2p import Call, TimedComm
 from .ring import (AllGather, PlainGather, PlainReduce, Reduction, ReduceScatter, ring_lanes,
@@ -92,7 +92,7 @@ def _start(tc: TimedComm, op: str, nbytes: float, itemsize: int, bidirectional: 
            t0: SimTime) -> tuple[Choice, Call, SimTime]:
     """The call (`call_for`), checked against folding; its base latency paid."""
     ch, call = call_for(tc, op, nbytes, itemsize, bidirectional)
-    if isinstance(tc.comm, Mirror) and ch.algorithm not in tc.comm.algorithms:
+    if isinstance(tc.comm, FoldedComm) and ch.algorithm not in tc.comm.algorithms:
         raise FoldError(f"run.fold: the {tc.name} group runs {op} of {int(nbytes)} bytes "
                         f"with NCCL's {ch.algorithm} algorithm, whose ranks differ, so "
                         "folding would not be exact; run with run.fold = \"off\" (or "
@@ -170,8 +170,7 @@ def _hierarchical_ar(tc: TimedComm, call: Call, reduce_s: Reduction,
     rail all-reduces, then the all-gathers, each ready when its segment's previous phase
     is; the ports' calendars let segment k+1 cross NVLink while segment k is on the NICs
     (as NCCL's tree pipelines its chain and its inter-node tree)."""
-    intra = tc.split("node", tc.net.node_of(tc.device))
-    rail = tc.split("rail", intra.rank)
+    intra, rail = tc.hierarchy()
     ring = call._replace(algorithm="ring")      # each phase: a ring with the call's protocol
     segs = [(a * unit, b * unit) for a, b in chunk_bounds(n // unit,
                                                           pipeline_depth(n * itemsize))]

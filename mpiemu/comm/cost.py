@@ -30,7 +30,7 @@ import math
 from typing import Sequence
 
 from ..net.topology import Hop
-from .mirror import Mirror
+from .folded import FoldedComm
 from .p2p import TimedComm
 from .ring import Reduction, ring_orders
 from .tuner import Choice, allowed_on, candidates, node_groups, pick
@@ -63,7 +63,7 @@ def ring_steps_s(n: int, chunk_bytes: float, rate: float, lat: float, red_s: flo
 def view(tc: TimedComm, ranks: Sequence[int]) -> TimedComm:
     """The sub-group of these ranks of tc, for estimates only (it sends nothing)."""
     devices = [tc.devices[r] for r in ranks]
-    return TimedComm(Mirror(tc.name, len(devices), devices.index(tc.device), devices),
+    return TimedComm(FoldedComm.images(tc.name, devices.index(tc.device), devices),
                      tc.tl, tc.net, tc.name)
 
 

@@ -19,20 +19,19 @@ With cp = 2 (tp=2, dp=1, pp=1: ranks 0..3) the CP groups are [0, 2] and [1, 3] (
 rank of each sequence chunk pair), and gradients are reduced over DP x CP (`dp_cp_comm`,
 Megatron-Core's intra_dp_cp_group). With pp = 1 the embedding group is the rank alone.
 
-Folded (`comm.mirror`, timing only): the job has one MPI rank per (CP rank, stage), MPI rank
-m playing emulated rank (t=0, c=m mod cp, d=0, p=m // cp); its TP and DP groups are
-`Mirror`s of their images, the CP group real between the stage's ranks, the PP and
-embedding groups real between the ranks of one CP rank, the DP x CP group a `RingMirror`
-(its members played by the stage's CP ranks), and the model-parallel and world groups mixed
-(scalar reductions only).
+Folded (`comm.folded`, timing only): the job has one MPI rank per class of exact images
+(`comm.shape.Fold`), playing the class's representative; a group whose members are all
+representatives is a plain MPI communicator, any other a `FoldedComm` that mirrors the
+messages of images and sends real ones to the other classes' processes; the model-parallel
+and world groups are mixed (scalar reductions only).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from mpi4py import MPI
 
-from .mirror import Mirror, RingMirror
+from .folded import FoldedComm, group_comm
 from .shape import Fold, GridShape
 
 
@@ -95,53 +94,40 @@ class ProcessGrid:
                                       key=self.pp_rank)
 
     def _folded(self, world: MPI.Comm, shape: GridShape, fold: Fold) -> None:
-        """One MPI rank per (CP rank, stage), playing (0, c, 0, p): TP / DP groups
-        mirrored, CP / PP / embedding groups real, DP x CP a `RingMirror` over the stage's
-        CP ranks."""
-        s, (c, p) = shape, fold.place(world.Get_rank())
+        """One MPI rank per class of images (`Fold`), playing its representative: each
+        group a plain communicator where its members are all representatives, else a
+        `FoldedComm` (`comm.folded.group_comm`); model-parallel and world groups mixed."""
         self.rank = fold.rep(world.Get_rank())
-        self.tp_rank, self.dp_rank, self.pp_rank, self.cp_rank = 0, 0, p, c
-        self.tp_comm = Mirror("tp", s.tp, 0, [s.rank_of(t, 0, p, c) for t in range(s.tp)])
-        self.dp_comm = Mirror("dp", s.dp, 0, [s.rank_of(0, d, p, c) for d in range(s.dp)])
-        self.cp_comm = self.dp_cp_comm = self.dp_comm
-        if s.cp > 1:
-            self.cp_comm = world.Split(color=p, key=c)
-            self.dp_cp_comm = self._dp_cp(world, s, c, p)
-        same_c = world.Split(color=c, key=p)     # the representatives of this CP rank
-        self.pp_comm = same_c
-        self.mp_comm = Mirror("mp", s.tp * s.pp, s.tp * p,
-                              [s.rank_of(t, 0, k, c) for k in range(s.pp) for t in range(s.tp)],
-                              real=same_c, mixed=True)
-        self.world_comm = Mirror("world", s.size, self.rank, range(s.size), real=world,
-                                 mixed=True)
+        self.tp_rank, self.dp_rank, self.pp_rank = shape.coords(self.rank)
+        self.cp_rank = shape.cp_rank(self.rank)
+        self.ep_rank, self.edp_rank = shape.expert_place(self.rank)
+        members = shape.groups(self.rank)
+
+        def group(name: str, mixed: bool = False) -> Any:
+            return group_comm(world, name.replace("_", " x "), members[name], self.rank,
+                              fold.proc, fold.rep, mixed)
+        self.tp_comm, self.dp_comm = group("tp"), group("dp")
+        self.cp_comm = group("cp") if shape.cp > 1 else self.dp_comm
+        self.dp_cp_comm = group("dp_cp") if shape.cp > 1 else self.dp_comm
+        self.pp_comm = group("pp")
+        self.mp_comm = group("mp", mixed=True)
+        self.world_comm = FoldedComm("world", self.rank, range(shape.size),
+                                     [fold.proc(r) for r in range(shape.size)], world,
+                                     mixed=True)
         self.world_map = [fold.rep(k) for k in range(world.Get_size())]
-        self._embed(world, c)
-        self._folded_experts(world, s, p)
+        t, c, d = self.tp_rank, self.cp_rank, self.dp_rank
+        self._embed(world, t + shape.tp * (c + shape.cp * d))
+        self.ep_comm = group("ep") if shape.ep > 1 else None
+        self.edp_comm = self._folded_edp(members, group)
 
-    def _folded_experts(self, world: MPI.Comm, s: GridShape, p: int) -> None:
-        """Folded EP (`runner.fold_plan` admits ep = tp, or tp = 1 and ep = dp, without CP):
-        the representative's EP group is a `Mirror` of its images; its expert-DP group the
-        DP group (ep = tp) or itself alone."""
-        self.ep_rank, self.edp_rank, self.ep_comm, self.edp_comm = 0, 0, None, self.dp_cp_comm
-        if s.ep == 1:
-            if s.tp > 1 and s.cp * s.dp == 1:
-                self.edp_comm = self.tp_comm
-            return
-        self.ep_comm = Mirror("ep", s.ep, 0, [s.rank_of(i % s.tp, i // s.tp, p)
-                                             for i in range(s.ep)])
-        if s.ep != s.tp:
-            self.edp_comm = world.Split(color=world.Get_rank(), key=0)
-
-    @staticmethod
-    def _dp_cp(world: MPI.Comm, s: GridShape, c: int, p: int) -> Any:
-        """The folded DP x CP group of (0, c, 0, p), members c + cp d as Megatron-Core orders
-        them: real when DP has no images, else a `RingMirror` over the stage's CP ranks."""
-        peers = world.Split(color=p, key=c)
-        if s.dp == 1:
-            return peers
-        return RingMirror("dp x cp", s.cp * s.dp, c,
-                          [s.rank_of(0, j // s.cp, p, j % s.cp) for j in range(s.cp * s.dp)],
-                          peers)
+    def _folded_edp(self, members: dict[str, list[int]], group: Callable[[str], Any]
+                    ) -> Any:
+        """The expert-DP group: one of the groups already built where it has their
+        members (as `_experts` shares them), else its own."""
+        for name, comm in (("dp_cp", self.dp_cp_comm), ("tp", self.tp_comm)):
+            if members["edp"] == members[name]:
+                return comm
+        return group("edp")
 
     @property
     def tp(self) -> int:
@@ -172,7 +158,7 @@ class ProcessGrid:
         groups = [self.tp_comm, self.dp_comm, self.pp_comm, self.mp_comm, self.embed_comm]
         if self.cp > 1:
             groups += [self.cp_comm, self.dp_cp_comm]
-        if self.ep_comm is not None and not isinstance(self.ep_comm, Mirror):
+        if self.ep_comm is not None:
             groups += [self.ep_comm]
         if self.edp_comm not in (self.dp_cp_comm, self.tp_comm):
             groups += [self.edp_comm]

@@ -44,8 +44,7 @@ def nvls_tree_all_reduce(tc: TimedComm, call: Call, reduce_s: Reduction,
                          itemsize: int, t: SimTime, depth: int) -> SimTime:
     """Sum n elements over the group (whole nodes of one switch each) in `depth` segments;
     returns when this rank holds the whole result (`buf`, numerics on)."""
-    node = tc.split("node", tc.net.node_of(tc.device))
-    rail = tc.split("rail", node.rank)
+    node, rail = tc.hierarchy()
     on_rail = Call("simple", call.share, "ring")    # NET hop: NVLS_TREE's (hwLat[NET] of ring)
     g = node.size
     bounds = chunk_bounds(n, g)

@@ -21,7 +21,7 @@ from .._threads import oversubscribed
 from ..net import HEADER_LEN, Network, arrival, send
 from ..net.message import Feed
 from ..sim.timeline import SimTime, Timeline
-from .mirror import Mirror
+from .folded import FoldedComm
 
 
 def _oversubscribed() -> bool:
@@ -66,8 +66,8 @@ def wait_all(reqs: Sequence[MPI.Request], max_sleep_s: float = MAX_SLEEP_S) -> N
 
 def world_devices(comm: Any, world_map: Sequence[int] | None = None) -> list[int]:
     """The device each rank of `comm` plays: its world rank, or `world_map[world rank]` (a
-    folded job's MPI ranks play the stages' representatives); a `Mirror` knows its own."""
-    if isinstance(comm, Mirror):
+    folded job's MPI ranks play the stages' representatives); a `FoldedComm` knows its own."""
+    if isinstance(comm, FoldedComm):
         return comm.devices
     if comm == MPI.COMM_WORLD:
         ranks = list(range(comm.Get_size()))
@@ -92,7 +92,7 @@ class RecvHandle:
     t_posted: SimTime
     source: int
     # a folded group's header: filled from this rank's own sends, or checked once the real
-    # receive completed (`Mirror.receive`)
+    # receive completed (`FoldedComm.receive`)
     fill: Callable[[], None] | None = field(default=None, repr=False)
     _arrive: SimTime | None = field(default=None, repr=False)
 
@@ -192,13 +192,23 @@ class TimedComm:
         return TimedComm(comm, timeline or self.tl, self.net, name, world_map=self.world_map,
                          tuning=self.tuning)
 
-    def split(self, key: str, color: int) -> "TimedComm":
-        """A sub-communicator (cached): ranks of equal `color`, in rank order."""
+    def split(self, key: str, color_of: Callable[[int], int]) -> "TimedComm":
+        """A sub-communicator (cached): the ranks r whose `color_of(r)` is this rank's, in
+        rank order (a folded group knows every member's color, not only its own)."""
         sub = self._subs.get(key)
         if sub is None:
-            sub = self._subs[key] = self.sibling(self.comm.Split(color, self.rank),
-                                                 f"{self.name}.{key}")
+            mine = color_of(self.rank)
+            comm = self.comm.sub([r for r in range(self.size) if color_of(r) == mine]) \
+                if isinstance(self.comm, FoldedComm) else self.comm.Split(mine, self.rank)
+            sub = self._subs[key] = self.sibling(comm, f"{self.name}.{key}")
         return sub
+
+    def hierarchy(self) -> tuple["TimedComm", "TimedComm"]:
+        """This rank's node group and its rail across nodes (the members at its place in
+        every node): the two levels of the hierarchical all-reduce and NVLS Tree."""
+        node = [self.net.node_of(d) for d in self.devices]
+        return (self.split("node", node.__getitem__),
+                self.split("rail", lambda r: node[:r].count(node[r])))
 
     def scratch(self, key: str, n: int, dtype: np.dtype) -> np.ndarray:
         """A reusable work buffer of n elements (kept between calls: no page faults)."""
@@ -263,7 +273,7 @@ class TimedComm:
         """Post a receive into `buf` (None: header only), posted at emulated time `posted`
         (`nbytes`: what the sender must send, checked when the sender is a mirrored image)."""
         header = np.empty(HEADER_LEN)
-        if isinstance(self.comm, Mirror):        # folded: the header of a sender's image
+        if isinstance(self.comm, FoldedComm):        # folded: the header of a sender's image
             reqs, fill = self.comm.receive(header, source, tag, nbytes)
             return RecvHandle(self, reqs, header, posted, source, fill=fill)
         reqs = [self.comm.Irecv(header, source, tag)]

@@ -5,9 +5,9 @@ Ranks are laid out tensor-parallel fastest, then context-parallel, data-parallel
 (Megatron-Core's default order "tp-cp-dp-pp", megatron/core/parallel_state.py
 `RankGenerator`): rank = tp_rank + tp (cp_rank + cp (dp_rank + dp pp_rank)); `comm.grid`
 has the worked example.
-Folding (docs/folding.md): in a timing-only run on identical devices, the TP x DP ranks of one
-(CP rank, pipeline stage) are images of each other; `Fold` names them and maps a device as
-the representative sees it to the device an image sees there.
+Folding (docs/folding.md): in a timing-only run on identical devices, ranks that a shift of
+the TP and DP coordinates connects can be exact images of each other; `Fold` names the
+classes of such images and the process that plays each.
 """
 from __future__ import annotations
 
@@ -57,45 +57,111 @@ class GridShape:
     def rank_of(self, tp_rank: int, dp_rank: int, pp_rank: int, cp_rank: int = 0) -> int:
         return tp_rank + self.tp * (cp_rank + self.cp * (dp_rank + self.dp * pp_rank))
 
+    def shift(self, rank: int, a: int, b: int) -> int:
+        """The rank `a` TP places and `b` DP places on from `rank` (cyclically)."""
+        t, d, p = self.coords(rank)
+        return self.rank_of((t + a) % self.tp, (d + b) % self.dp, p, self.cp_rank(rank))
+
+    def shifter(self, a: int, b: int) -> Callable[[int], int]:
+        """`shift` by (a, b) as a map of devices."""
+        return lambda rank: self.shift(rank, a, b)
+
+    def image_map(self, rep: int, member: int) -> Callable[[int], int]:
+        """Map a device as `rep` sees it to the device `member` sees there (member is rep
+        shifted in TP and DP)."""
+        (tr, dr, _), (tm, dm, _) = self.coords(rep), self.coords(member)
+        return self.shifter(tm - tr, dm - dr)
+
+    def groups(self, rank: int) -> dict[str, list[int]]:
+        """The members of each group of `rank`, in group-rank order (`comm.grid` splits the
+        same): tp, cp, dp, dp_cp (gradients), pp, mp (model-parallel), ep and edp (expert
+        data parallel: the stage's ranks of one EP rank)."""
+        return {k: self.group(k, rank) for k in GROUPS}
+
+    def group(self, kind: str, rank: int) -> list[int]:
+        """The members of `rank`'s group of this kind (`groups`)."""
+        t, d, p = self.coords(rank)
+        c, n = self.cp_rank(rank), self.tp * self.cp * self.dp
+        if kind == "tp":
+            return [self.rank_of(i, d, p, c) for i in range(self.tp)]
+        if kind == "cp":
+            return [self.rank_of(t, d, p, j) for j in range(self.cp)]
+        if kind == "dp":
+            return [self.rank_of(t, j, p, c) for j in range(self.dp)]
+        if kind == "dp_cp":
+            return [self.rank_of(t, j // self.cp, p, j % self.cp)
+                    for j in range(self.cp * self.dp)]
+        if kind == "pp":
+            return [self.rank_of(t, d, k, c) for k in range(self.pp)]
+        if kind == "mp":
+            return [self.rank_of(i, d, k, c) for k in range(self.pp) for i in range(self.tp)]
+        ep_rank, edp_rank = self.expert_place(rank)
+        if kind == "ep":
+            return [p * n + edp_rank * self.ep + i for i in range(self.ep)]
+        return [p * n + ep_rank + self.ep * k for k in range(n // self.ep)]      # edp
+
+    def every_group(self, kind: str) -> list[list[int]]:
+        """Every group of this kind in the world, each once."""
+        seen: set[int] = set()
+        out = []
+        for r in range(self.size):
+            if r not in seen:
+                out.append(self.group(kind, r))
+                seen.update(out[-1])
+        return out
+
+
+GROUPS = ("tp", "cp", "dp", "dp_cp", "pp", "mp", "ep", "edp")
+
 
 class Fold(NamedTuple):
-    """The emulated grid `shape` run on one MPI rank per (CP rank, pipeline stage): MPI rank
-    m plays emulated rank (t=0, c=m % cp, d=0, p=m // cp) and stands for every (t, c, d, p).
-    CP ranks are not images of each other (different sequence chunks, different causal
-    work); the TP and DP ranks of one (c, p) are."""
+    """The emulated grid `shape` run on one MPI rank per class of exact images
+    (docs/folding.md). Shifting every device's (tp, dp) coordinates by a multiple of
+    (`tp_classes`, `dp_classes`) maps the grid, and (checked by `runner.fold_plan`) the
+    network and every group's messages, onto themselves; the ranks such shifts connect are
+    one class. Class (t0, c, d0, p), t0 < tp_classes, d0 < dp_classes, is played by MPI rank
+    t0 + tp_classes (c + cp (d0 + dp_classes p)) (`classes`: the grid of the processes),
+    whose representative is emulated rank (t0, c, d0, p). CP ranks are never images of each
+    other (different sequence chunks, different causal work)."""
 
     shape: GridShape
+    tp_classes: int = 1
+    dp_classes: int = 1
+    why: str = ""             # what kept coarser classes from being exact ('' if none)
+
+    @property
+    def classes(self) -> GridShape:
+        """The grid of the folded job's processes."""
+        s = self.shape
+        return GridShape(self.tp_classes, self.dp_classes, s.pp, s.cp)
 
     @property
     def launch(self) -> int:
-        """MPI ranks of the folded job: cp x pp."""
-        return self.shape.cp * self.shape.pp
-
-    def place(self, mpi_rank: int) -> tuple[int, int]:
-        """(cp rank, stage) that MPI rank `mpi_rank` plays."""
-        return mpi_rank % self.shape.cp, mpi_rank // self.shape.cp
+        """MPI ranks of the folded job: one per class."""
+        return self.classes.size
 
     def rep(self, mpi_rank: int) -> int:
         """The emulated rank MPI rank `mpi_rank` plays."""
-        c, p = self.place(mpi_rank)
-        return self.shape.rank_of(0, 0, p, c)
+        t, d, p = self.classes.coords(mpi_rank)
+        return self.shape.rank_of(t, d, p, self.classes.cp_rank(mpi_rank))
+
+    def proc(self, rank: int) -> int:
+        """The MPI rank that plays emulated rank `rank` (its class's)."""
+        s, (t, d, p) = self.shape, self.shape.coords(rank)
+        return self.classes.rank_of(t % self.tp_classes, d % self.dp_classes, p,
+                                    s.cp_rank(rank))
+
+    def shifts(self) -> list[tuple[int, int]]:
+        """Every (tp, dp) shift that maps a class onto itself (the identity first)."""
+        s = self.shape
+        return [(a, b) for b in range(0, s.dp, self.dp_classes)
+                for a in range(0, s.tp, self.tp_classes)]
 
     def members(self, mpi_rank: int) -> list[int]:
         """The emulated ranks MPI rank `mpi_rank` stands for (its own first)."""
-        s, (c, p) = self.shape, self.place(mpi_rank)
-        return [s.rank_of(t, d, p, c) for d in range(s.dp) for t in range(s.tp)]
-
-    def image(self, member: int) -> Callable[[int], int]:
-        """Map a device as the representative sees it to the device `member` sees there:
-        (t, c, d, p) -> (t + a, c, d + b, p) for member (a, ., b, .)."""
-        s = self.shape
-        a, b, _ = s.coords(member)
-
-        def f(device: int) -> int:
-            t, d, p = s.coords(device)
-            return s.rank_of((t + a) % s.tp, (d + b) % s.dp, p, s.cp_rank(device))
-        return f
+        rep = self.rep(mpi_rank)
+        return [self.shape.shift(rep, a, b) for a, b in self.shifts()]
 
     def images(self) -> list[Callable[[int], int]]:
-        """Every symmetry of one (CP rank, stage) (the identity first)."""
-        return [self.image(m) for m in self.members(0)]
+        """Every symmetry of a class, as a map of devices (the identity first)."""
+        return [self.shape.shifter(a, b) for a, b in self.shifts()]

@@ -120,6 +120,17 @@ class Network:
             hop = self._hops[key] = self._route(src, dst)
         return hop
 
+    def route_class(self, src: int, dst: int) -> tuple[bool, int]:
+        """What makes two routes alike without naming their ports: whether it crosses
+        nodes, and its NVLink hops (a ring fabric's shorter way round; else 1)."""
+        if self.node_of(src) != self.node_of(dst):
+            return True, 1
+        if self.spec.fabric != "ring":
+            return False, 1
+        g = self.per_node
+        fwd = (self.local(dst) - self.local(src)) % g
+        return False, min(fwd, g - fwd)
+
     def _route(self, src: int, dst: int) -> Hop:
         if src == dst:
             raise ValueError(f"device {src} sends to itself")

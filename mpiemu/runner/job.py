@@ -38,13 +38,11 @@ def validate(path: str | None, overrides: Sequence[str], world_size: int) -> Wor
     return validate_job(path, overrides, world_size)[0]
 
 
-def validate_job(path: str | None, overrides: Sequence[str], world_size: int,
-                 rank: int | None = None) -> tuple[Workload, Fold | None]:
-    """`validate`, and the job's fold (`rank`: in a folded job, check the symmetry of this
-    rank's (CP rank, stage) only: every rank checks its own, the errors are agreed on
-    collectively)."""
+def validate_job(path: str | None, overrides: Sequence[str], world_size: int
+                 ) -> tuple[Workload, Fold | None]:
+    """`validate`, and the job's fold (every rank finds the same)."""
     w = load_workload(path, overrides)
-    fold = plan_fold(w, world_size, None if rank is None else [rank])
+    fold = plan_fold(w, world_size)
     if fold is not None:                # folded: checked on the emulated grid
         world_size = w.parallel.devices
     w.check_world(world_size)
@@ -82,7 +80,7 @@ def run_workload(path: str | None, overrides: Sequence[str], out: str | None,
     fold: Fold | None = None
     out_dir = Path(out) if out else Path("runs")
     try:
-        w, fold = validate_job(path, overrides, world.Get_size(), world.Get_rank())
+        w, fold = validate_job(path, overrides, world.Get_size())
         out_dir = Path(out) if out else default_out(w)
         if world.Get_rank() == 0:
             check_out_dir(out_dir, "--out" if out else "name")

@@ -25,6 +25,7 @@ from ..executors.registry import ExecutorSetup, make_executor
 from ..model.config import ModelConfig
 from ..model.dims import Dims
 from ..comm.grid import ProcessGrid
+from .fold_plan import describe
 from ..model.moe.routing_trace import FILE as ROUTING
 from ..model.moe.routing_trace import write as write_routing
 from ..model.moe.state import MoeRun
@@ -269,14 +270,13 @@ def _header(ctx: RankContext, cfg: ModelConfig, gb: int, dims: Dims, mem: str) -
 
 
 def _fold_words(ctx: RankContext) -> list[str]:
-    """One line saying what a folded run's ranks stand for (none when unfolded)."""
+    """What a folded run's ranks stand for, and why its classes are split (none when
+    unfolded)."""
     g = ctx.grid
     if g.fold is None:
         return []
-    per = "CP rank of each pipeline stage" if g.cp > 1 else "pipeline stage"
-    return [f"folded: {ctx.world.Get_size()} MPI ranks (one per {per}) stand for "
-            f"{g.shape.size} emulated GPUs, {g.tp * g.dp} each (run.fold; traces expand "
-            "on load)"]
+    return [f"folded: {ctx.world.Get_size()} MPI ranks stand for {g.shape.size} emulated "
+            f"GPUs (run.fold; traces expand on load): {describe(g.fold)}"]
 
 
 def _pipeline_words(w: Workload) -> str:

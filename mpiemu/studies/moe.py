@@ -53,7 +53,7 @@ def plan(row: dict[str, Any], workload: Path) -> Plan:
 def _plan_layout(row: dict[str, Any], sets: list[str], workload: Path) -> Plan:
     from ..config.errors import ConfigError  # noqa: PLC0415
     from ..config.workload import load_workload  # noqa: PLC0415
-    from ..runner.fold_plan import plan_fold  # noqa: PLC0415
+    from .runs import fold_processes  # noqa: PLC0415
     from ..runner.train_setup import validate  # noqa: PLC0415
     gpus = int(row["gpus"])
     try:
@@ -61,14 +61,8 @@ def _plan_layout(row: dict[str, Any], sets: list[str], workload: Path) -> Plan:
         validate(w, gpus)
     except ConfigError as exc:
         return Plan(row, sets, 0, f"the emulator refuses the layout: {exc}")
-    procs, why = gpus, ""
-    fold = w.parallel.cp * w.parallel.pp
-    if fold < gpus:
-        try:
-            plan_fold(w, fold)
-            procs = fold
-        except ConfigError as exc:
-            why = f"; it does not fold ({str(exc).split('; here ')[-1].split(': launch')[0]})"
+    procs, why = fold_processes(w, gpus)
+    why = why and f"; it does not fold ({why})"
     limit = int(fig("max_processes").value)
     if procs > limit:
         return Plan(row, sets, procs, f"{gpus} GPUs need {procs} MPI processes, more than "

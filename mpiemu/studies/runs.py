@@ -10,10 +10,13 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .._proc import launcher_free_env
 from .common import ROOT
+
+if TYPE_CHECKING:
+    from ..config.workload import Workload
 
 
 def mpiexec() -> str:
@@ -44,17 +47,24 @@ def run(ranks: int, workload: Path | str, sets: Sequence[str], out: Path,
 
 
 def processes(workload: Path | str, sets: Sequence[str], gpus: int) -> int:
-    """MPI processes for an emulated job of `gpus` GPUs: one per pipeline stage (per CP
-    rank of each stage with context parallelism) when it folds exactly (`run.fold`:
-    bit-identical emulated times), else one per GPU."""
+    """MPI processes for an emulated job of `gpus` GPUs: one per class of exact images
+    when it folds (`run.fold`: bit-identical emulated times), else one per GPU."""
     from ..config.workload import load_workload  # noqa: PLC0415
     from ..config.errors import ConfigError  # noqa: PLC0415
-    from ..runner.fold_plan import plan_fold  # noqa: PLC0415
-    w = load_workload(str(workload), list(sets))
-    launch = w.parallel.cp * w.parallel.pp
-    if launch >= gpus:
-        return gpus
     try:
-        return launch if plan_fold(w, launch) is not None else gpus
+        return fold_processes(load_workload(str(workload), list(sets)), gpus)[0]
     except ConfigError:
         return gpus
+
+
+def fold_processes(w: "Workload", gpus: int) -> tuple[int, str]:
+    """The processes a valid workload of `gpus` GPUs runs on (one per class of exact
+    images where it folds), and why it does not fold ('' if it does, or needs not)."""
+    from ..runner.fold_plan import classes, obstacle  # noqa: PLC0415
+    why = obstacle(w)
+    if why is not None:
+        return gpus, why
+    fold = classes(w)[0]
+    if fold.launch >= gpus:
+        return gpus, f"no two emulated GPUs are exact images ({fold.why})"
+    return fold.launch, ""

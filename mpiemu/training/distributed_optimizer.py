@@ -79,7 +79,7 @@ class DistributedAdam:
         """(this rank's sum of squares of the gradient elements the norm counts, or None
         timing only; the elements of its shares). The step starts here: Megatron copies each
         parameter's slice of the share to fp32 in its own kernel; the slices differ between
-        DP ranks, which folding's symmetry (`comm.mirror`) cannot follow, so one copy per
+        DP ranks, which folding's symmetry (`comm.folded`) cannot follow, so one copy per
         bucket share stands for them."""
         self.steps += 1
         E, shards = self.E, self.buckets.shards

@@ -75,7 +75,8 @@ def hybrid(dp: TimedComm, group: int) -> tuple[TimedComm, TimedComm | None]:
     `dp`, and the ranks at the same place in every block (None: one group spans dp)."""
     if group in (0, dp.size):
         return dp, None
-    return dp.split("shard", dp.rank // group), dp.split("replica", dp.rank % group)
+    return (dp.split("shard", lambda r: r // group),
+            dp.split("replica", lambda r: r % group))
 
 
 def flat(u: Unit, arrays: Params) -> np.ndarray | None:

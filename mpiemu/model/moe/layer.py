@@ -98,12 +98,12 @@ class MoeMlp(Block):
     def _plan(self, local: np.ndarray, r: Routing | None) -> Plan:
         """Every EP rank's counts (all-gathered, Megatron's `preprocess`) and this rank's
         permutation: kept choices expert-major in token order."""
-        from ...comm.mirror import Mirror  # noqa: PLC0415  (MPI: only where a run has EP)
+        from ...comm.folded import FoldedComm  # noqa: PLC0415  (MPI: only where a run has EP)
         E, ep = self.E, self.ep
         every = local[None]
         if ep is not None and ep.size > 1:
             E.all_gather(ep, f"{self.tag}.dispatch.counts", None, self.moe.experts, IDS)
-            every = np.tile(local, (ep.size, 1)) if isinstance(ep.comm, Mirror) else \
+            every = np.tile(local, (ep.size, 1)) if isinstance(ep.comm, FoldedComm) else \
                 np.stack(ep.comm.allgather(local))     # the counts' values, host-side (folded:
                                                        # balanced, every image's the same)
         order = np.zeros(0, np.int64)

@@ -1,0 +1,184 @@
+"""Whether a partition into classes of images (`comm.shape.Fold`) is exact (docs/folding.md).
+
+A class's members are its representative shifted by (i a, j b) in (TP, DP). The partition
+is exact when every such shift maps what the representative does onto what the member does:
+
+1. **groups**: each group of the representative goes onto a group of the member, its ranks
+   rotated (offsets inside a group are what `comm.folded.FoldedComm` pairs messages by);
+2. **routes**: every route the representative's groups use (inside its TP, CP and EP
+   groups, along its DP groups' ring lanes, through a hierarchical all-reduce's nodes and
+   rails, all pairs of a group that may run a tree, to the other stages) keeps its
+   transport, node crossing and hop count;
+3. **lanes**: a group with images of this rank has ring lanes that pair every member with
+   its successor at the same offset as in the shifted group;
+4. **algorithms**: a group with images of this rank runs no algorithm whose members play
+   different roles (NCCL's trees), wherever NCCL's tuner may pick one for it.
+
+No MPI here: every process computes the same partition.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from ..comm.folded import MIRRORED_ALGORITHMS
+from ..comm.ring import orders_of
+from ..comm.shape import Fold, GridShape
+from ..comm.tuner import allowed_on, node_groups
+from ..config.workload import Workload
+from ..net import Network
+
+# groups that all-reduce in a train step, and which reduce-scatter instead under ZeRO
+REDUCING = ("tp", "dp", "dp_cp", "edp")
+SHARDED = ("dp", "dp_cp")
+
+
+def classes_obstacle(w: Workload, net: Network, fold: Fold) -> str | None:
+    """Why this partition would not be exact (None: it is)."""
+    shape, kinds = fold.shape, _kinds(fold.shape)
+    images = _images_here(fold, kinds)
+    for kind in kinds:
+        why = _algorithm(w, net, fold, kind) if images[kind] else None
+        for members in shape.every_group(kind) if images[kind] else []:
+            why = why or _rotation(shape, fold, kind, members) \
+                or _lanes(net, shape, fold, kind, members)
+        if why:
+            return why
+    pairs: dict[tuple[int, int], None] = {}
+    for m in range(fold.launch):
+        rep = fold.rep(m)
+        groups = {k: shape.group(k, rep) for k in kinds}
+        pairs.update(dict.fromkeys(_orbit(fold, x, y) for x, y in _pairs(w, net, groups, rep)))
+    return _routes(net, fold, pairs)
+
+
+def _kinds(s: GridShape) -> list[str]:
+    """The groups a run builds (`comm.grid`)."""
+    out = ["tp", "dp", "pp"] + (["cp", "dp_cp"] if s.cp > 1 else [])
+    return out + (["ep", "edp"] if s.ep > 1 else [])
+
+
+def _images_here(fold: Fold, kinds: list[str]) -> dict[str, bool]:
+    """Per kind: whether its groups hold images of one another (some class twice; all
+    groups of a kind alike, the partition being a symmetry)."""
+    out = {}
+    for kind in kinds:
+        procs = [fold.proc(x) for x in fold.shape.group(kind, fold.rep(0))]
+        out[kind] = len(set(procs)) < len(procs)
+    return out
+
+
+def _generators(fold: Fold) -> list[tuple[int, int]]:
+    """The shifts every shift of a class is made of (checking them on every group of the
+    world checks all their sums)."""
+    s = fold.shape
+    return [g for g in ((fold.tp_classes, 0), (0, fold.dp_classes))
+            if g != (s.tp, 0) and g != (0, s.dp)]
+
+
+def _rotation(s: GridShape, fold: Fold, kind: str, members: list[int]) -> str | None:
+    for a, b in _generators(fold):
+        img = [s.shift(x, a, b) for x in members]
+        other = s.group(kind, img[0])
+        k = other.index(img[0])
+        if any(other[(i + k) % len(other)] != x for i, x in enumerate(img)):
+            return (f"the {kind} group {members[:8]} shifted by (tp {a}, dp {b}) is not "
+                    f"one of the {kind} groups in the same order")
+    return None
+
+
+def _mirrored_only(w: Workload, kind: str) -> bool:
+    """Whether a group of this kind runs only algorithms exact on images (rings, NVLS)."""
+    if w.collectives.algorithm:
+        return w.collectives.algorithm in MIRRORED_ALGORITHMS
+    if kind in SHARDED and w.optimizer.zero >= 1:
+        return True                     # reduce-scatter and all-gather: rings
+    return kind not in REDUCING
+
+
+def _algorithm(w: Workload, net: Network, fold: Fold, kind: str) -> str | None:
+    if _mirrored_only(w, kind):
+        return None
+    members = fold.shape.group(kind, fold.rep(0))
+    roles = [a for a in allowed_on(net, members, "all_reduce") if a not in MIRRORED_ALGORITHMS]
+    if not roles:
+        return None
+    return (f"NCCL may run the {kind} group's all-reduce as a {roles[0]} (whose ranks play "
+            "different roles), so its ranks cannot be images of one another (optimizer.zero "
+            "= 1 or collectives.algorithm = \"ring\" keep them images)")
+
+
+def _successors(net: Network, members: list[int]) -> list[dict[int, int]]:
+    """Per ring lane: each member's successor, as an offset."""
+    n = len(members)
+    return [{o[i]: (o[(i + 1) % n] - o[i]) % n for i in range(n)}
+            for o in orders_of(net, members, True)]
+
+
+def _lanes(net: Network, s: GridShape, fold: Fold, kind: str, members: list[int]
+           ) -> str | None:
+    if kind not in REDUCING:
+        return None
+    n, mine = len(members), _successors(net, members)
+    for a, b in _generators(fold):
+        img = [s.shift(x, a, b) for x in members]
+        other = s.group(kind, img[0])
+        k = other.index(img[0])
+        theirs = _successors(net, other)
+        if len(theirs) != len(mine) or any(
+                mine[j][i] != theirs[j][(i + k) % n] for j in range(len(mine))
+                for i in range(n)):
+            return (f"the {kind} group's ring lanes pair its members differently once "
+                    f"shifted by (tp {a}, dp {b}) (a shift that does not move whole nodes)")
+    return None
+
+
+def _ring_pairs(net: Network, members: list[int]) -> list[tuple[int, int]]:
+    n = len(members)
+    return [(members[o[i]], members[o[(i + 1) % n]]) for o in orders_of(net, members, True)
+            for i in range(n)] if n > 1 else []
+
+
+def _all_pairs(members: list[int]) -> list[tuple[int, int]]:
+    return [(x, y) for x in members for y in members if x != y]
+
+
+def _pairs(w: Workload, net: Network, groups: dict[str, list[int]], rep: int
+           ) -> list[tuple[int, int]]:
+    """The routes the representative's groups may take."""
+    out = _all_pairs(groups["tp"]) + [(rep, x) for x in groups["pp"] if x != rep]
+    out += [(x, rep) for x in groups["pp"] if x != rep]
+    for kind in ("cp", "ep"):
+        out += _all_pairs(groups.get(kind, []))
+    for kind in ("dp", "dp_cp", "edp"):
+        members = groups.get(kind, [])
+        out += _ring_pairs(net, members)
+        algos = allowed_on(net, members, "all_reduce") if len(members) > 1 else []
+        if "hierarchical" in algos:
+            nodes = [[members[i] for i in g] for g in node_groups(net, members)]
+            out += [p for g in nodes for p in _ring_pairs(net, g)]
+            out += [p for j in range(len(nodes[0]))
+                    for p in _ring_pairs(net, [g[j] for g in nodes])]
+        if not _mirrored_only(w, kind) and any(a not in MIRRORED_ALGORITHMS for a in algos):
+            out += _all_pairs(members)        # a tree: any two members may talk
+    return out
+
+
+def _orbit(fold: Fold, x: int, y: int) -> tuple[int, int]:
+    """The pair (x, y) shifted so that x is its class's representative (one pair per orbit
+    under the class's shifts)."""
+    s = fold.shape
+    t, d, _ = s.coords(x)
+    a, b = t - t % fold.tp_classes, d - d % fold.dp_classes
+    return s.shift(x, -a, -b), s.shift(y, -a, -b)
+
+
+def _routes(net: Network, fold: Fold, pairs: Iterable[tuple[int, int]]) -> str | None:
+    s, shifts = fold.shape, fold.shifts()[1:]
+    for x, y in pairs:
+        sig = net.route_class(x, y)
+        for a, b in shifts:
+            gx, gy = s.shift(x, a, b), s.shift(y, a, b)
+            if net.route_class(gx, gy) != sig:
+                return (f"the route {x}->{y} and its image {gx}->{gy} differ (nodes that cut "
+                        "a TP or DP group unevenly)")
+    return None
