@@ -14,8 +14,9 @@ and the emulated iteration; first, the floor: as many processes as the smallest 
 starting (Python, numpy, MPI_Init, h5py, mpiemu), wall and CPU seconds; and the smallest
 run's command with a one-layer model (what it costs besides its layers).
 `--exact` first checks folded == unfolded bit for bit on three workloads at 8, 16 and 32 ranks;
-`--against GITREF` times the smallest run's command with this tree and with GITREF (a git
-worktree) alternately, `--repeat` times each, and prints both medians and their ratio.
+`--against GITREF` times one command with this tree and with GITREF (a git worktree)
+alternately, `--repeat` times each, and prints both medians and their ratio: the first run
+`--only` selects, else the smallest unfolded run.
 Folded too: Llama 3.1 405B at TP 8 x PP 16 x DP 128 (16,384 GPUs, its pre-training layout,
 `workloads/llama3.1-405b-tp8-pp16-dp128.toml`).
 Usage: python benchmarks/scale.py [--ranks 8 16 32 64] [--no-pipeline] [--no-folded] [--exact]
@@ -88,9 +89,16 @@ def tp8_sets(ranks: int) -> list[str]:
     return [f"parallel.dp={ranks // 8}", f"train.global_batch={2 * (ranks // 8)}"]
 
 ZERO = ["optimizer.zero=1"]
+H100_TP4 = ["parallel.tp=4", "parallel.dp=32", "train.global_batch=1536",
+            "device.preset=h100-sxm5", "network.preset=dgx-h100"]
 FOLDED = [(8, 1024, PP8, ["parallel.dp=16", "train.global_batch=1536", *ZERO]),
           (8, 2048, PP8, ["parallel.dp=32", "train.global_batch=1536", *ZERO]),
           (8, 4096, PP8, ["parallel.dp=64", "train.global_batch=1536", *ZERO]),
+          # TP 4 inside DGX H100 nodes, DP 32 across them: two classes of images per stage
+          # (a DP shift by one GPU moves no whole node), plain DP all-reduce (local DDP:
+          # one ring by NCCL's tuner) and with the distributed optimizer
+          (16, 1024, PP8, [*H100_TP4, "train.memory_check=warn"]),
+          (16, 1024, PP8, [*H100_TP4, *ZERO]),
           (64, 3072, "workloads/megatron-1t-tp8-pp64.toml",
            ["parallel.dp=6", "train.global_batch=3072", *ZERO]),
           # Llama 3.1 405B as pre-trained (Llama 3 paper Table 4): TP 8 x PP 16 x DP 128
@@ -134,20 +142,22 @@ def _compile(code: Path) -> None:
                    capture_output=True)
 
 
-def against(ref: str, ranks: int, repeat: int, tmp: Path) -> None:
-    """The smallest run's command with this tree and with git `ref` (a worktree), alternating:
-    the host's speed drifts by 10-20% within minutes, so only runs side by side compare."""
+def against(ref: str, run: tuple[int, int, str, list[str]], repeat: int, tmp: Path) -> None:
+    """One run's command with this tree and with git `ref` (a worktree), alternating: the
+    host's speed drifts by 10-20% within minutes, so only runs side by side compare."""
     base = tmp / "against"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(base), ref],
                    check=True)
+    n, gpus, wl, sets = run
     try:
         _compile(base)
         walls: dict[str, list[float]] = {ref: [], "this tree": []}
         for _ in range(repeat):
             for name, code in ((ref, base), ("this tree", ROOT)):
-                walls[name].append(one(ranks, TP8, tp8_sets(ranks), tmp / "a", code)[0])
+                walls[name].append(one(n, wl, sets, tmp / "a", code)[0])
         med = {k: statistics.median(v) for k, v in walls.items()}
-        print(f"against {ref}: the {ranks}-rank command, {repeat} alternating runs each: " +
+        print(f"against {ref}: {Path(wl).stem} on {gpus} GPUs, {n} processes, {repeat} "
+              "alternating runs each: " +
               "; ".join(f"{k} median {med[k]:.2f} s ({min(v):.2f}-{max(v):.2f})"
                         for k, v in walls.items()) +
               f"; this tree / {ref}: {med['this tree'] / med[ref]:.3f}", flush=True)
@@ -180,8 +190,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         if args.exact and not exact(Path(tmp)):
             return 1
-        if args.against:
-            against(args.against, args.ranks[0] if args.ranks else 8, args.repeat, Path(tmp))
+        if args.against:        # the first selected run (--only), else the smallest
+            n = args.ranks[0] if args.ranks else 8
+            against(args.against, runs[0] if args.only else (n, n, TP8, tp8_sets(n)),
+                    args.repeat, Path(tmp))
+            return 0
         if args.ranks:
             (bare, bare_cpu), (mods, mods_cpu) = floor(args.ranks[0])
             print(f"floor: {args.ranks[0]} processes importing numpy, mpi4py, h5py: "
@@ -191,14 +204,16 @@ def main() -> int:
             wall, _, _, _, cpu = one(n, TP8, [*tp8_sets(n), "model.layers=1"], Path(tmp) / "fixed")
             print(f"fixed: the {n}-rank command with a one-layer model: {wall:.2f} s "
                   f"({cpu:.1f} CPU s); the rest of each row below is its layers", flush=True)
-        print(f"{'ranks':>6} {'GPUs':>5} {'workload':<36} {'command s':>10} {'CPU s':>7} "
+        print(f"{'ranks':>6} {'GPUs':>5} {'workload':<52} {'command s':>10} {'CPU s':>7} "
               f"{'iteration s':>12} {'peak MB/rank':>13} {'emulated s':>11}")
         for k, (n, gpus, wl, sets) in enumerate(runs):
             wall, it, peak, emu, cpu = one(n, wl, sets, Path(tmp) / f"r{k}")
             m = next((int(s.split("=")[1]) for s in sets if "global_batch" in s), 0)
             dp = next((int(s.split("=")[1]) for s in sets if "parallel.dp" in s), 1)
             what = Path(wl).stem + (f" ({m // dp} micro-batches)" if m and "pp" in wl else "")
-            print(f"{n:>6} {gpus:>5} {what:<36} {wall:>10.2f} {cpu:>7.1f} {it:>12.1f} "
+            what += " TP 4, H100" + (", ZeRO-1" if ZERO[0] in sets else ", plain DP") \
+                if "parallel.tp=4" in sets else ""
+            print(f"{n:>6} {gpus:>5} {what:<52} {wall:>10.2f} {cpu:>7.1f} {it:>12.1f} "
                   f"{peak:>13.0f} {emu:>11.3f}", flush=True)
     print("CPU s: user + system time of every process of the command (on this host's cores, "
           "command s >= CPU s / cores); peak MB/rank: the largest resident set of any rank so "

@@ -31,6 +31,7 @@ def nodes(tp: int, dp: int, pp: int, *more: str) -> list[str]:
     return [a for s in sets for a in ("--set", s)]
 
 
+LOCAL_DDP = ("optimizer.zero=0", "train.ddp=local", "train.overlap_grad_reduce=false")
 # (name, workload, overrides, emulated ranks, processes of the folded run)
 CASES = [
     ("tp-ring", "workloads/quickstart.toml",
@@ -50,6 +51,11 @@ CASES = [
      nodes(4, 8, 1, "train.global_batch=16"), 32, 2),
     ("tp2-dp4-pp2-tree-4-gpu-nodes", "workloads/pipeline-small.toml",
      nodes(2, 4, 2, "optimizer.zero=0", "network.devices_per_node=4"), 16, 8),
+    # local DDP: one all-reduce of known size per stage, a ring by NCCL's tuner
+    ("tp4-dp4-two-nodes-local-ddp", "workloads/pipeline-small.toml",
+     nodes(4, 4, 1, *LOCAL_DDP), 16, 2),
+    ("tp2-dp4-pp2-local-ddp-4-gpu-nodes", "workloads/pipeline-small.toml",
+     nodes(2, 4, 2, *LOCAL_DDP, "network.devices_per_node=4", "model.hidden=256"), 16, 4),
     ("layer-sweep", "workloads/comp_vs_comm.toml",        # thesis ch. 5, TP x DP on 1 process
      ["--set", "parallel.dp=2", "--set", "layer_sweep.hidden=[1024, 2048]", "--set",
       "layer_sweep.seq_len=[1024]", "--set", "layer_sweep.batch=[1]", "--set",

@@ -24,7 +24,7 @@ from ..comm.folded import MIRRORED_ALGORITHMS
 from ..comm.ring import orders_of
 from ..comm.shape import Fold, GridShape
 from ..comm.tuner import allowed_on, node_groups
-from ..config.workload import Workload
+from ..config.workload import Workload, resolve_device
 from ..net import Network
 
 # groups that all-reduce in a train step, and which reduce-scatter instead under ZeRO
@@ -100,11 +100,50 @@ def _algorithm(w: Workload, net: Network, fold: Fold, kind: str) -> str | None:
         return None
     members = fold.shape.group(kind, fold.rep(0))
     roles = [a for a in allowed_on(net, members, "all_reduce") if a not in MIRRORED_ALGORITHMS]
+    calls = _whole_buffer_calls(w) if kind in SHARDED and roles else None
+    if calls is not None:          # the sizes are known: what NCCL's tuner picks for them
+        roles = [a for p, nbytes, itemsize in calls
+                 if (a := _picked(w, net, fold.shape.group(kind, fold.rep(
+                     fold.classes.rank_of(0, 0, p))), nbytes, itemsize))
+                 not in MIRRORED_ALGORITHMS]
     if not roles:
         return None
     return (f"NCCL may run the {kind} group's all-reduce as a {roles[0]} (whose ranks play "
             "different roles), so its ranks cannot be images of one another (optimizer.zero "
             "= 1 or collectives.algorithm = \"ring\" keep them images)")
+
+
+def _whole_buffer_calls(w: Workload) -> list[tuple[int, float, int]] | None:
+    """(stage, bytes, bytes per element) of the one DP all-reduce per stage and step of a
+    dense `train` run under local DDP (the whole gradient buffer after backward,
+    `training.gradients`); None where calls of other sizes may come (core DDP's buckets)."""
+    if w.run.kind != "train" or w.train.ddp != "local" or w.optimizer.zero != 0:
+        return None
+    from ..devices.specs import dtype_bytes  # noqa: PLC0415
+    from ..model.stage import stage_params  # noqa: PLC0415
+    from .train_setup import grad_buffer, resolve  # noqa: PLC0415
+    cfg, _, dims = resolve(w)
+    if cfg.moe is not None:
+        return None
+    buf = grad_buffer(w, resolve_device(w).kind)
+    itemsize = buf.main if buf is not None else dtype_bytes(w.run.emulated_dtype)
+    par = w.parallel
+    return [(p, itemsize * sum(lp.size for lp in stage_params(
+        cfg, dims.tp, par.pp, par.virtual_stages, p, par.split)), itemsize)
+        for p in range(par.pp)]
+
+
+def _picked(w: Workload, net: Network, members: list[int], nbytes: float, itemsize: int
+            ) -> str:
+    """The algorithm a DP all-reduce of this size runs on this group (`call_for`)."""
+    from ..comm.collectives import call_for  # noqa: PLC0415
+    from ..comm.folded import FoldedComm  # noqa: PLC0415
+    from ..comm.p2p import TimedComm, Tuning  # noqa: PLC0415
+    from ..sim.timeline import Timeline  # noqa: PLC0415
+    tc = TimedComm(FoldedComm.images("dp", 0, members), Timeline(), net, "dp",
+                   devices=members,
+                   tuning=Tuning(w.collectives.algorithm, w.collectives.protocol))
+    return call_for(tc, "all_reduce", nbytes, itemsize, w.overlap.bidirectional)[0].algorithm
 
 
 def _successors(net: Network, members: list[int]) -> list[dict[int, int]]:
