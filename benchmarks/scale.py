@@ -108,12 +108,15 @@ FOLDED = [(8, 1024, PP8, ["parallel.dp=16", "train.global_batch=1536", *ZERO]),
            ["parallel.tp=8", "parallel.ep=8", "parallel.dp=32", "parallel.pp=4",
             "parallel.sequence_parallel=true", "train.global_batch=1024", *ZERO])]
 SMALL = ["model.layers=8", "train.memory_check=warn", "run.iterations=1"]
-# (what, unfolded ranks, folded ranks, workload, overrides): three symmetry kinds
+# (what, unfolded ranks, folded ranks, workload, overrides): four symmetry kinds
 EXACT = [("TP ring", 8, 1, TP8, ["model.layers=2", *SMALL[1:]]),
          ("TP x DP, 4 nodes", 16, 1, PP8,
           ["parallel.tp=4", "parallel.dp=4", "parallel.pp=1", "network.devices_per_node=4",
            "parallel.schedule=1f1b", "parallel.virtual_stages=1", "train.global_batch=8",
            *ZERO, *SMALL]),
+         ("TP 4 x DP 4 in 8-GPU nodes, two classes", 16, 2, PP8,
+          ["parallel.tp=4", "parallel.dp=4", "parallel.pp=1", "parallel.schedule=1f1b",
+           "parallel.virtual_stages=1", "train.global_batch=8", *ZERO, *SMALL]),
          ("TP x PP x DP, interleaved", 32, 4, PP8,
           ["parallel.tp=4", "parallel.dp=2", "parallel.pp=4", "parallel.virtual_stages=2",
            "train.global_batch=16", *ZERO, *SMALL])]

@@ -18,18 +18,20 @@ No MPI here: every process computes the same partition.
 """
 from __future__ import annotations
 
-from typing import Iterable
+import numpy as np
 
 from ..comm.folded import MIRRORED_ALGORITHMS
 from ..comm.ring import orders_of
 from ..comm.shape import Fold, GridShape
+from ..comm.tree import roles
 from ..comm.tuner import allowed_on, node_groups
 from ..config.workload import Workload, resolve_device
 from ..net import Network
+from .moe_setup import model_of
 
 # groups that all-reduce in a train step, and which reduce-scatter instead under ZeRO
 REDUCING = ("tp", "dp", "dp_cp", "edp")
-SHARDED = ("dp", "dp_cp")
+SHARDED = ("dp", "dp_cp", "edp")
 
 
 def classes_obstacle(w: Workload, net: Network, fold: Fold) -> str | None:
@@ -44,11 +46,15 @@ def classes_obstacle(w: Workload, net: Network, fold: Fold) -> str | None:
         if why:
             return why
     pairs: dict[tuple[int, int], None] = {}
-    for m in range(fold.launch):
-        rep = fold.rep(m)
-        groups = {k: shape.group(k, rep) for k in kinds}
-        pairs.update(dict.fromkeys(_orbit(fold, x, y) for x, y in _pairs(w, net, groups, rep)))
-    return _routes(net, fold, pairs)
+    seen: set[tuple[int, ...]] = set()
+    for m in range(fold.launch):         # every group a representative is in, once
+        for kind in kinds:
+            members = shape.group(kind, fold.rep(m))
+            if tuple(members) not in seen:
+                seen.add(tuple(members))
+                pairs.update(dict.fromkeys(_orbit(fold, x, y)
+                                           for x, y in _pairs(w, net, kind, members)))
+    return _routes(net, fold, list(pairs))
 
 
 def _kinds(s: GridShape) -> list[str]:
@@ -90,9 +96,17 @@ def _mirrored_only(w: Workload, kind: str) -> bool:
     """Whether a group of this kind runs only algorithms exact on images (rings, NVLS)."""
     if w.collectives.algorithm:
         return w.collectives.algorithm in MIRRORED_ALGORITHMS
+    if kind in ("dp", "dp_cp") and _bias_counts(w):
+        return False                    # DeepSeek-V3's expert bias: a small all-reduce
     if kind in SHARDED and w.optimizer.zero >= 1:
         return True                     # reduce-scatter and all-gather: rings
     return kind not in REDUCING
+
+
+def _bias_counts(w: Workload) -> bool:
+    """Whether each step all-reduces the experts' routed counts over DP (expert bias)."""
+    moe = model_of(w).moe
+    return moe is not None and moe.expert_bias
 
 
 def _algorithm(w: Workload, net: Network, fold: Fold, kind: str) -> str | None:
@@ -181,24 +195,31 @@ def _all_pairs(members: list[int]) -> list[tuple[int, int]]:
     return [(x, y) for x in members for y in members if x != y]
 
 
-def _pairs(w: Workload, net: Network, groups: dict[str, list[int]], rep: int
+def _tree_pairs(groups: list[list[int]], members: list[int]) -> list[tuple[int, int]]:
+    """Both ways along every edge of NCCL's trees over these node groups (`comm.tree`)."""
+    edges = [(members[a], members[r.up_to]) for a in range(len(members))
+             for r in roles(groups, a) if r.up_to >= 0]
+    return edges + [(y, x) for x, y in edges]
+
+
+def _pairs(w: Workload, net: Network, kind: str, members: list[int]
            ) -> list[tuple[int, int]]:
-    """The routes the representative's groups may take."""
-    out = _all_pairs(groups["tp"]) + [(rep, x) for x in groups["pp"] if x != rep]
-    out += [(x, rep) for x in groups["pp"] if x != rep]
-    for kind in ("cp", "ep"):
-        out += _all_pairs(groups.get(kind, []))
-    for kind in ("dp", "dp_cp", "edp"):
-        members = groups.get(kind, [])
-        out += _ring_pairs(net, members)
-        algos = allowed_on(net, members, "all_reduce") if len(members) > 1 else []
-        if "hierarchical" in algos:
-            nodes = [[members[i] for i in g] for g in node_groups(net, members)]
-            out += [p for g in nodes for p in _ring_pairs(net, g)]
-            out += [p for j in range(len(nodes[0]))
-                    for p in _ring_pairs(net, [g[j] for g in nodes])]
-        if not _mirrored_only(w, kind) and any(a not in MIRRORED_ALGORITHMS for a in algos):
-            out += _all_pairs(members)        # a tree: any two members may talk
+    """The routes a group of this kind may take."""
+    if kind in ("tp", "cp", "ep"):
+        return _all_pairs(members)
+    if kind in ("pp", "mp"):
+        return _ring_pairs(net, members)
+    out = _ring_pairs(net, members)
+    algos = allowed_on(net, members, "all_reduce") if len(members) > 1 else []
+    nodes = [[members[i] for i in g] for g in node_groups(net, members)] if algos else []
+    rails = [[g[j] for g in nodes] for j in range(len(nodes[0]))] if nodes else []
+    if "hierarchical" in algos:
+        out += [p for g in nodes + rails for p in _ring_pairs(net, g)]
+    if not _mirrored_only(w, kind):
+        if "tree" in algos:
+            out += _tree_pairs(node_groups(net, members), members)
+        if "nvls_tree" in algos:
+            out += [p for r in rails for p in _tree_pairs([[i] for i in range(len(r))], r)]
     return out
 
 
@@ -211,11 +232,44 @@ def _orbit(fold: Fold, x: int, y: int) -> tuple[int, int]:
     return s.shift(x, -a, -b), s.shift(y, -a, -b)
 
 
-def _routes(net: Network, fold: Fold, pairs: Iterable[tuple[int, int]]) -> str | None:
-    s, shifts = fold.shape, fold.shifts()[1:]
+def _routes(net: Network, fold: Fold, pairs: list[tuple[int, int]]) -> str | None:
+    """The first pair whose route class (`Network.route_class`) some shift changes; the
+    shifts of all pairs at once, a block of pairs at a time."""
+    s, shifts = fold.shape, np.array(fold.shifts()[1:], np.int64).reshape(-1, 2)
+    if not len(shifts) or not pairs:
+        return None
+    if net.spec.fabric == "ring":            # hops inside a node: one pair at a time
+        return _routes_one_by_one(net, fold, pairs)
+    g = net.per_node
+    block = max(1, 2 ** 22 // len(shifts))
+    for lo in range(0, len(pairs), block):
+        xy = np.array(pairs[lo:lo + block], np.int64)
+        moved = _shifted(s, xy, shifts) // g                     # [pairs, 2, shifts]
+        crosses = moved[:, 0] != moved[:, 1]
+        base = (xy[:, 0] // g != xy[:, 1] // g)[:, None]
+        bad = np.argwhere(crosses != base)
+        if len(bad):
+            i, k = (int(v) for v in bad[0])
+            (x, y), (a, b) = pairs[lo + i], shifts[k]
+            return (f"the route {x}->{y} and its image {s.shift(x, a, b)}->{s.shift(y, a, b)} "
+                    "differ (nodes that cut a TP or DP group unevenly)")
+    return None
+
+
+def _shifted(s: GridShape, ranks: np.ndarray, shifts: np.ndarray) -> np.ndarray:
+    """`GridShape.shift` of every rank by every shift: ranks [...] -> [..., shifts]."""
+    r = ranks[..., None]
+    t, d = r % s.tp, r // (s.tp * s.cp) % s.dp
+    rest = r - t - s.tp * s.cp * d
+    return (t + shifts[:, 0]) % s.tp + s.tp * s.cp * ((d + shifts[:, 1]) % s.dp) + rest
+
+
+def _routes_one_by_one(net: Network, fold: Fold, pairs: list[tuple[int, int]]
+                       ) -> str | None:
+    s = fold.shape
     for x, y in pairs:
         sig = net.route_class(x, y)
-        for a, b in shifts:
+        for a, b in fold.shifts()[1:]:
             gx, gy = s.shift(x, a, b), s.shift(y, a, b)
             if net.route_class(gx, gy) != sig:
                 return (f"the route {x}->{y} and its image {gx}->{gy} differ (nodes that cut "
