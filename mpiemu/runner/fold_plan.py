@@ -104,20 +104,23 @@ def plan_fold(w: Workload, world_size: int) -> Fold | None:
     full, mode = par.devices, w.run.fold
     if world_size == full and mode != "on":
         return None
+    if mode == "off":
+        raise ConfigError(par.grid_field, par.grid_value,
+                          f"must equal the {world_size} ranks of this job")
     why = obstacle(w)
     fold, split = classes(w) if why is None else (None, "")
     if fold is not None and fold.launch == full:
         why = f"no two emulated GPUs are exact images ({split})"
-    if why is not None and (mode == "on" or world_size < full):
+    tried = world_size < full and w.run.kind in FOLDABLE_KINDS    # a fold, by its size
+    if why is not None and (mode == "on" or tried):
         raise ConfigError("run.fold", mode, f"exact folding only; here {why}: launch "
                           f"{full} ranks to run every emulated GPU")
-    assert fold is not None or mode == "off" or world_size > full
     if mode == "on" and fold is not None and world_size != fold.launch:
         raise ConfigError("run.fold", mode, f"a job of {fold.launch} ranks ({describe(fold)})"
                           f"; this one has {world_size}")
-    if mode != "off" and fold is not None and world_size == fold.launch:
+    if fold is not None and world_size == fold.launch:
         return fold
-    hint = "" if mode == "off" or fold is None else (
+    hint = "" if fold is None else (
         f", or {fold.launch} ({describe(fold)}) with run.fold = \"auto\" in timing-only "
         "runs")
     raise ConfigError(par.grid_field, par.grid_value,
