@@ -49,6 +49,8 @@ CASES = [
      nodes(4, 4, 1, "optimizer.zero=0", "collectives.algorithm=ring"), 16, 2),
     ("tp4-dp8-four-nodes-zero1", "workloads/pipeline-small.toml",
      nodes(4, 8, 1, "train.global_batch=16"), 32, 2),
+    ("tp2-dp16-four-nodes-zero1", "workloads/pipeline-small.toml",
+     nodes(2, 16, 1, "train.global_batch=16"), 32, 4),
     ("tp2-dp4-pp2-tree-4-gpu-nodes", "workloads/pipeline-small.toml",
      nodes(2, 4, 2, "optimizer.zero=0", "network.devices_per_node=4"), 16, 8),
     # local DDP: one all-reduce of known size per stage, a ring by NCCL's tuner

@@ -21,6 +21,10 @@ CASES = [
     ("zero2-tp-dp-pp", ["optimizer.zero=2"], 8, 2),
     ("zero3-tp-dp-pp-no-prefetch", ["optimizer.zero=3", "optimizer.prefetch=false",
                                     "optimizer.reshard_after_forward=false"], 8, 2),
+    # TP 2 x DP 4 on 4-GPU nodes: two DP ranks per node, so two classes of images
+    ("zero3-tp2-dp4-two-per-node", ["parallel.pp=1", "parallel.dp=4", "train.global_batch=4",
+                                    "optimizer.zero=3", "network.preset=dgx-a100",
+                                    "network.devices_per_node=4"], 8, 2),
 ]
 
 
