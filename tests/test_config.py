@@ -1,10 +1,14 @@
 """Workload parsing: defaults, overrides, and one-line errors naming field and value."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from mpiemu.config.workload import load_workload, resolve_device, resolve_network
 from mpiemu.config.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_defaults_load_without_a_file() -> None:
@@ -124,3 +128,28 @@ def test_absurd_model_sizes_are_refused_at_once(override: str) -> None:
     with pytest.raises(ConfigError) as info:
         validate(None, ["run.kind=train", "model.preset=tiny", override], 1)
     assert str(info.value).startswith(override.split("=")[0])
+
+
+def _out_of_range_preset(tmp: Path) -> str:
+    """The tiny model's preset with a hidden size past float range (TOML reads inf)."""
+    text = (ROOT / "mpiemu/model/presets/tiny.toml").read_text()
+    path = tmp / "huge.toml"
+    path.write_text(text.replace("value = 64,", "value = 1e999,", 1))
+    return f"model.preset={path}"
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (["train.global_batch=99999999999"], "train.global_batch"),           # ran forever
+    (["overlap.strategy=t3", "overlap.pieces=1000000007"], "overlap.pieces"),  # MemoryError
+    (["overlap.strategy=sw-overlap", "overlap.comm_cus=80"], "overlap.comm_cus"),
+    (["run.seed=-1"], "run.seed"),                                        # accepted silently
+    ([], "model.preset"),                                                 # OverflowError
+])
+def test_fuzz_findings_are_refused_in_one_line(tmp_path: Path, overrides: list[str],
+                                               field: str) -> None:
+    from mpiemu.runner.job import validate
+    sets = overrides or [_out_of_range_preset(tmp_path)]
+    with pytest.raises(ConfigError) as info:
+        validate("workloads/quickstart.toml", sets, 4)
+    msg = str(info.value)
+    assert msg.startswith(field) and "\n" not in msg

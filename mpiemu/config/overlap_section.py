@@ -11,6 +11,11 @@ from .errors import ConfigError
 SUBLAYER_K: dict[str, int] = {"OP-fwd": 1, "FC-2-fwd": 4, "FC-1-bwd": 4, "IP-bwd": 3}
 
 
+# pieces per ring chunk: MAX_PIECES x (TP - 1) steps x 2 lanes stays near 10^6 messages per
+# GEMM at the thesis's largest TP (256, ch. 5)
+MAX_PIECES = 2048
+
+
 @dataclass(frozen=True)
 class OverlapSection:
     """How every TP GEMM + collective pair is scheduled (thesis 8.4.3 configurations)."""
@@ -25,8 +30,11 @@ class OverlapSection:
             raise ConfigError("overlap.strategy", self.strategy, STRATEGIES)
         if self.comm_cus < 1:
             raise ConfigError("overlap.comm_cus", self.comm_cus, "an integer >= 1")
-        if self.pieces < 0:
-            raise ConfigError("overlap.pieces", self.pieces, "an integer >= 0 (0: per stage)")
+        if not 0 <= self.pieces <= MAX_PIECES:
+            raise ConfigError("overlap.pieces", self.pieces, f"an integer in 0..{MAX_PIECES} "
+                              "(0: per stage; each piece is a message per lane and ring step "
+                              "and a GEMM slice: more would emulate over a million messages "
+                              "per GEMM at TP 256)")
 
     def to_overlap(self, strategy: str | None = None, comm_cus: int | None = None) -> Overlap:
         return Overlap(strategy=strategy or self.strategy, bidirectional=self.bidirectional,

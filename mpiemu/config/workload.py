@@ -60,6 +60,9 @@ class RunSection:
                               "a budget > 0 (TFLOP of real math per rank)")
         if self.iterations < 1:
             raise ConfigError("run.iterations", self.iterations, "an integer >= 1")
+        if not 0 <= self.seed < 2 ** 32:
+            raise ConfigError("run.seed", self.seed, "an integer in 0..2**32 - 1 (numpy's "
+                              "seeds)")
         if self.numerics not in ("on", "off"):
             raise ConfigError("run.numerics", self.numerics, ("on", "off"))
         if self.numeric_dtype not in ("fp32", "fp64"):

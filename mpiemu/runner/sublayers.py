@@ -39,7 +39,7 @@ def validate(w: Workload, world_size: int) -> None:
                 raise ConfigError(f"sublayers.models[{m.name}].hidden", m.hidden,
                                   f"{SUBLAYER_K[sub]}*hidden must be divisible by "
                                   f"parallel.tp={tp} for {sub}")
-    check_overlap_devices(w, cfg.strategies, "sublayers.strategies")
+    check_overlap_devices(w, cfg.strategies, "sublayers.strategies", cfg.sw_comm_cus)
     if w.run.numerics == "on":
         runs = sum(len(cfg.sw_comm_cus) if s == "sw-overlap" else 1 for s in cfg.strategies)
         flop = runs * sum(2.0 * m.tokens * m.hidden * SUBLAYER_K[sub] * m.hidden / tp
