@@ -17,11 +17,14 @@ from mpiemu.overlap.strategy import Overlap
 BW = 900e9
 
 
+PRESET = load_device("t3-gpu").t3
+assert PRESET is not None
+
+
 @pytest.fixture
 def params() -> T3Params:
-    p = load_device("t3-gpu").t3
-    assert p is not None
-    return p
+    assert PRESET is not None
+    return PRESET
 
 
 def stage(read_mb: float, write_mb: float = 5.0, time_us: float = 80.0,
@@ -61,14 +64,14 @@ def test_a_cache_resident_gemm_barely_slows_a_memory_intensive_one_does() -> Non
     """Thesis 8.5.1.2: OP GEMMs fit the LLC and barely slow; large FC GEMMs slow down."""
     comm = 15e6
     resident, streaming = stage(0.5, write_mb=0.0), stage(40.0, write_mb=0.0)
-    slow_resident = stage_s(resident, comm, round_robin(), BW) / resident.time_s - 1
-    slow_streaming = stage_s(streaming, comm, round_robin(), BW) / streaming.time_s - 1
+    slow_resident = stage_s(resident, comm, round_robin(PRESET), BW) / resident.time_s - 1
+    slow_streaming = stage_s(streaming, comm, round_robin(PRESET), BW) / streaming.time_s - 1
     assert slow_resident < 0.02 < 0.2 < slow_streaming
 
 
 def test_mca_stalls_a_gemm_less_than_round_robin(params: T3Params) -> None:
     d = stage(40.0)
-    assert stage_s(d, 30e6, mca(params, 0.4), BW) < stage_s(d, 30e6, round_robin(), BW)
+    assert stage_s(d, 30e6, mca(params, 0.4), BW) < stage_s(d, 30e6, round_robin(PRESET), BW)
 
 
 def test_mca_threshold_shrinks_with_memory_intensity(params: T3Params) -> None:
@@ -76,9 +79,22 @@ def test_mca_threshold_shrinks_with_memory_intensity(params: T3Params) -> None:
     assert got == [5, 10, 30, params.dram_queue_entries]
 
 
+def test_round_robin_exposure_is_the_presets_and_overridable() -> None:
+    """The exposure sits in the [t3] preset section (thesis 8.3.5's two accesses) and
+    `--set device.t3.round_robin_exposure=1` halves a streaming GEMM's stall."""
+    from mpiemu.config.workload import load_workload, resolve_device  # noqa: PLC0415
+    assert PRESET is not None and PRESET.round_robin_exposure == 2.0
+    w = load_workload("workloads/t3_sublayers.toml", ["device.t3.round_robin_exposure=1"])
+    one = resolve_device(w).t3
+    assert one is not None and round_robin(one).exposure == 1.0
+    d = stage(40.0, write_mb=0.0)
+    stall = [stage_s(d, 15e6, round_robin(p), BW) - d.time_s for p in (PRESET, one)]
+    assert stall[1] == pytest.approx(stall[0] / 2, rel=1e-9)
+
+
 def test_round_robin_halves_a_saturated_dram_compute_first_keeps_the_starvation_share(
         params: T3Params) -> None:
-    assert comm_dram_bw(BW, round_robin(), BW) == pytest.approx(BW / 2)
+    assert comm_dram_bw(BW, round_robin(PRESET), BW) == pytest.approx(BW / 2)
     share = params.dram_burst_cycles / params.mca_starvation_limit_cycles
     assert comm_dram_bw(BW, mca(params, 0.5), BW) == pytest.approx(share * BW)
     assert comm_dram_bw(0.3 * BW, mca(params, 0.5), BW) == pytest.approx(0.7 * BW)
@@ -87,15 +103,15 @@ def test_round_robin_halves_a_saturated_dram_compute_first_keeps_the_starvation_
 def test_stage_fixed_point_grows_with_the_traffic_it_overlaps() -> None:
     """Comm traffic at 300 GB/s of DRAM cost: the stretched stage sees more of it."""
     d = stage(40.0)
-    dur, comm = solve_stage(d, lambda t: 300e9 * t, round_robin(), BW)
+    dur, comm = solve_stage(d, lambda t: 300e9 * t, round_robin(PRESET), BW)
     assert dur > d.time_s
-    assert dur == pytest.approx(stage_s(d, comm, round_robin(), BW), rel=1e-9)
+    assert dur == pytest.approx(stage_s(d, comm, round_robin(PRESET), BW), rel=1e-9)
 
 
 def test_uncached_output_writes_are_exposed_to_the_ring() -> None:
     """T3's near-memory-updated output bypasses the LLC: its stores wait in the DRAM queue."""
     cached, uncached = stage(1.0, uncached=False), stage(1.0, uncached=True)
-    assert stage_s(uncached, 20e6, round_robin(), BW) > stage_s(cached, 20e6, round_robin(),
+    assert stage_s(uncached, 20e6, round_robin(PRESET), BW) > stage_s(cached, 20e6, round_robin(PRESET),
                                                                   BW)
 
 

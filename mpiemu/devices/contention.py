@@ -39,6 +39,7 @@ class T3Params:
     mca_starvation_limit_cycles: float  # comm gets one burst after this many cycles without
     dram_burst_cycles: float            # DRAM cycles one access burst occupies a channel
     comm_cu_bw_bytes_per_s: float       # loads + stores one CU of a communication kernel sustains
+    round_robin_exposure: float         # comm accesses served ahead of a critical one (8.3.5)
 
     def __post_init__(self) -> None:
         if self.nmc_update_cost < 1:
@@ -56,6 +57,9 @@ class T3Params:
             raise ValueError("mca_starvation_limit must be >= dram_burst")
         if self.comm_cu_bw_bytes_per_s <= 0:
             raise ValueError(f"comm_cu_bw={self.comm_cu_bw_bytes_per_s} must be > 0")
+        if not 0 <= self.round_robin_exposure <= 2:
+            raise ValueError(f"round_robin_exposure={self.round_robin_exposure} must lie in "
+                             "[0, 2]")
 
     @property
     def mca_thresholds(self) -> tuple[int, int, int]:
@@ -97,15 +101,15 @@ class Arbitration:
 NO_CONTENTION = Arbitration("none", 0.0, 1.0)
 
 
-def round_robin() -> Arbitration:
+def round_robin(params: T3Params) -> Arbitration:
     """Baseline controller: alternate between the streams, fall back when one is empty.
 
     Communication bursts fill the scheduling queue (thesis 8.3.5), so a critical GEMM access
     first waits for an entry that a communication access frees, then for the communication
-    access the alternation serves before it: two per critical access. Under saturation each
-    stream gets half of the DRAM.
+    access the alternation serves before it: `round_robin_exposure` (2, the preset's) per
+    critical access. Under saturation each stream gets half of the DRAM.
     """
-    return Arbitration("round-robin", 2.0, 0.5)
+    return Arbitration("round-robin", params.round_robin_exposure, 0.5)
 
 
 def mca(params: T3Params, read_intensity: float) -> Arbitration:

@@ -113,7 +113,7 @@ def arbitration(ov: Overlap, params: T3Params | None, plan: GemmPlan, bw: float
     if policy == "none" or params is None:
         return NO_CONTENTION
     if policy == "round-robin":
-        return round_robin()
+        return round_robin(params)
     return mca(params, plan.read_intensity(bw))
 
 

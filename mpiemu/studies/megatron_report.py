@@ -29,10 +29,11 @@ def _ratio_line(rows: list[Row], what: str) -> str:
         return f"No {what} were emulated."
     errs = [abs(r["difference"]) for r in rows]
     signed = sum(r["difference"] for r in rows) / len(rows)
-    within = sum(e <= 0.05 for e in errs)
+    goal = float(load_figures("megatron")["goal"])
+    within = sum(e <= goal for e in errs)
     return (f"{what.capitalize()}: geometric mean |difference| {pct(geomean(errs))}, mean "
             f"signed difference {signed_pct(signed)} (negative: ours faster); {within} of "
-            f"{len(rows)} within the 5% goal.")
+            f"{len(rows)} within the {pct(goal, 0)} goal.")
 
 
 def markdown(layers: list[Row], its: list[Row]) -> list[str]:

@@ -20,8 +20,26 @@ from .common import ROOT, Golden, Row, geomean, load_figures
 
 ORDER = ("ideal", "ideal+nmc", "sw-overlap(16)", "sw-overlap(8)", "t3", "t3-mca")
 COMPARED = ("ideal", "t3", "t3-mca")         # strategies the thesis gives geomean / max for
+SENSITIVE = (*COMPARED, "sw-overlap(16)", "sw-overlap(8)")   # columns of the sensitivity table
 DRAM_KEYS = ("gemm_read", "gemm_write", "rs_read", "rs_write", "ag_read", "ag_write")
 INT_KEYS = ("tp", "m", "n", "k", "n_stages", "mca_threshold")
+
+
+# One assumption changed at a time (docs/t3.md, Sensitivity): what the report's geomeans
+# give with it; each is a `--set` on the same sweep.
+SENSITIVITY = (
+    ("round-robin exposure 1 instead of 2", ("device.t3.round_robin_exposure=1",)),
+    ("MCA intensity cutoffs halved (15 / 7.5 / 2.5%)",
+     ("device.t3.mca_intensity_high=0.15", "device.t3.mca_intensity_mid=0.075",
+      "device.t3.mca_intensity_low=0.025")),
+    ("MCA intensity cutoffs doubled (60 / 30 / 10%)",
+     ("device.t3.mca_intensity_high=0.6", "device.t3.mca_intensity_mid=0.3",
+      "device.t3.mca_intensity_low=0.1")),
+    ("starvation limit of 4 cycles instead of 8", ("device.t3.mca_starvation_limit_cycles=4",)),
+    ("communication CU bandwidth halved (17.5 GB/s)", ("device.t3.comm_cu_bw_GBps=17.5",)),
+    ("communication CU bandwidth doubled (70 GB/s)", ("device.t3.comm_cu_bw_GBps=70",)),
+    ("unidirectional ring", ("overlap.bidirectional=false",)),
+)
 
 
 def thesis() -> dict[str, tuple[float, float]]:
@@ -38,6 +56,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--keep-runs", help="keep the raw run directories here")
     p.add_argument("--timeout", type=int, default=1200, help="seconds per mpiexec run")
     p.add_argument("--out", help="output directory (when the CLI passes it through)")
+    p.add_argument("--no-sensitivity", action="store_true",
+                   help="skip the sweeps with one assumption changed (SENSITIVITY)")
     return p.parse_args(argv)
 
 
@@ -116,6 +136,22 @@ def sweep(args: argparse.Namespace) -> list[Row]:
     finally:
         if not args.keep_runs:
             shutil.rmtree(runs, ignore_errors=True)
+
+
+def sensitivity(args: argparse.Namespace, shipped: dict[str, dict[str, float]]) -> list[Row]:
+    """The geomean speedups of the compared strategies, shipped and with each SENSITIVITY
+    change (the same sweep, one `--set` group more)."""
+    out = [_sensitivity_row("none (shipped)", (), shipped)]
+    for label, sets in SENSITIVITY:
+        changed = argparse.Namespace(**{**vars(args), "set": [*args.set, *sets]})
+        out.append(_sensitivity_row(label, sets, summarize(sweep(changed))))
+    return out
+
+
+def _sensitivity_row(label: str, sets: tuple[str, ...], summ: dict[str, dict[str, float]]
+                     ) -> Row:
+    return {"change": label, "overrides": " ".join(sets)} | {
+        f"{s}_geomean": round(summ[s]["geomean"], 4) for s in SENSITIVE}
 
 
 def golden() -> list[Golden]:

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from .common import Row, geomean, load_figures, plt, signed_pct, write_csv
-from .t3 import (COMPARED, DRAM_KEYS, ORDER, parse_args, acceptance, cases, summarize, summary_rows,
-                 sweep, thesis)
+from .t3 import (COMPARED, DRAM_KEYS, ORDER, SENSITIVE, parse_args, acceptance, cases,
+                 sensitivity, summarize, summary_rows, sweep, thesis)
 
 
 def summary_table(summ: dict[str, dict[str, float]]) -> list[str]:
@@ -267,7 +267,7 @@ def differences(st: dict[str, Any], fig: Any) -> list[str]:
         "- **Stall exposure.** Under the baseline round-robin controller each critical GEMM"
         " access waits for two communication accesses (a queue entry held by a burst, then"
         " the alternation); T3-MCA's exposure is threshold/queue entries. These are"
-        " derivations from the policy, not fits; docs/t3.md gives the sensitivity.",
+        " derivations from the policy, not fits; the Sensitivity table below changes them.",
         "- **T3-MCA on OP.** Compute-first arbitration starves the ring while an OP GEMM,"
         " whose near-memory-updated output saturates DRAM, runs; with our assumed starvation"
         f" limit ({st['starve']:.0f} DRAM cycles) T3-MCA can be slower than T3 on the tp=16"
@@ -298,6 +298,29 @@ def balance_note(rows: list[Row], fig: Any) -> list[str]:
             " for every GEMM cannot make both GEMM/RS ratios match; we do not tune it per case."]
 
 
+def sensitivity_table(sens: list[Row]) -> list[str]:
+    """The geomeans with one assumption changed at a time, and their change from shipped."""
+    if not sens:
+        return []
+    base = sens[0]
+    head = ["", "## Sensitivity", "",
+            "The geomean speedups over sequential with one assumption of the preset or the "
+            "workload changed (`sensitivity.csv`; each row is the same sweep with the "
+            "`--set` overrides shown), and the change from the shipped values in percentage "
+            "points:", "",
+            "| change | overrides | " + " | ".join(SENSITIVE) + " |",
+            "|---|---|" + "---:|" * len(SENSITIVE)]
+    body = []
+    for r in sens:
+        cells = []
+        for s in SENSITIVE:
+            v, d = r[f"{s}_geomean"], r[f"{s}_geomean"] - base[f"{s}_geomean"]
+            cells.append(f"{100 * v:.1f}%" + ("" if r is base else f" ({100 * d:+.1f} pp)"))
+        sets = f"`{r['overrides']}`" if r["overrides"] else ""
+        body.append(f"| {r['change']} | {sets} | " + " | ".join(cells) + " |")
+    return head + body
+
+
 def main(out_dir: Path, argv: list[str]) -> int:
     """Run the sweeps, write the report; returns a process exit code."""
     args = parse_args(argv)
@@ -309,10 +332,14 @@ def main(out_dir: Path, argv: list[str]) -> int:
     write_csv(out_dir / "summary.csv", summary_rows(summ))
     plot_speedups(rows, out_dir / "speedup.png")
     plot_dram(rows, out_dir / "dram.png")
-    (out_dir / "README.md").write_text("\n".join(markdown(rows, summ, args.tp)) + "\n")
+    sens = [] if args.no_sensitivity else sensitivity(args, summ)
+    if sens:
+        write_csv(out_dir / "sensitivity.csv", sens)
+    (out_dir / "README.md").write_text(
+        "\n".join(markdown(rows, summ, args.tp) + sensitivity_table(sens)) + "\n")
     sys.stdout.write("\n".join(summary_table(summ) + [""] + acceptance(summ)) + "\n")
     sys.stdout.write(f"wrote {out_dir}/README.md, sublayers.csv, summary.csv, speedup.png, "
-                     "dram.png\n")
+                     f"dram.png{', sensitivity.csv' if sens else ''}\n")
     return 0
 
 
