@@ -104,13 +104,15 @@ def targets_error(rows: list[Row]) -> tuple[float, float]:
 def summarize(cmp: list[Row]) -> list[Row]:
     """Geometric mean of |busbw error| per dataset, over all sizes and from 1 MiB up."""
     out = []
+    fitted = calibrated(cmp)
     for ds in dict.fromkeys(r["dataset"] for r in cmp):
         rows = [r for r in cmp if r["dataset"] == ds]
         big, every = targets_error(rows)
         out.append({"dataset": ds, "setup": rows[0]["setup"], "points": len(rows),
                     "geomean_abs_error_all": every,
                     "geomean_abs_error_1MiB_up": None if math.isnan(big) else big,
-                    "mean_signed_error": sum(r["error"] for r in rows) / len(rows)})
+                    "mean_signed_error": sum(r["error"] for r in rows) / len(rows),
+                    "calibration": "fitted on" if ds in fitted else "held out"})
     return out
 
 
