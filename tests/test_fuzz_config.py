@@ -1,10 +1,11 @@
-"""Fuzzing the workload loader (issue 14): mutated `--set` overrides of every bundled workload
+"""Fuzzing the workload loader: mutated `--set` overrides of every bundled workload
 either validate into a workload with only finite numbers, or are refused with one line naming
 the field; never another exception, never a hang (a Hypothesis deadline per case)."""
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import tomllib
 from pathlib import Path
 from typing import Any, Iterator
@@ -82,28 +83,42 @@ def test_mutated_workloads_validate_or_refuse_in_one_line(workload: Path,
     _finite(w)
 
 
-@settings(max_examples=12, deadline=None, derandomize=True,
+# cheap launches of bundled workloads: (workload, ranks, settings that keep it small)
+LAUNCHES = [
+    ("workloads/collectives.toml", 2, ["run.numerics=off", "collectives.sizes=['4KiB']",
+                                       "parallel.tp=2"]),
+    ("workloads/quickstart.toml", 4, ["run.iterations=1"]),
+    ("workloads/pipeline-small.toml", 2, ["run.numerics=off", "run.iterations=1",
+                                          "train.check_reference=false"]),    # folded
+]
+# examples through mpiexec: 12 in `make test`; MPIEMU_FUZZ_RUNS=200 for the wider sweep
+FUZZ_RUNS = int(os.environ.get("MPIEMU_FUZZ_RUNS", "12"))
+
+
+@settings(max_examples=FUZZ_RUNS, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
-@given(overrides=st.lists(OVERRIDE, max_size=2))
-def test_mutated_runs_finish_cleanly_under_mpiexec(overrides: list[str]) -> None:
-    """A real 2-rank job (timing only, small sizes): exit 0, or a one-line refusal; never a
-    traceback, never a hang (MPIEXEC_TIMEOUT 60 s)."""
+@given(launch=st.sampled_from(LAUNCHES), overrides=st.lists(OVERRIDE, max_size=2))
+def test_mutated_runs_finish_cleanly_under_mpiexec(launch: tuple[str, int, list[str]],
+                                                   overrides: list[str]) -> None:
+    """A real small job (2 or 4 ranks): exit 0, or a one-line refusal; never a traceback,
+    never a hang (MPIEXEC_TIMEOUT 60 s)."""
     import tempfile
     from tests.conftest import our_lines, run_mpi
-    base = ["run.numerics=off", "collectives.sizes=['4KiB']", "parallel.tp=2"]
+    workload, ranks, base = launch
     with tempfile.TemporaryDirectory() as tmp:
-        args = ["run", "workloads/collectives.toml", "--out", f"{tmp}/run"]
+        args = ["run", workload, "--out", f"{tmp}/run"]
         for o in [*base, *overrides]:
             args += ["--set", o]
-        res = run_mpi(2, args, timeout=60)
+        res = run_mpi(ranks, args, timeout=60)
     assert "Traceback" not in res.stderr + res.stdout, res.stderr
     lines = our_lines(res.stderr)
     assert res.returncode == 0 or (len(lines) == 1 and lines[0].startswith("mpiemu")), \
-        (overrides, res.returncode, res.stderr[-500:])
+        (workload, overrides, res.returncode, res.stderr[-500:])
 
 
-PRESETS = sorted((ROOT / "mpiemu" / "hw" / "presets").glob("*.toml")) + \
-    sorted((ROOT / "mpiemu" / "net" / "presets").glob("*.toml"))
+PRESETS = [p for room in ("devices", "net", "model")
+           for p in sorted((ROOT / "mpiemu" / room / "presets").glob("*.toml"))]
+assert PRESETS
 DAMAGE = st.sampled_from(["nan", "inf", "-1", "0", "1e400", "'x'", "true", "[]", "{}",
                           "{ value = 1.0 }", "{ value = 'x', source = 's' }",
                           "{ value = nan, source = 's' }", "{ value = -5, source = 's' }",
@@ -134,6 +149,13 @@ def test_damaged_presets_are_refused_in_one_line(preset: Path, line: int, value:
     d = tmp_path_factory.mktemp("p")
     f = d / preset.name
     f.write_text(_mutate(preset.read_text(), line, value))
+    if preset.parent.parent.name == "model":        # through the loader a run takes
+        try:
+            _finite(validate("workloads/quickstart.toml", ["run.numerics=off",
+                                                           f"model.preset='{f}'"], 4))
+        except ConfigError as exc:
+            assert str(exc) and "\n" not in str(exc), str(exc)
+        return
     loader = load_network if preset.parent.name == "presets" and \
         preset.parent.parent.name == "net" else load_device
     try:

@@ -94,14 +94,22 @@ def _read_model_preset(name_or_path: str) -> ModelPreset:
     try:
         if moe:
             kwargs["moe"] = MoeConfig(**{k: v for k, (v, _) in moe.items()})
-        cfg = ModelConfig(name=name, seq_len=int(setup["seq_len"][0]), **kwargs)
-    except (TypeError, ValueError) as exc:
+        cfg = ModelConfig(name=name, seq_len=_setup_int(setup, "seq_len"), **kwargs)
+        batch = _setup_int(setup, "global_batch")
+    except (TypeError, ValueError, OverflowError) as exc:
         raise ModelPresetError(f"{name}: {exc}") from None
     sources = {**{f"model.{k}": s for k, (_, s) in model.items()},
                **{f"setup.{k}": s for k, (_, s) in setup.items()},
                **{f"moe.{k}": s for k, (_, s) in moe.items()}}
-    return ModelPreset(cfg, int(setup["global_batch"][0]), str(raw.get("description", "")),
-                       sources)
+    return ModelPreset(cfg, batch, str(raw.get("description", "")), sources)
+
+
+def _setup_int(setup: dict[str, Any], key: str) -> int:
+    """A [setup] value that must be a whole number (a float one with no fraction allowed)."""
+    v = setup[key][0]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v):
+        raise ValueError(f"setup.{key}={v!r}: must be a whole number")
+    return int(v)
 
 
 _load_model_preset = read_once_if_bundled(_read_model_preset, _preset_dir())
