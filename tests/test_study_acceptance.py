@@ -9,6 +9,7 @@ leave the list too (the list stays honest).
 from __future__ import annotations
 
 import csv
+import re
 
 import pytest
 
@@ -100,3 +101,44 @@ def test_collectives_data_sets_within_the_targets() -> None:
         "h100_gcp_a3mega_2node_allreduce": "GCP's tuner plugin, TCPXO",
         "h100_gcp_a3mega_2node_allgather_gke": "TCPXO described by its NIC rate only",
     })
+
+
+def check_patterns(misses: set[str], known: dict[str, str]) -> None:
+    """Every miss matches a known pattern, and every known pattern still matches a miss."""
+    for m in misses:
+        assert any(re.search(p, m) for p in known), f"{m} misses its goal"
+    for p in known:
+        assert any(re.search(p, m) for m in misses), f"{p} no longer misses: drop it"
+
+
+def emulated_misses(study: str) -> tuple[int, set[str]]:
+    """(emulated rows, the ids of those outside the study's band)."""
+    band = float(load_figures(study)["band"].value)
+    em = [r for r in rows(study, "rows.csv") if r["ours"]]
+    return len(em), {r["id"] for r in em if abs(float(r["difference"])) > band}
+
+
+def test_llama_rows_within_the_band() -> None:
+    n, misses = emulated_misses("llama")
+    assert n >= 60
+    check_patterns(misses, {
+        # results/llama/README.md, "Why the differences": 96 GB HBM2e H100s capped at
+        # 500 W, which no preset models
+        r"^torchtitan-": "other H100s",
+        # the placeholder schedule the notes say the source did not run
+        r"^llama3-paper-": "placeholder layouts",
+        # the DP bucket messages reserve the NICs in issue order ahead of the CP ring and
+        # the pipeline's messages (the what-if table): a modelling gap left visible
+        r"^dgxc-v2[45]\.[0-9.]+-nemo2?-llama3\.1-405b-": "NIC calendars in issue order",
+        # ours faster than MaxText's measured steps; cause not established (XLA's
+        # scheduling and remat policy are mapped, not modelled)
+        r"^dgxc-v2[45]\.[0-9.]+-maxtext-": "cause not established",
+        # NeMo 24.01's Llama 2 rows: ours faster; cause not established
+        r"^nemo-launcher-2024-02-": "cause not established",
+    })
+
+
+def test_moe_rows_within_the_band() -> None:
+    n, misses = emulated_misses("moe")
+    assert n >= 1
+    check_patterns(misses, {})
