@@ -142,3 +142,21 @@ def test_moe_rows_within_the_band() -> None:
     n, misses = emulated_misses("moe")
     assert n >= 1
     check_patterns(misses, {})
+
+
+def test_collectives_held_out_headline() -> None:
+    """The headline on data no constant was fitted on: within the targets on the held-out
+    single-node sets; the multi-node ones are the known miss (the per-set reasons above)."""
+    from mpiemu.studies.collectives import setups, targets_error
+    lo, hi = (float(x) for x in load_figures("collectives")["targets"].value)
+    held = {r["dataset"] for r in rows("collectives", "summary.csv")
+            if r["calibration"] == "held out"}
+    fitted = {r["dataset"] for r in rows("collectives", "summary.csv")} - held
+    assert held and fitted
+    multi = {s["key"] for s in setups() if s["ranks"] > 8}
+    points = [{"bytes": int(r["bytes"]), "error": float(r["error"]), "setup": r["setup"]}
+              for r in rows("collectives", "comparison.csv") if r["dataset"] in held]
+    single = targets_error([p for p in points if p["setup"] not in multi])
+    across = targets_error([p for p in points if p["setup"] in multi])
+    assert single[0] <= lo and single[1] <= hi
+    assert across[0] > lo or across[1] > hi       # known miss: drop this line once it holds

@@ -33,7 +33,7 @@ STUDIES: dict[str, StudyInfo] = {s.name: s for s in (
               "T3 fused GEMM + ring reduce-scatter on the thesis's 16 sub-layers"),
     StudyInfo("sunway", "mpiemu.studies.sunway", "001 (SWattention), 000 (SwFormer)",
               "SWattention vs standard attention, SwFormer OPT2 / KA scheduling"),
-    StudyInfo("kernels", "mpiemu.studies.kernels", "issue 10 (published GEMM measurements)",
+    StudyInfo("kernels", "mpiemu.studies.kernels", "published GEMM measurements (kernels.toml)",
               "GEMM throughput of transformer-layer shapes on A100 and H100"),
     StudyInfo("softmax", "mpiemu.studies.softmax", "004 (softmax recomposition)",
               "baseline / SD / SDF / flash attention on A100, RTX 3090, T4"),
@@ -45,9 +45,9 @@ STUDIES: dict[str, StudyInfo] = {s.name: s for s in (
     StudyInfo("bert_characterization", "mpiemu.studies.bert_characterization",
               "003 (thesis ch. 4)", "BERT-Large per-op breakdown on MI100, TP / DP "
               "communication shares"),
-    StudyInfo("collectives", "mpiemu.studies.collectives", "issue 8 (nccl-tests, NCCL's model)",
+    StudyInfo("collectives", "mpiemu.studies.collectives", "published nccl-tests, NCCL's model",
               "all-reduce / all-gather / reduce-scatter busbw on DGX A100 / H100, 1-16 nodes"),
-    StudyInfo("megatron", "mpiemu.studies.megatron", "issue 9 (Megatron-LM papers)",
+    StudyInfo("megatron", "mpiemu.studies.megatron", "Megatron-LM papers (megatron_sources.toml)",
               "GPT 22B / 175B training on DGX A100: layer and iteration times, MFU"),
     StudyInfo("llama", "mpiemu.studies.llama", "llama_measured.toml (published H100 runs)",
               "Llama 2 / 3 / 3.1 8B-405B BF16 pre-training on H100: step time, tokens/s/GPU, "

@@ -1,5 +1,5 @@
 """`mpiemu report collectives`: NCCL collectives on DGX-class machines, emulated beside
-published nccl-tests measurements (issue 8).
+published nccl-tests measurements.
 
 Each setup of `collectives.toml` is one emulated job (`mpiexec -n N mpiemu run
 workloads/collectives.toml`, timing only) sweeping all-reduce / all-gather / reduce-scatter

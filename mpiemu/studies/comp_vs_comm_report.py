@@ -290,9 +290,8 @@ def markdown(tp_rows: list[Row], dp_rows: list[Row], case_rows: list[Row],
         "and SFU peaks, clock, L2 feed; DRAM and network unchanged, 5.3.3.6). Network "
         f"assumption: {net} (`comp_vs_comm.toml` gives its source) on the device's network "
         "preset, which charges each collective RCCL's (NCCL's) base latency per call and "
-        "hop latency per step (`mpiemu devices --network mi210-node`): since issue 8 the "
-        "serialized TP shares of the small layers grew by those fixed costs, which the "
-        "previous alpha-beta links lacked. The thesis's figures are in "
+        "hop latency per step (`mpiemu devices --network mi210-node`): the serialized TP "
+        "shares of the small layers carry those fixed costs. The thesis's figures are in "
         "`mpiemu/studies/comp_vs_comm.toml`.",
         "",
         f"TP jobs: one per TP in {sorted(set(tps))}, each folded onto one process (`run.fold`: "

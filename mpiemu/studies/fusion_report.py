@@ -56,8 +56,8 @@ def _peer(device: str) -> str:
     net = load_network(load_device(device).network)
     return (f"`{net.name}`: {net.intra.bw_bytes_per_s / 1e9:g} GB/s per pair and "
             f"{net.intra.latency('simple') * 1e6:g} us per transfer, NCCL's counted NVLink "
-            "rate and the hop latency of its tuning table since issue 8, where the link's line "
-            "rate was used before; a StarPU transfer is a peer copy, not an NCCL call, so it "
+            "rate and the hop latency of its tuning table; a StarPU transfer is a peer copy, "
+            "not an NCCL call, so it "
             f"does not pay the {net.call_latency_scale:g}x base latency "
             "(`network.call_latency_scale`) of our NCCL collectives")
 

@@ -90,7 +90,7 @@ def markdown(rows: list[Row], summ: list[Row], fitted: tuple[float, float, float
         f"(forward, activation gradient, weight gradient) with that shape: {shapes} shapes, "
         f"{len(rows)} rows.", "",
         "## Summary", "", *_summary_md(summ), "",
-        f"Acceptance (issue 10): geomean |error| over the judged rows "
+        f"Acceptance: geomean |error| over the judged rows "
         f"{100 * judged['geomean_abs_error']:.1f}% against <= {100 * tol:.0f}%: "
         f"{'met' if ok else 'NOT met'}.", "",
         "![throughput](throughput.png)", "",

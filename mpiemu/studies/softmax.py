@@ -153,7 +153,7 @@ def kernel_rows() -> list[Row]:
 
 
 def seed_rows(rows: list[Row]) -> list[Row]:
-    """The seed's figures beside ours (`required`: the issue's acceptance)."""
+    """The seed's figures beside ours (`required`: the study's acceptance)."""
     fig = load_figures("softmax")
     get = {(r["model"], r["gpu"], r["variant"]): r for r in rows}
     out: list[Row] = []

@@ -195,7 +195,7 @@ def markdown(rows: list[Row], krows: list[Row], seed: list[Row]) -> list[str]:
         "is set per data point. The seed's figures and sources: `mpiemu/studies/softmax.toml`.",
         "",
         "## The seed's figures beside ours", "", *_seed_md(seed), "",
-        f"Acceptance (issue 10): {n_ok} of {len(req)} required figures within tolerance "
+        f"Acceptance: {n_ok} of {len(req)} required figures within tolerance "
         f"(speedups {float(fig['acceptance_speedup_rel']):.0%}, shares "
         f"{100 * float(fig['acceptance_share_pp']):.0f} points)"
         + ("." if not miss else "; outside: " + ", ".join(
