@@ -232,11 +232,14 @@ class Workload:
         gb, mb = self.train.global_batch, self.train.micro_batch
         if gb > MAX_GLOBAL_BATCH:
             raise ConfigError("train.global_batch", gb, f"at most {MAX_GLOBAL_BATCH} sequences "
-                              "(or 0 for the preset's)")
+                              "(100 times the largest published global batches; 0 for the "
+                              "preset's)")
         micro = gb // (self.parallel.dp * max(mb, 1)) if mb else 1
         if micro > MAX_MICRO_BATCHES:
             raise ConfigError("train.micro_batch", mb, f"gives {micro} micro-batches per DP "
-                              f"rank; at most {MAX_MICRO_BATCHES}: a larger micro-batch or "
+                              f"rank; at most {MAX_MICRO_BATCHES} (the emulator walks every "
+                              "pass, about a millisecond per micro-batch and layer even timing "
+                              "only: more would run for hours): a larger micro-batch or "
                               "global batch / DP")
 
     def check_world(self, world_size: int) -> None:
