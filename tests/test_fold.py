@@ -45,6 +45,8 @@ CASES = [
      nodes(2, 8, 1, "train.global_batch=16", "optimizer.zero=1"), 16, 4),
     ("tp4-dp4-two-nodes-tree", "workloads/pipeline-small.toml",      # NCCL's tree and ring
      nodes(4, 4, 1, "optimizer.zero=0"), 16, 4),
+    ("tp2-dp8-two-nodes-tree", "workloads/pipeline-small.toml",
+     nodes(2, 8, 1, "train.global_batch=16", "optimizer.zero=0"), 16, 8),
     ("tp4-dp4-two-nodes-rings", "workloads/pipeline-small.toml",
      nodes(4, 4, 1, "optimizer.zero=0", "collectives.algorithm=ring"), 16, 2),
     ("tp4-dp8-four-nodes-zero1", "workloads/pipeline-small.toml",
