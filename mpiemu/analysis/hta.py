@@ -6,13 +6,16 @@ assigns kernels to iterations; a kernel without a launch is dropped. So every em
 a rank becomes a kernel on a GPU stream (pid 0; a stream per resource: compute, each
 communication stream, each message route; communication kernels named `ncclKernel_...`,
 which HTA classifies as communication), launched by a runtime event on the CPU thread
-(pid 1) at the kernel's start, inside that iteration's `ProfilerStep#n`. Each stream's launches
-sit on a CPU thread of their own and last 1 ns (0 where the stream's next kernel starts in the
-same ns), because HTA's critical-path analysis keeps only CPU events of positive duration and
-needs each thread's events properly nested; the launch -> kernel edge then weighs 0 and the
-path runs through the kernels themselves. HTA keeps whole
-units of its time field and emulated ops are often sub-microsecond, so the `ts` / `dur`
-fields hold whole NANOSECONDS (HTA labels them us: read its times as ns; `UNIT` below).
+(pid 1) 1 ns before the kernel starts (strictly before: HTA's queue length sorts launches and
+kernels by time alone), inside that iteration's `ProfilerStep#n` (shifted 1 ns earlier with
+them). Each stream's launches sit on a CPU thread of their own and last 1 ns (0 where the
+stream's next kernel starts in the same ns), because HTA's critical-path analysis keeps only
+CPU events of positive duration and needs each thread's events properly nested; the launch
+-> kernel edge then weighs 0 and the path runs through the kernels themselves.
+
+Times are in HTA's own unit, microseconds, with nanosecond decimals. HTA 0.5 rounds such
+timestamps to whole microseconds (dropping sub-microsecond kernels) unless
+`HTA_DISABLE_NS_ROUNDING=1` is set in its environment: set it before `TraceAnalysis`.
 Collective summaries and `in:` receive records are not kernels (their messages are).
 """
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import numpy as np
 
@@ -28,7 +31,7 @@ from .export import iteration_spans
 from .load import Run
 from .rank_trace import RankTrace
 
-UNIT = 1e9          # ts / dur in integer nanoseconds (HTA reads whole units)
+NS = 1e9            # emulated seconds -> whole nanoseconds, written as microseconds
 GPU_PID, CPU_PID, CPU_TID = 0, 1, 1
 LAUNCH_TID = 100        # + stream id: the CPU thread that launches that stream's kernels
 KERNEL_CATS = ("compute", "comm", "memory")
@@ -52,11 +55,19 @@ def _streams(rt: RankTrace, keep: np.ndarray) -> dict[str, int]:
     return {r: 7 + i for i, r in enumerate(names)}          # PyTorch's default stream is 7
 
 
-def _steps(rt: RankTrace) -> Iterator[dict[str, Any]]:
+def _us(ns: int) -> str:
+    """Whole nanoseconds as a JSON number of microseconds, exactly (3 decimals)."""
+    sign, ns = ("-", -ns) if ns < 0 else ("", ns)
+    return f"{sign}{ns // 1000}.{ns % 1000:03d}"
+
+
+def _steps(rt: RankTrace) -> Iterator[str]:
+    """Each iteration's ProfilerStep, 1 ns earlier than the iteration (as the launches)."""
     for it, start, end in iteration_spans(rt):
-        t0, t1 = int(round(start * UNIT)), int(round(end * UNIT))
-        yield {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{it}",
-               "pid": CPU_PID, "tid": CPU_TID, "ts": t0, "dur": t1 - t0, "args": {}}
+        t0, t1 = int(round(start * NS)) - 1, int(round(end * NS)) - 1
+        yield (f'{{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#{it}", '
+               f'"pid": {CPU_PID}, "tid": {CPU_TID}, "ts": {_us(t0)}, "dur": {_us(t1 - t0)}, '
+               '"args": {}}')
 
 
 def _kernels(rt: RankTrace, keep: np.ndarray, streams: dict[str, int]) -> list[str]:
@@ -65,8 +76,8 @@ def _kernels(rt: RankTrace, keep: np.ndarray, streams: dict[str, int]) -> list[s
     ev = rt.events
     idx = np.flatnonzero(keep)
     tid = np.array([streams[str(r)] for r in rt.resources[idx].tolist()], dtype=np.int64)
-    ts = np.round(ev["t_start"][idx] * UNIT).astype(np.int64)
-    dur = np.round(ev["t_end"][idx] * UNIT).astype(np.int64) - ts
+    ts = np.round(ev["t_start"][idx] * NS).astype(np.int64)
+    dur = np.round(ev["t_end"][idx] * NS).astype(np.int64) - ts
     order = np.lexsort((idx, ts, tid))
     idx, tid, ts, dur = idx[order], tid[order], ts[order], dur[order]
     free = np.ones(len(idx), dtype=np.int64)
@@ -79,11 +90,11 @@ def _kernels(rt: RankTrace, keep: np.ndarray, streams: dict[str, int]) -> list[s
     for i, t, a, d, f, n, it in zip(idx.tolist(), tid.tolist(), ts.tolist(), dur.tolist(),
                                     free.tolist(), names, its):
         out.append(f'{{"ph": "X", "cat": "kernel", "name": {esc[n]}, "pid": {GPU_PID}, '
-                   f'"tid": {t}, "ts": {a}, "dur": {d}, "args": {{"stream": {t}, '
+                   f'"tid": {t}, "ts": {_us(a)}, "dur": {_us(d)}, "args": {{"stream": {t}, '
                    f'"correlation": {i + 1}, "device": {GPU_PID}, "iteration": {it}}}}}')
         out.append(f'{{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", '
-                   f'"pid": {CPU_PID}, "tid": {LAUNCH_TID + t}, "ts": {a}, "dur": {f}, '
-                   f'"args": {{"correlation": {i + 1}, "cbid": 211}}}}')
+                   f'"pid": {CPU_PID}, "tid": {LAUNCH_TID + t}, "ts": {_us(a - 1)}, '
+                   f'"dur": {_us(f)}, "args": {{"correlation": {i + 1}, "cbid": 211}}}}')
     return out
 
 
@@ -98,7 +109,7 @@ def hta_events(rt: RankTrace) -> list[str]:
               "args": {"name": f"stream {tid} {res}"}} for res, tid in streams.items()]
     meta += [{"ph": "M", "pid": CPU_PID, "tid": LAUNCH_TID + tid, "name": "thread_name",
               "args": {"name": f"launches of stream {tid}"}} for tid in streams.values()]
-    return [json.dumps(e) for e in [*meta, *_steps(rt)]] + _kernels(rt, keep, streams)
+    return [json.dumps(e) for e in meta] + list(_steps(rt)) + _kernels(rt, keep, streams)
 
 
 def write_hta(run: Run, out_dir: Path) -> list[Path]:
@@ -110,8 +121,7 @@ def write_hta(run: Run, out_dir: Path) -> list[Path]:
         head = json.dumps({"schemaVersion": 1,
                            "distributedInfo": {"backend": "nccl", "rank": rt.rank,
                                                "world_size": len(run.ranks)},
-                           "deviceProperties": [{"id": 0, "name": str(
-                               rt.attrs.get("device", "emulated"))[:60]}]})
+                           "deviceProperties": [{"id": 0, "name": _device_name(rt)}]})
         p = out_dir / f"rank-{rt.rank:05d}.json.gz"
         with gzip.open(p, "wt", compresslevel=1) as f:   # ": " separators: HTA's rank regex
             f.write(head[:-1] + ', "traceEvents": [')
@@ -119,3 +129,14 @@ def write_hta(run: Run, out_dir: Path) -> list[Path]:
             f.write("]}")
         paths.append(p)
     return paths
+
+
+def _device_name(rt: RankTrace) -> str:
+    """The preset name of the device a rank played (its attrs hold the whole spec)."""
+    dev = rt.attrs.get("device", "emulated")
+    if isinstance(dev, str) and dev.startswith("{"):
+        try:
+            dev = json.loads(dev)
+        except ValueError:
+            return dev
+    return str(dev.get("name", "emulated")) if isinstance(dev, dict) else str(dev)
