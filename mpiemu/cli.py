@@ -61,7 +61,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         from .analysis.summary import summary_dict  # noqa: PLC0415
         sys.stdout.write(json.dumps(summary_dict(run, args.top), indent=1, default=float) + "\n")
         return 0
-    sys.stdout.write("\n".join(format_tables(run, top=args.top)) + "\n")
+    sys.stdout.write("\n".join(format_tables(run, top=25 if args.top is None else args.top))
+                     + "\n")
     return 0
 
 
@@ -89,7 +90,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         import json  # noqa: PLC0415
         sys.stdout.write(json.dumps(compare_dict(a, b, args.top), indent=1) + "\n")
         return 0
-    lines = compare_lines(a, b, top=args.top)
+    lines = compare_lines(a, b, top=20 if args.top is None else args.top)
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
 
@@ -156,7 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--allow-incomplete", action="store_true",
                    help="analyse what is sound in a damaged run (notes on stderr)")
     a.add_argument("run_dir")
-    a.add_argument("--top", type=int, default=25, help="rows of the per-op table")
+    a.add_argument("--top", type=int, default=None,
+                   help="rows of the per-op table (25 unless given; -1: all; --json: all "
+                        "unless given)")
     e = sub.add_parser("export", help="Chrome/Perfetto JSON of a run")
     e.add_argument("--allow-incomplete", action="store_true",
                    help="analyse what is sound in a damaged run (notes on stderr)")
@@ -169,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="analyse what is sound in a damaged run (notes on stderr)")
     c.add_argument("a")
     c.add_argument("b")
-    c.add_argument("--top", type=int, default=20)
+    c.add_argument("--top", type=int, default=None,
+                   help="ops listed (20 unless given; -1: all; --json: all unless given)")
     pl = sub.add_parser("plot", help="Gantt PNG of a run")
     pl.add_argument("--allow-incomplete", action="store_true",
                    help="analyse what is sound in a damaged run (notes on stderr)")

@@ -253,3 +253,25 @@ def test_json_outputs_and_dataframe(run_dir: Path) -> None:
     df = run.to_pandas()
     assert len(df) == sum(len(rt.events) for rt in run.ranks)
     assert df["t_end_s"].max() == pytest.approx(run.makespan)
+
+
+def test_every_op_is_listed_when_asked_and_in_json(train_dir: Path) -> None:
+    """`--top -1` lists every op (it used to drop the last), JSON every op unless `--top`."""
+    from mpiemu.analysis.summary import format_tables, summary_dict
+    from mpiemu.analysis.tables import op_totals
+    run = load(train_dir)
+    n = len(op_totals(run))
+    assert n > 25 and len(summary_dict(run)["ops"]) == n        # type: ignore[arg-type]
+    lines = format_tables(run, top=-1)
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("op "))
+    assert lines[head + n] != "" and lines[head + n + 1] == ""
+    assert len(summary_dict(run, 5)["ops"]) == 5                # type: ignore[arg-type]
+
+
+def test_compare_says_when_two_runs_are_not_like_for_like(run_dir: Path,
+                                                          train_dir: Path) -> None:
+    from mpiemu.analysis.compare import compare_dict
+    lines = compare_lines(load(run_dir), load(run_dir))
+    assert not any(ln.startswith("note:") for ln in lines)
+    notes = compare_dict(load(run_dir), load(train_dir))["notes"]
+    assert any("different configurations" in n for n in notes)  # type: ignore[union-attr]

@@ -9,11 +9,11 @@ from .critical_path import critical_path, path_summary
 from .experts import experts_dict, format_experts
 from .load import Run
 from .network import busiest_ports, format_network
-from .tables import op_totals, rank_budget
+from .tables import first, op_totals, rank_budget
 from .training import format_training, training_rows
 
 
-def format_tables(run: Run, top: int = 25) -> list[str]:
+def format_tables(run: Run, top: int | None = 25) -> list[str]:
     """Human-readable per-rank and per-op tables."""
     lines = [f"run {run.path}  status={run.manifest.get('status', '?')}  "
              f"ranks={len(run.ranks)}  makespan={run.makespan * 1e3:.4f} ms"]
@@ -32,7 +32,7 @@ def format_tables(run: Run, top: int = 25) -> list[str]:
     lines.append("")
     lines.append(f"{'op':<28}{'cat':<11}{'count':>8} {'total ms':>12} {'MB':>12} "
                  f"{'GFLOP':>12} {'DRAM MB':>12}")
-    for r in op_totals(run)[:top]:         # a space between numbers at any magnitude
+    for r in first(op_totals(run), top):   # a space between numbers at any magnitude
         lines.append(f"{r.name[:27]:<28}{r.cat:<11}{r.count:>8} {r.total_s * 1e3:>12.4f} "
                      f"{r.bytes / 1e6:>12.3f} {r.flops / 1e9:>12.3f} "
                      f"{r.dram_bytes / 1e6:>12.3f}")
@@ -42,12 +42,13 @@ def format_tables(run: Run, top: int = 25) -> list[str]:
         lines += ["per iteration (rank 0; exp = exposed):", *rows, ""]
     lines += format_training(run)
     lines += format_experts(run)
-    lines += path_summary(critical_path(run), top=min(top, 12))
+    lines += path_summary(critical_path(run), top=12 if top is None or top < 0 else min(top, 12))
     return lines
 
 
-def summary_dict(run: Run, top: int = 25) -> dict[str, object]:
-    """What `mpiemu analyze` prints, as JSON-ready data (times in seconds, `_s`)."""
+def summary_dict(run: Run, top: int | None = None) -> dict[str, object]:
+    """What `mpiemu analyze` prints, as JSON-ready data (times in seconds, `_s`; every op
+    unless `top` says how many)."""
     path = critical_path(run)
     by_cat: dict[str, float] = defaultdict(float)
     for p in path:
@@ -55,7 +56,7 @@ def summary_dict(run: Run, top: int = 25) -> dict[str, object]:
     return {"run": str(run.path), "status": run.manifest.get("status"),
             "makespan_s": run.makespan, "problems": run.problems,
             "ranks": [asdict(rank_budget(rt)) for rt in run.ranks],
-            "ops": [asdict(r) for r in op_totals(run)[:top]],
+            "ops": [asdict(r) for r in first(op_totals(run), top)],
             "ports": [asdict(p) | {"share": p.share} for p in busiest_ports(run)],
             "critical_path_s": dict(by_cat), "training": training_rows(run),
             **({"experts": ex} if (ex := experts_dict(run)) else {})}

@@ -3,12 +3,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from .intervals import union_length
 from .load import Run
 from .rank_trace import RankTrace
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -74,3 +77,8 @@ def op_totals(run: Run) -> list[OpTotal]:
     rows = [OpTotal(n, c, int(a[0]), a[1], int(a[2]), a[3], int(a[4]))
             for (n, c), a in acc.items()]
     return sorted(rows, key=lambda r: (-r.total_s, r.name, r.cat))
+
+
+def first(rows: list[T], top: int | None) -> list[T]:
+    """The first `top` rows (all of them for None or a negative `top`)."""
+    return rows if top is None or top < 0 else rows[:top]
