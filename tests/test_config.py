@@ -153,3 +153,16 @@ def test_fuzz_findings_are_refused_in_one_line(tmp_path: Path, overrides: list[s
         validate("workloads/quickstart.toml", sets, 4)
     msg = str(info.value)
     assert msg.startswith(field) and "\n" not in msg
+
+
+@pytest.mark.parametrize("override, guess", [
+    ("train.iterations=3", "did you mean run.iterations?"),        # the right section
+    ("run.itterations=3", "did you mean run.iterations?"),          # a typo
+    ("parallel.tpp=2", "did you mean parallel.tp or"),
+])
+def test_a_misplaced_or_misspelled_key_says_what_it_may_have_meant(override: str,
+                                                                     guess: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_workload("workloads/quickstart.toml", [override])
+    msg = str(info.value)
+    assert msg.startswith(override.split("=")[0]) and guess in msg and "\n" not in msg

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 import tomllib
@@ -116,3 +117,25 @@ def as_table(obj: Any) -> Any:
     if isinstance(obj, tuple):
         return [as_table(v) for v in obj]
     return obj
+
+
+def dotted_keys(cls: type, prefix: str = "") -> list[str]:
+    """Every leaf key of a (nested) config dataclass, dotted: `run.iterations`, ..."""
+    hints = typing.get_type_hints(cls)
+    out: list[str] = []
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            out += dotted_keys(tp, f"{prefix}{f.name}.")       # type: ignore[arg-type]
+        else:
+            out.append(prefix + f.name)
+    return out
+
+
+def did_you_mean(key: str, keys: list[str]) -> list[str]:
+    """Keys a misplaced or misspelled `key` may have meant: the same name in another section
+    first, then close spellings (difflib)."""
+    last = key.split(".")[-1]
+    same = [k for k in keys if k.split(".")[-1] == last and k != key]
+    close = difflib.get_close_matches(key, keys, n=3, cutoff=0.75)
+    return list(dict.fromkeys(same + close))[:3]

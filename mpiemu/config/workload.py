@@ -26,7 +26,8 @@ from .moe_section import MoeSection
 from .sunway_section import SunwaySection
 from .sweep_section import LayerSweepSection
 from .train_section import ModelSection, OptimizerSection, TrainSection
-from .schema import apply_override, as_table, from_table, parse_override, parse_size
+from .schema import (apply_override, as_table, did_you_mean, dotted_keys, from_table,
+                     parse_override, parse_size)
 
 KINDS = ("collectives", "train", "sublayers", "layer_sweep")
 COLLECTIVE_OPS = ("reduce_scatter", "all_gather", "all_reduce", "all_to_all")
@@ -357,7 +358,16 @@ def load_workload(path: str | Path | None, overrides: Sequence[str] = ()) -> Wor
         apply_override(table, keys, value)
     _gather_overrides(table, "device", {f.name for f in fields(DeviceSection)})
     _gather_overrides(table, "network", {f.name for f in fields(NetworkSection)})
-    return from_table(Workload, table, "")
+    try:
+        return from_table(Workload, table, "")
+    except ConfigError as exc:
+        guesses = did_you_mean(exc.field, dotted_keys(Workload)) \
+            if exc.allowed.startswith("unknown key") else []
+        if not guesses:
+            raise
+        raise ConfigError(exc.field, exc.value, f"unknown key; did you mean "
+                          f"{' or '.join(guesses)}? ({exc.allowed[len('unknown key; '):]})"
+                          ) from None
 
 
 def resolve_device(w: Workload, rank: int = 0) -> DeviceSpec:
