@@ -71,9 +71,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     """Chrome/Perfetto JSON of a run (and per-rank files for Holistic Trace Analysis)."""
     from .analysis.export import write_chrome  # noqa: PLC0415
     from .analysis.hta import write_hta  # noqa: PLC0415
-    run = _load(args, args.run_dir)
+    from .analysis.select import parse_ids, parse_window, select  # noqa: PLC0415
     if not args.chrome and not args.hta:
         raise ValueError("export needs --chrome FILE and/or --hta DIR")
+    part = (None if args.ranks is None else parse_ids(args.ranks, "--ranks"),
+            None if args.iterations is None else parse_ids(args.iterations, "--iterations"),
+            None if args.window is None else parse_window(args.window))
+    run = select(_load(args, args.run_dir), *part)
     if args.chrome:
         sys.stdout.write(f"wrote {write_chrome(run, args.chrome)} (open in ui.perfetto.dev)\n")
     if args.hta:
@@ -166,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("run_dir")
     e.add_argument("--chrome", help="output .json or .json.gz (all ranks, for Perfetto)")
     e.add_argument("--hta", help="output directory: one file per rank for HTA")
+    e.add_argument("--ranks", help="only these emulated ranks, e.g. 0-7,16 (default: all)")
+    e.add_argument("--iterations", help="only these iterations, e.g. 1 or 1-2 (default: all)")
+    e.add_argument("--window", help="only events overlapping START:END, emulated ms")
     c = sub.add_parser("compare", help="speedup and per-op differences of run B over run A")
     c.add_argument("--json", action="store_true", help="JSON instead of tables")
     c.add_argument("--allow-incomplete", action="store_true",

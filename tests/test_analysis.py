@@ -275,3 +275,22 @@ def test_compare_says_when_two_runs_are_not_like_for_like(run_dir: Path,
     assert not any(ln.startswith("note:") for ln in lines)
     notes = compare_dict(load(run_dir), load(train_dir))["notes"]
     assert any("different configurations" in n for n in notes)  # type: ignore[union-attr]
+
+
+def test_an_export_takes_the_ranks_iterations_and_window_asked_for(train_dir: Path,
+                                                                    tmp_path: Path) -> None:
+    from mpiemu.analysis.select import parse_ids, parse_window, select
+    run = load(train_dir)
+    part = select(run, parse_ids("1", "--ranks"), parse_ids("1-2", "--iterations"),
+                  parse_window("0.5:"))
+    assert [rt.rank for rt in part.ranks] == [1]
+    ev = part.ranks[0].events
+    assert set(ev["iteration"].tolist()) <= {1, 2} and (ev["t_end"] >= 0.5e-3).all()
+    assert 0 < len(ev) < len(run.ranks[1].events)
+    trace = chrome_trace(part)
+    pids = {e["pid"] for e in trace["traceEvents"] if e.get("ph") == "X"}
+    assert len(pids) == 1 and len(trace["traceEvents"]) < len(chrome_trace(run)["traceEvents"])
+    with pytest.raises(ValueError, match="--window"):
+        parse_window("2:1")
+    with pytest.raises(ValueError, match="--ranks"):
+        parse_ids("a-b", "--ranks")
