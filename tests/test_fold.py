@@ -187,6 +187,11 @@ def test_a_folded_run_too_large_to_expand_loads_as_its_representatives(tmp_path:
     assert [r.rank for r in run.ranks] == [0, 4]
     assert run.stands_for == {0: [0, 1, 2, 3], 4: [4, 5, 6, 7]}
     assert "folded: 2 representatives stand for 8 emulated GPUs" in format_tables(run)[1]
+    from mpiemu.analysis.export import chrome_trace
+    names = {e["args"]["name"] for e in chrome_trace(run)["traceEvents"]
+             if e.get("name") == "process_name"}
+    assert names == {"rank 0 (stands for 4 GPUs: ranks 0-3)",
+                     "rank 4 (stands for 4 GPUs: ranks 4-7)"}
     full = load(tmp_path)
     assert not full.stands_for and len(full.ranks) == 8
 

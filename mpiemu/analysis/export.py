@@ -99,9 +99,27 @@ def _union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
-def _meta(rank: int, tids: dict[str, int]) -> Iterator[dict[str, Any]]:
+def spans(ids: list[int]) -> str:
+    """[128, 129, 130, 200] -> '128-130, 200'."""
+    out: list[str] = []
+    for i in sorted(ids):
+        if out and out[-1].split("-")[-1] == str(i - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{i}"
+        else:
+            out.append(str(i))
+    return ", ".join(out)
+
+
+def process_name(rank: int, images: list[int] | None = None) -> str:
+    """A rank's process name; a folded representative's says whom it stands for."""
+    if not images or images == [rank]:
+        return f"rank {rank}"
+    return f"rank {rank} (stands for {len(images)} GPUs: ranks {spans(images)})"
+
+
+def _meta(rank: int, tids: dict[str, int], name: str) -> Iterator[dict[str, Any]]:
     yield {"ph": "M", "pid": rank, "tid": 0, "name": "process_name",
-           "args": {"name": f"rank {rank}"}}
+           "args": {"name": name}}
     yield {"ph": "M", "pid": rank, "tid": 0, "name": "thread_name",
            "args": {"name": "iterations (ProfilerStep)"}}
     yield {"ph": "M", "pid": rank, "tid": 0, "name": "process_sort_index",
@@ -163,10 +181,13 @@ def _routing(rt: RankTrace, counts: np.ndarray | None) -> Iterator[dict[str, Any
 
 
 def rank_events(rt: RankTrace, threads: tuple[dict[str, int], np.ndarray] | None = None,
-                counts: np.ndarray | None = None) -> list[str]:
-    """All trace events of one rank, each as JSON text (`counts`: an MoE run's routing)."""
+                counts: np.ndarray | None = None, images: list[int] | None = None
+                ) -> list[str]:
+    """All trace events of one rank, each as JSON text (`counts`: an MoE run's routing;
+    `images`: the emulated ranks a folded representative stands for)."""
     tids, per_event = threads or _threads(rt)
-    small = [*_meta(rt.rank, tids), *_steps(rt), *_ports(rt), *_routing(rt, counts)]
+    small = [*_meta(rt.rank, tids, process_name(rt.rank, images)), *_steps(rt),
+             *_ports(rt), *_routing(rt, counts)]
     return [json.dumps(e) for e in small] + _slices(rt, per_event)
 
 
@@ -236,7 +257,7 @@ def _chunks(run: Run) -> Iterator[str]:
     for rt in run.ranks:
         threads = _threads(rt)
         per_rank[rt.rank] = threads[1]
-        yield sep + ", ".join(rank_events(rt, threads, counts))
+        yield sep + ", ".join(rank_events(rt, threads, counts, run.stands_for.get(rt.rank)))
         sep = ", "
     flows = _flows(run, per_rank)
     if flows:
