@@ -23,7 +23,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run a workload under MPI (every rank)."""
     pin_rank()                  # before MPI_Init: threads it starts inherit the core
     from .runner.job import run_workload  # noqa: PLC0415 - MPI starts only for `run`
-    summary = run_workload(args.workload, args.set or [], args.out, sys.argv)
+    from .runner.context import LogOptions  # noqa: PLC0415
+    log = LogOptions(args.quiet, args.log_interval, args.heartbeat)
+    summary = run_workload(args.workload, args.set or [], args.out, sys.argv, log=log)
     check = summary.get("reference")
     return 3 if isinstance(check, dict) and not check.get("passed", True) else 0
 
@@ -149,6 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a workload key, e.g. --set parallel.tp=2 (repeatable)")
     r.add_argument("--out", help="run directory (default runs/<workload name>)")
+    r.add_argument("--quiet", action="store_true",
+                   help="print the header and the last iteration only")
+    r.add_argument("--log-interval", type=int, default=1, metavar="N",
+                   help="print every N-th iteration's line (and the last)")
+    r.add_argument("--heartbeat", type=float, default=10.0, metavar="S",
+                   help="within an iteration, a progress line every S seconds of wall time "
+                        "(rank 0; 0: none)")
     d = sub.add_parser("devices", help="list device (or --network) presets with sources")
     d.add_argument("name", nargs="?", help="one preset only")
     d.add_argument("--brief", action="store_true", help="the summary table only")

@@ -1,6 +1,7 @@
 """The command line end to end: runs, traces, errors, crashes, determinism (via mpiexec)."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -353,3 +354,21 @@ def test_injected_faults_end_the_job_promptly_and_leave_readable_traces(
     assert len(run.ranks) == ranks
     out = run_mpi(1, ["analyze", str(tmp_path), "--allow-incomplete"])
     assert out.returncode == 0 and "Traceback" not in out.stderr
+
+
+def test_quiet_log_interval_and_heartbeat(tmp_path: Path) -> None:
+    """--log-interval prints every N-th iteration line and the last; --quiet the last only;
+    --heartbeat prints progress lines inside the iterations (rank 0)."""
+    def iteration_lines(*flags: str) -> tuple[list[int], list[str]]:
+        res = run_mpi(2, ["run", "workloads/quickstart.toml", "--set", "parallel.dp=1",
+                          "--set", "run.iterations=5", "--out", str(tmp_path / "r"), *flags])
+        assert res.returncode == 0, res.stderr
+        its = [int(ln.split()[0]) for ln in res.stdout.splitlines()
+               if re.match(r"^\s+\d+\s", ln) and "of stage" not in ln]
+        beats = [ln for ln in res.stdout.splitlines() if "passes of stage" in ln]
+        return its, beats
+    assert iteration_lines()[0] == [0, 1, 2, 3, 4]
+    assert iteration_lines("--log-interval", "2")[0] == [0, 2, 4]
+    assert iteration_lines("--quiet")[0] == [4]
+    its, beats = iteration_lines("--quiet", "--heartbeat", "1e-9")
+    assert its == [4] and beats and all("iteration" in b for b in beats)

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import h5py
 import numpy as np
@@ -31,6 +31,22 @@ from .mpi import arrive, say
 from ..config.schema import as_table
 
 
+class LogOptions(NamedTuple):
+    """What rank 0 prints while a run goes (`mpiemu run --quiet / --log-interval /
+    --heartbeat`): nothing of the iterations but the last (quiet), every `interval`-th
+    iteration's line (and the last), and within an iteration a progress line every
+    `heartbeat_s` seconds of wall time (0: none)."""
+
+    quiet: bool = False
+    interval: int = 1
+    heartbeat_s: float = 10.0
+
+    def shows(self, it: int, iterations: int) -> bool:
+        """Whether iteration `it`'s line is printed."""
+        last = it == iterations - 1
+        return last or (not self.quiet and it % max(self.interval, 1) == 0)
+
+
 @dataclass
 class RankContext:
     """Everything a workload runner needs on one rank."""
@@ -46,6 +62,7 @@ class RankContext:
     out: Path
     writer: TraceWriter
     processes: list[list[Any]]        # [host, pid] per MPI rank
+    log: LogOptions = LogOptions()
 
     @property
     def rank(self) -> int:
@@ -110,7 +127,7 @@ def write_manifest(out: Path, data: dict[str, Any]) -> None:
 
 
 def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str],
-             fold: Fold | None = None) -> RankContext:
+             fold: Fold | None = None, log: LogOptions = LogOptions()) -> RankContext:
     """Collective: build the grid, create the run directory, manifest and rank trace files
     (`fold`: one MPI rank per stage, each file standing for its stage's images)."""
     shape = GridShape(w.parallel.tp, w.parallel.dp, w.parallel.pp, w.parallel.cp,
@@ -154,7 +171,7 @@ def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str],
                    tuning=Tuning(w.collectives.algorithm, w.collectives.protocol))
     dp = tp.sibling(grid.dp_comm, "dp")
     set_aside()                 # what lives for the run, out of every later collection
-    return RankContext(w, world, grid, spec, cost, tl, tp, dp, out, writer, processes)
+    return RankContext(w, world, grid, spec, cost, tl, tp, dp, out, writer, processes, log)
 
 
 def _start_watchman(out: Path, processes: list[list[Any]]) -> None:

@@ -9,7 +9,7 @@ from typing import Any, Protocol, Sequence
 from mpi4py import MPI
 
 from ..config.workload import Workload, load_workload, resolve_device
-from .context import RankContext, close_run, mark_failed, open_run
+from .context import LogOptions, RankContext, close_run, mark_failed, open_run
 from ..config.errors import ConfigError
 from ..comm.shape import Fold
 from .fold_plan import plan_fold
@@ -71,8 +71,10 @@ def default_out(w: Workload) -> Path:
 
 
 def run_workload(path: str | None, overrides: Sequence[str], out: str | None,
-                 argv: list[str], world: MPI.Comm | None = None) -> dict[str, Any]:
-    """Collective over `world`: the whole `mpiemu run` command."""
+                 argv: list[str], world: MPI.Comm | None = None,
+                 log: LogOptions = LogOptions()) -> dict[str, Any]:
+    """Collective over `world`: the whole `mpiemu run` command (`log`: what rank 0
+    prints as it goes)."""
     world = MPI.COMM_WORLD if world is None else world
     guard = AbortOnError(world).install()
     err: ConfigError | None = None
@@ -88,7 +90,7 @@ def run_workload(path: str | None, overrides: Sequence[str], out: str | None,
         err = exc
     exit_on_error(world, err)
     assert w is not None
-    ctx = open_run(w, world, out_dir, argv, fold)
+    ctx = open_run(w, world, out_dir, argv, fold, log)
     guard.log_dir = out_dir
     guard.on_fail.append(lambda: ctx.writer.close(complete=False))
     here = socket.gethostname()

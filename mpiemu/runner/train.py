@@ -9,6 +9,7 @@ the shards to rank 0 and compares them with the one-process reference.
 """
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator
@@ -166,6 +167,8 @@ def run(ctx: RankContext) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     t_run = time.perf_counter()
     reports_loss = grid.last_stage and grid.tp_rank == 0
+    if ctx.rank == 0 and ctx.log.heartbeat_s > 0:
+        trainer.step.heartbeat = Heartbeat(ctx.log.heartbeat_s, grid.pp_rank)
     for it in range(w.run.iterations):
         ctx.maybe_fail(it)
         ctx.writer.mark()
@@ -177,7 +180,8 @@ def run(ctx: RankContext) -> dict[str, Any]:
         loss = ctx.world.allreduce(share if reports_loss else 0.0, op=MPI.SUM)  # reporting
         wall = ctx.world.allreduce(time.perf_counter() - wall0, op=MPI.MAX)
         rows.append(_report_iteration(ctx, it, loss, wall, flops,
-                                      _eta(t_run, it + 1, w.run.iterations)))
+                                      _eta(t_run, it + 1, w.run.iterations),
+                                      ctx.log.shows(it, w.run.iterations)))
     summary: dict[str, Any] = {"model": cfg.name, "params": cfg.param_count(),
                                "global_batch": gb, "tp": grid.tp, "dp": grid.dp,
                                "pp": grid.pp, "micro_batch": dims.batch,
@@ -295,7 +299,8 @@ def _eta(t_run: float, done: int, total: int) -> str:
 
 
 def _report_iteration(ctx: RankContext, it: int, loss: float, wall: float,
-                      flops: dict[str, float], progress: str) -> dict[str, Any]:
+                      flops: dict[str, float], progress: str, show: bool = True
+                      ) -> dict[str, Any]:
     """The breakdown of what this iteration committed to the traces (the same code as
     `analyze`, on the writer's blocks in memory: the cost per iteration stays flat): rank 0
     prints its own, with MFU and HFU (`flops`: what the run counts per iteration); the first
@@ -326,10 +331,11 @@ def _report_iteration(ctx: RankContext, it: int, loss: float, wall: float,
     hfu = utilization(flops["hardware"], b.iteration_s, int(devices), peak)
     ms = 1e3
     loss_txt = f"{loss:>10.5f}" if ctx.numerics else f"{'-':>10}"
-    ctx.say(f"{it:>4} {loss_txt} {b.iteration_s * ms:>13.4f} {b.compute_s * ms:>11.4f} "
-            f"{b.tp_exposed_s * ms:>11.4f} {b.dp_exposed_s * ms:>11.4f} "
-            f"{b.dp_total_s * ms:>12.4f} {b.idle_s * ms:>9.4f} {mfu * 100:>6.2f} "
-            f"{wall:>8.2f}   {progress}")
+    if show:
+        ctx.say(f"{it:>4} {loss_txt} {b.iteration_s * ms:>13.4f} {b.compute_s * ms:>11.4f} "
+                f"{b.tp_exposed_s * ms:>11.4f} {b.dp_exposed_s * ms:>11.4f} "
+                f"{b.dp_total_s * ms:>12.4f} {b.idle_s * ms:>9.4f} {mfu * 100:>6.2f} "
+                f"{wall:>8.2f}   {progress}")
     return {"loss": loss if ctx.numerics else None, "wall_s": wall, "mfu": mfu,
             "hfu": hfu, "stages": [_stage_row(k, v, b.iteration_s)
                                    for k, v in sorted(stages.items())]} | asdict(b)
@@ -341,3 +347,25 @@ def _stage_row(stage: int, br: IterationBreakdown, iteration_s: float) -> dict[s
     return {"stage": stage, "bubble_s": br.idle_s, "bubble_fraction": br.idle_s / iteration_s,
             "recompute_s": br.recompute_s, "compute_s": br.compute_s,
             "tp_exposed_s": br.tp_exposed_s, "dp_exposed_s": br.dp_exposed_s}
+
+
+class Heartbeat:
+    """Rank 0's progress inside a long iteration: a line every `every_s` seconds of wall
+    time saying how far its pipeline stage has gone (the iteration lines come only at its
+    end: a 512-GPU folded iteration takes seconds, a 64-rank one minutes)."""
+
+    def __init__(self, every_s: float, stage: int) -> None:
+        self.every_s, self.stage = every_s, stage
+        self.t0 = self.last = time.perf_counter()
+
+    def __call__(self, iteration: int, done: int, passes: int) -> None:
+        now = time.perf_counter()
+        if done == 0:
+            self.t0 = now
+            if iteration == 0:
+                self.last = now
+        if now - self.last >= self.every_s:
+            self.last = now
+            sys.stdout.write(f"     iteration {iteration}: {done} of {passes} passes of stage "
+                             f"{self.stage} done ({now - self.t0:.0f} s)\n")
+            sys.stdout.flush()

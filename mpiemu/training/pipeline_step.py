@@ -12,6 +12,8 @@ micro-batch order on both sides.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from ..comm.p2p import SendHandle, TimedComm
@@ -38,6 +40,8 @@ class PipelineStep:
         d = model.d
         self.shape = (d.shard_rows, d.hidden)
         self.nbytes = d.shard_rows * d.hidden * model.E.e
+        # told (iteration, passes done, passes) before each pass: progress in long steps
+        self.heartbeat: Callable[[int, int, int], None] | None = None
 
     def run(self, iteration: int) -> float:
         """Every pass of the step, then the gradient reductions; this rank's loss share."""
@@ -45,7 +49,9 @@ class PipelineStep:
         m.begin_step(iteration)
         self.grads.begin_step()
         sends: list[SendHandle] = []
-        for ps in self.passes:
+        for k, ps in enumerate(self.passes):
+            if self.heartbeat is not None:
+                self.heartbeat(iteration, k, len(self.passes))
             vs = ps.chunk * self.p + self.s
             if ps.kind == "F":
                 x = self._recv(vs - 1, ps, "F") if vs > 0 else None
