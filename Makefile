@@ -22,7 +22,7 @@ export MPLBACKEND ?= Agg
 PYTEST     := $(BIN)/python -m pytest -q -p no:cacheprovider
 MPI_PYTEST := $(BIN)/python -m mpi4py -m pytest -q -p no:cacheprovider --only-mpi
 
-.PHONY: install run test lint test-serial test-mpi test-hta bench reports goldens goldens-openmpi install-site-mpi clean
+.PHONY: install run test lint test-serial test-mpi test-hta test-wheel bench reports goldens goldens-openmpi install-site-mpi clean
 
 $(STAMP): pyproject.toml
 	@if [ -f $(SITE) ]; then \
@@ -43,7 +43,7 @@ run: $(STAMP)
 
 ## make test: static checks, serial tests (and MPI tests at 1 rank), MPI tests at 2 and 4 ranks,
 ## and Holistic Trace Analysis itself on our export (its own venv: it needs pandas < 3)
-test: $(STAMP) lint test-serial test-mpi test-hta
+test: $(STAMP) lint test-serial test-mpi test-hta test-wheel
 
 lint: $(STAMP)
 	$(BIN)/python -m pyflakes mpiemu tests benchmarks
@@ -69,6 +69,24 @@ $(HTA)/.installed: pyproject.toml
 ## make test-hta: HTA's temporal, idle, kernel, overlap and critical-path analyses on an export
 test-hta: $(HTA)/.installed
 	MPIEMU_REQUIRE_HTA=1 $(HTA)/bin/python -m pytest -q -p no:cacheprovider tests/test_analysis.py -k hta
+
+WHEEL := .venv-wheel
+$(WHEEL)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(WHEEL)
+	$(WHEEL)/bin/python -m pip install -q --upgrade pip
+	$(WHEEL)/bin/python -m pip install -q '.[plot]'
+	touch $@
+
+## make test-wheel: mpiemu built as a wheel and installed (not this tree) runs a bundled
+## workload, analyses it and regenerates a study, from an empty directory
+test-wheel: $(WHEEL)/.installed
+	$(WHEEL)/bin/python -m pip install -q --no-deps --force-reinstall .
+	cd "$$(mktemp -d)" && W=$(CURDIR)/$(WHEEL)/bin && \
+	  $$W/mpiemu workloads > /dev/null && \
+	  $$W/mpiexec -n 4 $$W/mpiemu run quickstart --set run.iterations=2 --quiet --out runs/q && \
+	  $$W/mpiemu analyze runs/q --top 3 > /dev/null && \
+	  $$W/mpiemu report softmax --out results/softmax > /dev/null && \
+	  test -s results/softmax/README.md && echo "wheel: bundled workload, analysis and study ran"
 
 ## make bench: the benchmarks reported in the README (not part of the test suite)
 bench: $(STAMP)
@@ -114,4 +132,4 @@ install-site-mpi:
 	@echo "site MPI: $$(mpiexec --version 2>&1 | head -1); mpi4py: $$($(BIN)/python -m mpi4py --mpi-library)"
 
 clean:
-	rm -rf $(VENV) .venv-openmpi .venv-hta runs build *.egg-info
+	rm -rf $(VENV) .venv-openmpi .venv-hta .venv-wheel runs build *.egg-info

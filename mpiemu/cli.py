@@ -69,6 +69,29 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 @_command
+def cmd_workloads(args: argparse.Namespace) -> int:
+    """The bundled workloads (`mpiemu run NAME` runs one), or a copy of them to edit."""
+    import shutil  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from .workloads import bundled, describe  # noqa: PLC0415
+    if args.copy:
+        dest = Path(args.copy)
+        dest.mkdir(parents=True, exist_ok=True)
+        for f in bundled():
+            if (dest / f.name).exists():
+                raise ValueError(f"--copy={args.copy!r}: {f.name} is there already (a "
+                                 "directory without bundled workloads, or a new one)")
+        for f in bundled():
+            shutil.copyfile(f, dest / f.name)
+        sys.stdout.write(f"copied {len(bundled())} workloads to {dest}/\n")
+        return 0
+    for f in bundled():
+        sys.stdout.write(f"{f.stem:<34} {describe(f)}\n")
+    return 0
+
+
+@_command
 def cmd_export(args: argparse.Namespace) -> int:
     """Chrome/Perfetto JSON of a run (and per-rank files for Holistic Trace Analysis)."""
     from .analysis.export import write_chrome  # noqa: PLC0415
@@ -147,7 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"mpiemu {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run a workload (launch with mpiexec -n N)")
-    r.add_argument("workload", help="workload TOML file")
+    r.add_argument("workload", help="workload TOML file, or a bundled workload's name "
+                   "(mpiemu workloads)")
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a workload key, e.g. --set parallel.tp=2 (repeatable)")
     r.add_argument("--out", help="run directory (default runs/<workload name>)")
@@ -173,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--top", type=int, default=None,
                    help="rows of the per-op table (25 unless given; -1: all; --json: all "
                         "unless given)")
+    wl = sub.add_parser("workloads", help="the bundled workloads (mpiemu run NAME runs one)")
+    wl.add_argument("--copy", metavar="DIR", help="copy them into DIR to edit")
     e = sub.add_parser("export", help="Chrome/Perfetto JSON of a run")
     e.add_argument("--allow-incomplete", action="store_true",
                    help="analyse what is sound in a damaged run (notes on stderr)")
@@ -218,6 +244,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise          # under MPI: the excepthook names the rank and aborts the job
         from .config.errors import one_line  # noqa: PLC0415
         sys.stderr.write(f"mpiemu {args.command}: error: {one_line(exc)}\n")
+        return 2
+    except BrokenPipeError:             # `mpiemu ... | head`: the reader left
+        import os  # noqa: PLC0415
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except ImportError as exc:          # an optional dependency: say which, and how
+        extra = {"matplotlib": " (or pip install 'mpiemu[plot]')"}.get(exc.name or "", "")
+        sys.stderr.write(f"mpiemu {args.command}: error: needs {exc.name or exc}: pip "
+                         f"install {exc.name or '...'}{extra}\n")
         return 2
 
 

@@ -337,9 +337,10 @@ def load_workload(path: str | Path | None, overrides: Sequence[str] = ()) -> Wor
     """Read a workload TOML (or start from defaults), apply `--set` overrides, validate."""
     table: dict[str, Any] = {}
     if path is not None:
-        p = Path(path)
+        p = _bundled_or(Path(path))
         if not p.exists():
-            raise ConfigError("workload", str(path), "an existing .toml file")
+            raise ConfigError("workload", str(path), "an existing .toml file, or a bundled "
+                              "workload's name (mpiemu workloads)")
         if not p.is_file():
             raise ConfigError("workload", str(path), "a .toml file (this is a directory)")
         try:
@@ -368,6 +369,16 @@ def load_workload(path: str | Path | None, overrides: Sequence[str] = ()) -> Wor
         raise ConfigError(exc.field, exc.value, f"unknown key; did you mean "
                           f"{' or '.join(guesses)}? ({exc.allowed[len('unknown key; '):]})"
                           ) from None
+
+
+def _bundled_or(p: Path) -> Path:
+    """A path as given, or the bundled workload of that name (`quickstart`,
+    `quickstart.toml`) when no such file exists here."""
+    if p.exists() or len(p.parts) > 1:
+        return p
+    from ..workloads import DIR  # noqa: PLC0415
+    bundled = DIR / (p.name if p.suffix == ".toml" else f"{p.name}.toml")
+    return bundled if bundled.exists() else p
 
 
 def resolve_device(w: Workload, rank: int = 0) -> DeviceSpec:

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from . import runs as launch
-from .common import ROOT, Golden, Row, load_figures
+from ..workloads import DIR as WORKLOADS_DIR
+from .common import Golden, Row, load_figures
 
-WORKLOAD = ROOT / "workloads" / "bert-large-mi100.toml"
+WORKLOAD = WORKLOADS_DIR / "bert-large-mi100.toml"
 LAYER = re.compile(r"^l\d+\.")
 # (category, pattern on the op name without its layer prefix); the first match wins
 CATEGORIES: tuple[tuple[str, str], ...] = (

@@ -20,9 +20,10 @@ from typing import Any
 from ..net.spec import NetworkSpec
 from ..runner.collective_sweep import bus_factor
 from . import runs as launch
-from .common import ROOT, Golden, Row, load_figures, read_csv
+from ..workloads import DIR as WORKLOADS_DIR
+from .common import Golden, Row, load_figures, read_csv
 
-WORKLOAD = ROOT / "workloads" / "comp_vs_comm.toml"
+WORKLOAD = WORKLOADS_DIR / "comp_vs_comm.toml"
 INTS = ("point", "hidden", "seq_len", "batch", "tp", "dp")
 KEEP = ("hidden", "seq_len", "batch", "tp", "dp", "compute_scale", "time_s", "compute_s",
         "gemm_s", "attn_core_s", "tp_comm_s", "tp_share", "bwd_gemm_s", "dp_comm_s",

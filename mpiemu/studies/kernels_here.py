@@ -23,7 +23,8 @@ from ..devices.attention_gpu import AttnShape, flash_cost
 from ..devices.cost import GpuCost
 from ..devices.kernels import Kernel
 from ..devices.presets import load_device
-from .common import ROOT, Row, geomean
+from ..workloads import DIR as WORKLOADS_DIR
+from .common import Row, geomean
 
 GPU = "h100-sxm5"
 E = 2                                              # every measured kernel ran in fp16
@@ -222,7 +223,7 @@ def emulated_layer_s(model: str, micro_batch: int, out: Path) -> dict[str, float
     Megatron's unfused softmax path runs and PyTorch's baddbmm folds into its GEMM."""
     from ..analysis import load  # noqa: PLC0415
     from .runs import run  # noqa: PLC0415
-    run(8, ROOT / "workloads" / "megatron-22b-tp8.toml",
+    run(8, WORKLOADS_DIR / "megatron-22b-tp8.toml",
         [f"model.preset={model}", "model.layers=2", f"train.micro_batch={micro_batch}",
          f"train.global_batch={micro_batch}", "device.preset=h100-sxm5",
          "network.preset=dgx-h100", "parallel.sequence_parallel=false",

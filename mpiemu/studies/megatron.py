@@ -23,9 +23,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import runs as launch
-from .common import ROOT, Golden, Row, load_figures, read_csv
+from ..workloads import DIR as WORKLOADS_DIR
+from .common import Golden, Row, load_figures, read_csv
 
-WORKLOADS = ROOT / "workloads"
+WORKLOADS = WORKLOADS_DIR          # the bundled workloads
 MEASURED = Path(__file__).with_name("megatron_measured.csv")
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from . import megatron
+from ..workloads import DIR as WORKLOADS_DIR
 from .common import (ROOT, Row, geomean, load_figures, md_table, pct, read_csv, signed_pct,
                      write_csv)
 from .megatron import iteration_rows, layer_rows
@@ -245,7 +246,7 @@ def _step_note(iterations: list[Row]) -> list[str]:
 def _layer_workload() -> Workload:
     """The 22B layer rows' workload (its dtype and micro-batch)."""
     from ..config.workload import load_workload  # noqa: PLC0415
-    return load_workload(ROOT / "workloads" / "megatron-22b-tp8.toml")
+    return load_workload(WORKLOADS_DIR / "megatron-22b-tp8.toml")
 
 
 def _overlap_note() -> str:

@@ -39,10 +39,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import runs as launch
-from .common import ROOT, Golden, Row, load_figures
+from ..workloads import DIR as WORKLOADS_DIR
+from .common import Golden, Row, load_figures
 
 STUDY = "moe_imbalance"
-WORKLOAD = ROOT / "workloads" / "quickstart.toml"
+WORKLOAD = WORKLOADS_DIR / "quickstart.toml"
 GPUS = 4
 
 

@@ -24,9 +24,10 @@ from ..devices.specs import DeviceSpec, dtype_bytes
 from ..model.presets import load_model_preset
 from ..model.tensor_parallel import local_params
 from . import runs as launch
-from .common import ROOT, Golden, Row, load_figures
+from ..workloads import DIR as WORKLOADS_DIR
+from .common import Golden, Row, load_figures
 
-WORKLOAD = ROOT / "workloads" / "bert-large-mi100.toml"
+WORKLOAD = WORKLOADS_DIR / "bert-large-mi100.toml"
 
 
 def tensors(model: str, tp: int) -> list[int]:

@@ -16,7 +16,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from . import runs as launch
-from .common import ROOT, Golden, Row, geomean, load_figures
+from ..workloads import DIR as WORKLOADS_DIR
+from .common import Golden, Row, geomean, load_figures
 
 ORDER = ("ideal", "ideal+nmc", "sw-overlap(16)", "sw-overlap(8)", "t3", "t3-mca")
 COMPARED = ("ideal", "t3", "t3-mca")         # strategies the thesis gives geomean / max for
@@ -51,7 +52,7 @@ def thesis() -> dict[str, tuple[float, float]]:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="mpiemu report t3", description=__doc__)
     p.add_argument("--tp", type=int, nargs="+", default=[8, 16])
-    p.add_argument("--workload", default=str(ROOT / "workloads" / "t3_sublayers.toml"))
+    p.add_argument("--workload", default=str(WORKLOADS_DIR / "t3_sublayers.toml"))
     p.add_argument("--set", action="append", default=[], help="extra workload overrides")
     p.add_argument("--keep-runs", help="keep the raw run directories here")
     p.add_argument("--timeout", type=int, default=1200, help="seconds per mpiexec run")
