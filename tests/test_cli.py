@@ -262,13 +262,17 @@ def test_slurm_template_runs_as_shipped_with_a_stand_in_srun(tmp_path: Path) -> 
     env = child_env(PATH=f"{fake}:{Path(sys.executable).parent}:{os.environ['PATH']}",
                     SLURM_NTASKS="2", SLURM_NTASKS_PER_NODE="2", SLURM_JOB_ID=tmp_path.name,
                     SLURM_JOB_NAME="mpiemu-test", SLURM_CPUS_PER_TASK="1")
-    res = subprocess.run(["bash", "launch/slurm.sbatch", "workloads/collectives.toml", "--set",
-                          "collectives.sizes=['4KiB']", "--set", "run.numerics=off"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr[-1500:]
-    assert "collectives bounded by" in res.stdout or "makespan" in res.stdout
     import shutil
-    shutil.rmtree(ROOT / "runs" / f"mpiemu-test-{tmp_path.name}", ignore_errors=True)
+    for args in (["workloads/collectives.toml", "--set", "collectives.sizes=['4KiB']", "--set",
+                  "run.numerics=off", "--set", "parallel.tp=2"],
+                 # the workload's own layout, folded: 2 tasks stand for its 8 GPUs
+                 ["workloads/pipeline-small.toml", "--set", "run.numerics=off", "--set",
+                  "train.check_reference=false", "--set", "run.iterations=1"]):
+        res = subprocess.run(["bash", "launch/slurm.sbatch", *args], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr[-1500:]
+        assert "collectives bounded by" in res.stdout or "makespan" in res.stdout
+        shutil.rmtree(ROOT / "runs" / f"mpiemu-test-{tmp_path.name}", ignore_errors=True)
 
 
 def _kill_everything(out: Path, watchman: bool) -> None:
