@@ -294,3 +294,16 @@ def test_an_export_takes_the_ranks_iterations_and_window_asked_for(train_dir: Pa
         parse_window("2:1")
     with pytest.raises(ValueError, match="--ranks"):
         parse_ids("a-b", "--ranks")
+
+
+def test_gantt_rows_keep_what_the_window_shows(train_dir: Path, tmp_path: Path) -> None:
+    from mpiemu.analysis.plot import gantt_rows
+    run = load(train_dir)
+    every = gantt_rows(run)
+    assert every and all(len(r.t0) for r in every)
+    assert gantt_rows(run, t_min_ms=run.makespan * 1e3 + 1) == []       # past the end
+    ends = [float(r.t1.max()) for r in gantt_rows(run, t_max_ms=0.0)]
+    assert len(ends) < len(every) or all(e >= 0 for e in ends)
+    assert {r.label.split()[0] for r in gantt_rows(run, ranks=[1])} == {"r1"}
+    out = gantt(run, tmp_path / "t.png", t_min_ms=0.0, t_max_ms=0.5, ranks=[0])
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
