@@ -296,15 +296,18 @@ def markdown(ours: list[Row], cmp: list[Row], summ: list[Row],
 
 
 def plot(ours: list[Row], cmp: list[Row], path: Path) -> None:
+    """One panel per measured setup, in a grid of at most 4 columns: ours as lines, the
+    measured points as dots, sizes in KB / MB / GB, each legend below its panel."""
     pyplot = plt()
     keys = {r["setup"] for r in ours}
     sts = [s for s in setups() if s["datasets"] and s["key"] in keys]
     if not sts:
         return
-    fig, grid = pyplot.subplots(1, len(sts), figsize=(4 * len(sts), 3.6), sharey=False,
+    cols = min(4, len(sts))
+    nrows = -(-len(sts) // cols)
+    fig, grid = pyplot.subplots(nrows, cols, figsize=(4.2 * cols, 4.4 * nrows),
                                 squeeze=False)
-    axes = grid[0]
-    for ax, st in zip(axes, sts):
+    for ax, st in zip(grid.flat, sts):
         for op in st["ops"]:
             rows = [r for r in ours if r["setup"] == st["key"] and r["op"] == op]
             ax.plot([r["bytes"] for r in rows], [r["busbw_GBps"] for r in rows],
@@ -312,12 +315,16 @@ def plot(ours: list[Row], cmp: list[Row], path: Path) -> None:
         for ds in st["datasets"]:
             pts = [r for r in cmp if r["dataset"] == ds]
             ax.plot([r["bytes"] for r in pts], [r["measured_busbw_GBps"] for r in pts], "o",
-                    ms=3, label=ds[:24])
+                    ms=3, label=ds[:32])
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(pyplot.FuncFormatter(lambda b, _: _size(int(b))))
+        ax.tick_params(axis="x", labelsize=7, labelrotation=45)
         ax.set_title(st["key"], fontsize=9)
-        ax.set_xlabel("bytes")
-        ax.legend(fontsize=6)
-    axes[0].set_ylabel("busbw GB/s")
+        ax.set_ylabel("busbw GB/s", fontsize=8)
+        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=1,
+                  frameon=False)
+    for ax in list(grid.flat)[len(sts):]:
+        ax.set_visible(False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     pyplot.close(fig)
