@@ -92,6 +92,14 @@ def cmd_workloads(args: argparse.Namespace) -> int:
 
 
 @_command
+def cmd_completion(args: argparse.Namespace) -> int:
+    """A bash completion script (`eval "$(mpiemu completion)"`; zsh: after bashcompinit)."""
+    from .completion import bash_script  # noqa: PLC0415
+    sys.stdout.write(bash_script(build_parser()))
+    return 0
+
+
+@_command
 def cmd_export(args: argparse.Namespace) -> int:
     """Chrome/Perfetto JSON of a run (and per-rank files for Holistic Trace Analysis)."""
     from .analysis.export import write_chrome  # noqa: PLC0415
@@ -199,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "unless given)")
     wl = sub.add_parser("workloads", help="the bundled workloads (mpiemu run NAME runs one)")
     wl.add_argument("--copy", metavar="DIR", help="copy them into DIR to edit")
+    sub.add_parser("completion", help="bash completion: eval \"$(mpiemu completion)\"")
     e = sub.add_parser("export", help="Chrome/Perfetto JSON of a run")
     e.add_argument("--allow-incomplete", action="store_true",
                    help="analyse what is sound in a damaged run (notes on stderr)")

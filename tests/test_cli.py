@@ -376,3 +376,26 @@ def test_quiet_log_interval_and_heartbeat(tmp_path: Path) -> None:
     assert iteration_lines("--quiet")[0] == [4]
     its, beats = iteration_lines("--quiet", "--heartbeat", "1e-9")
     assert its == [4] and beats and all("iteration" in b for b in beats)
+
+
+def test_bash_completion_completes_subcommands_options_and_names() -> None:
+    """`eval "$(mpiemu completion)"` defines a completion that knows the subcommands, each
+    one's options and the bundled workloads."""
+    import shutil
+    import subprocess
+    import sys
+    if shutil.which("bash") is None:
+        pytest.skip("no bash here")
+    script = subprocess.run([sys.executable, "-m", "mpiemu", "completion"], capture_output=True,
+                            text=True, check=True).stdout
+
+    def complete(*words: str) -> set[str]:
+        arr = " ".join(f"'{w}'" for w in words)
+        res = subprocess.run(["bash", "-c", f'{script}\nCOMP_WORDS=({arr}); '
+                              f'COMP_CWORD={len(words) - 1}; _mpiemu; echo "${{COMPREPLY[@]}}"'],
+                             capture_output=True, text=True, check=True, cwd="/")
+        return set(res.stdout.split())
+    assert {"run", "report"} <= complete("mpiemu", "r")
+    assert "quickstart" in complete("mpiemu", "run", "quick")
+    assert "--ranks" in complete("mpiemu", "export", "x", "--ra")
+    assert "t3" in complete("mpiemu", "report", "t")
