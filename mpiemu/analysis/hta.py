@@ -27,7 +27,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .export import iteration_spans
+from .export import iteration_spans, process_name
 from .load import Run
 from .rank_trace import RankTrace
 
@@ -98,13 +98,14 @@ def _kernels(rt: RankTrace, keep: np.ndarray, streams: dict[str, int]) -> list[s
     return out
 
 
-def hta_events(rt: RankTrace) -> list[str]:
-    """All events of one rank in the PyTorch profiler layout, each as JSON text."""
+def hta_events(rt: RankTrace, images: list[int] | None = None) -> list[str]:
+    """All events of one rank in the PyTorch profiler layout, each as JSON text (`images`:
+    the emulated ranks a folded representative stands for, named in its process)."""
     keep = _kernel_mask(rt)
     streams = _streams(rt, keep)
     meta = [{"ph": "M", "pid": GPU_PID, "name": "process_name", "args": {"name": "GPU 0"}},
             {"ph": "M", "pid": CPU_PID, "name": "process_name",
-             "args": {"name": f"rank {rt.rank} (emulated)"}}]
+             "args": {"name": f"{process_name(rt.rank, images)} (emulated)"}}]
     meta += [{"ph": "M", "pid": GPU_PID, "tid": tid, "name": "thread_name",
               "args": {"name": f"stream {tid} {res}"}} for res, tid in streams.items()]
     meta += [{"ph": "M", "pid": CPU_PID, "tid": LAUNCH_TID + tid, "name": "thread_name",
@@ -125,7 +126,7 @@ def write_hta(run: Run, out_dir: Path) -> list[Path]:
         p = out_dir / f"rank-{rt.rank:05d}.json.gz"
         with gzip.open(p, "wt", compresslevel=1) as f:   # ": " separators: HTA's rank regex
             f.write(head[:-1] + ', "traceEvents": [')
-            f.write(", ".join(hta_events(rt)))
+            f.write(", ".join(hta_events(rt, run.stands_for.get(rt.rank))))
             f.write("]}")
         paths.append(p)
     return paths
