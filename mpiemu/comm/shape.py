@@ -100,6 +100,15 @@ class GridShape:
             return [p * n + edp_rank * self.ep + i for i in range(self.ep)]
         return [p * n + ep_rank + self.ep * k for k in range(n // self.ep)]      # edp
 
+    def group_key(self, kind: str, rank: int) -> tuple[int, ...]:
+        """What names `rank`'s group of this kind among the others (no member listed)."""
+        t, d, p = self.coords(rank)
+        c = self.cp_rank(rank)
+        ep_rank, edp_rank = self.expert_place(rank)
+        return {"tp": (c, d, p), "cp": (t, d, p), "dp": (t, c, p), "dp_cp": (t, p),
+                "pp": (t, c, d), "mp": (c, d), "ep": (p, edp_rank),
+                "edp": (p, ep_rank)}[kind]
+
     def every_group(self, kind: str) -> list[list[int]]:
         """Every group of this kind in the world, each once."""
         seen: set[int] = set()

@@ -48,16 +48,34 @@ class TreeRole(NamedTuple):
         return self.up_from
 
 
+def _chains(groups: list[list[int]], lane: int, side: int) -> list[list[int]]:
+    """The node chains of one tree, head first, nodes in that tree's order."""
+    nodes = groups if side == 0 else groups[::-1]
+    chains = [g[lane:] + g[:lane] for g in nodes]
+    return [c[::-1] for c in chains] if side else chains
+
+
+def edges(groups: list[list[int]]) -> list[tuple[int, int]]:
+    """Every (child, parent) edge of every tree of every lane (what `roles` gives each
+    rank, for all ranks at once)."""
+    out = []
+    for lane in range(len(groups[0])):
+        for side in (0, 1):
+            chains = _chains(groups, lane, side)
+            for i, chain in enumerate(chains):
+                out += [(chain[p], chain[p - 1]) for p in range(1, len(chain))]
+                if i > 0:
+                    out.append((chain[0], chains[(i - 1) // 2][0]))
+    return out
+
+
 def roles(groups: list[list[int]], rank: int) -> list[TreeRole]:
     """This rank's role in the trees A and B of every lane (`groups`: ranks by node, equal
     sizes; one lane per member of a node)."""
     out = []
     for lane in range(len(groups[0])):
         for side in (0, 1):
-            nodes = groups if side == 0 else groups[::-1]
-            chains = [g[lane:] + g[:lane] for g in nodes]             # head first
-            if side:
-                chains = [c[::-1] for c in chains]
+            chains = _chains(groups, lane, side)                       # head first
             i, p = next((i, c.index(rank)) for i, c in enumerate(chains) if rank in c)
             chain = chains[i]
             ups = [chain[p + 1]] if p + 1 < len(chain) else []

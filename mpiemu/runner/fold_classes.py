@@ -23,7 +23,7 @@ import numpy as np
 from ..comm.folded import MIRRORED_ALGORITHMS
 from ..comm.ring import orders_of
 from ..comm.shape import Fold, GridShape
-from ..comm.tree import roles
+from ..comm.tree import edges
 from ..comm.tuner import allowed_on, node_groups
 from ..config.workload import Workload, resolve_device
 from ..net import Network
@@ -38,20 +38,24 @@ def classes_obstacle(w: Workload, net: Network, fold: Fold) -> str | None:
     """Why this partition would not be exact (None: it is)."""
     shape, kinds = fold.shape, _kinds(fold.shape)
     images = _images_here(fold, kinds)
-    for kind in kinds:
+    for kind in kinds:                 # the cheap refusal first: an algorithm with roles
         why = _algorithm(w, net, fold, kind) if images[kind] else None
-        for members in shape.every_group(kind) if images[kind] else []:
-            why = why or _rotation(shape, fold, kind, members) \
-                or _lanes(net, shape, fold, kind, members)
         if why:
             return why
+    for kind in kinds:
+        for members in shape.every_group(kind) if images[kind] else []:
+            why = _rotation(shape, fold, kind, members) or _lanes(net, shape, fold, kind,
+                                                                  members)
+            if why:
+                return why
     pairs: dict[tuple[int, int], None] = {}
-    seen: set[tuple[int, ...]] = set()
+    seen: set[tuple[object, ...]] = set()
     for m in range(fold.launch):         # every group a representative is in, once
         for kind in kinds:
-            members = shape.group(kind, fold.rep(m))
-            if tuple(members) not in seen:
-                seen.add(tuple(members))
+            key = (kind, *shape.group_key(kind, fold.rep(m)))
+            if key not in seen:
+                seen.add(key)
+                members = shape.group(kind, fold.rep(m))
                 pairs.update(dict.fromkeys(_orbit(fold, x, y)
                                            for x, y in _pairs(w, net, kind, members)))
     return _routes(net, fold, list(pairs))
@@ -161,10 +165,20 @@ def _picked(w: Workload, net: Network, members: list[int], nbytes: float, itemsi
 
 
 def _successors(net: Network, members: list[int]) -> list[dict[int, int]]:
-    """Per ring lane: each member's successor, as an offset."""
-    n = len(members)
-    return [{o[i]: (o[(i + 1) % n] - o[i]) % n for i in range(n)}
-            for o in orders_of(net, members, True)]
+    """Per ring lane: each member's successor, as an offset (the lanes depend only on
+    which members share a node: remembered per such pattern)."""
+    nodes = [net.node_of(x) for x in members]
+    first: dict[int, int] = {}
+    key = tuple(first.setdefault(v, len(first)) for v in nodes)
+    got = _SUCCESSORS.get(key)
+    if got is None:
+        n = len(members)
+        got = _SUCCESSORS[key] = [{o[i]: (o[(i + 1) % n] - o[i]) % n for i in range(n)}
+                                  for o in orders_of(net, members, True)]
+    return got
+
+
+_SUCCESSORS: dict[tuple[int, ...], list[dict[int, int]]] = {}
 
 
 def _lanes(net: Network, s: GridShape, fold: Fold, kind: str, members: list[int]
@@ -197,9 +211,8 @@ def _all_pairs(members: list[int]) -> list[tuple[int, int]]:
 
 def _tree_pairs(groups: list[list[int]], members: list[int]) -> list[tuple[int, int]]:
     """Both ways along every edge of NCCL's trees over these node groups (`comm.tree`)."""
-    edges = [(members[a], members[r.up_to]) for a in range(len(members))
-             for r in roles(groups, a) if r.up_to >= 0]
-    return edges + [(y, x) for x, y in edges]
+    pairs = [(members[a], members[b]) for a, b in edges(groups)]
+    return pairs + [(y, x) for x, y in pairs]
 
 
 def _pairs(w: Workload, net: Network, kind: str, members: list[int]
