@@ -36,24 +36,10 @@ class Run:
         return all(r.complete for r in self.ranks) and self.manifest.get("status") == "complete"
 
     def to_pandas(self) -> Any:
-        """Every event of every rank as one pandas DataFrame, times in seconds (`_s`):
-        rank, name, cat, resource, phase, t_start_s, t_end_s, duration_s, flops, bytes,
-        dram_bytes, layer, iteration, peer, stage (pandas is optional: `pip install pandas`)."""
-        try:
-            import pandas as pd  # noqa: PLC0415
-        except ImportError:
-            raise ImportError("Run.to_pandas needs pandas: pip install pandas") from None
-        frames = []
-        for rt in self.ranks:
-            ev = rt.events
-            frames.append(pd.DataFrame({
-                "rank": np.full(len(ev), rt.rank), "name": rt.names.astype(str),
-                "cat": rt.cats.astype(str), "resource": rt.resources.astype(str),
-                "phase": rt.phases.astype(str), "t_start_s": ev["t_start"],
-                "t_end_s": ev["t_end"], "duration_s": ev["t_end"] - ev["t_start"],
-                **{k: ev[k] for k in ("flops", "bytes", "dram_bytes", "layer", "iteration",
-                                      "peer", "stage")}}))
-        return pd.concat(frames, ignore_index=True)
+        """Every event of every rank as one pandas DataFrame (`mpiemu.open(...).events()`:
+        times in seconds, names and categories as categoricals, the ranks' grid places)."""
+        from .frames import RunFrames  # noqa: PLC0415  (pandas only when asked)
+        return RunFrames(self).events()
 
     @property
     def makespan(self) -> float:
