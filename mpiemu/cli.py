@@ -201,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--json", action="store_true", help="JSON instead of tables")
     a.add_argument("--allow-incomplete", action="store_true",
                    help="analyse what is sound in a damaged run (notes on stderr)")
-    a.add_argument("run_dir")
+    a.add_argument("run_dir", help="a run directory (runs/<name>, or --out of mpiemu run)")
     a.add_argument("--top", type=int, default=None,
                    help="rows of the per-op table (25 unless given; -1: all; --json: all "
                         "unless given)")
@@ -211,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="Chrome/Perfetto JSON of a run")
     e.add_argument("--allow-incomplete", action="store_true",
                    help="analyse what is sound in a damaged run (notes on stderr)")
-    e.add_argument("run_dir")
+    e.add_argument("run_dir", help="a run directory (runs/<name>, or --out of mpiemu run)")
     e.add_argument("--chrome", help="output .json or .json.gz (all ranks, for Perfetto)")
     e.add_argument("--hta", help="output directory: one file per rank for HTA")
     e.add_argument("--ranks", help="only these emulated ranks, e.g. 0-7,16 (default: all)")
@@ -221,14 +221,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="JSON instead of tables")
     c.add_argument("--allow-incomplete", action="store_true",
                    help="analyse what is sound in a damaged run (notes on stderr)")
-    c.add_argument("a")
-    c.add_argument("b")
+    c.add_argument("a", help="the baseline run directory")
+    c.add_argument("b", help="the run directory compared with it")
     c.add_argument("--top", type=int, default=None,
                    help="ops listed (20 unless given; -1: all; --json: all unless given)")
     pl = sub.add_parser("plot", help="Gantt PNG of a run")
     pl.add_argument("--allow-incomplete", action="store_true",
                    help="analyse what is sound in a damaged run (notes on stderr)")
-    pl.add_argument("run_dir")
+    pl.add_argument("run_dir", help="a run directory (runs/<name>, or --out of mpiemu run)")
     pl.add_argument("--out", help="PNG path (default RUN_DIR/timeline.png)")
     pl.add_argument("--t-min", type=float, help="start of the window (emulated ms)")
     pl.add_argument("--t-max", type=float, help="end of the window (emulated ms)")

@@ -399,3 +399,11 @@ def test_bash_completion_completes_subcommands_options_and_names() -> None:
     assert "quickstart" in complete("mpiemu", "run", "quick")
     assert "--ranks" in complete("mpiemu", "export", "x", "--ra")
     assert "t3" in complete("mpiemu", "report", "t")
+
+
+def test_every_argument_of_every_subcommand_has_help() -> None:
+    from mpiemu.cli import build_parser
+    from mpiemu.completion import _subparsers
+    for name, sp in _subparsers(build_parser()).items():
+        for action in sp._actions:
+            assert action.help, f"mpiemu {name}: {action.dest} has no help"
