@@ -13,25 +13,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .breakdown import run_breakdown
+from .events_frame import events_frame, grid_frame, pandas as _pandas
 from .critical_path import critical_path
 from .load import Run, load
 from .network import busiest_ports
 from .tables import op_totals, rank_budget
-
-GRID = ("tp_rank", "dp_rank", "pp_rank", "cp_rank")
-TEXT = ("name", "cat", "resource", "phase")
-
-
-def _pandas() -> Any:
-    try:
-        import pandas as pd  # noqa: PLC0415
-    except ImportError:
-        raise ImportError("mpiemu's DataFrames need pandas: pip install pandas") from None
-    return pd
-
 
 class RunFrames:
     """One run (`analysis.load`), its analyses as DataFrames."""
@@ -49,10 +36,7 @@ class RunFrames:
 
     def grid(self) -> Any:
         """Each rank's place: rank, tp_rank, dp_rank, pp_rank (cp_rank with CP)."""
-        pd = _pandas()
-        rows = [{"rank": rt.rank, **{g: int(rt.attrs[g]) for g in GRID if g in rt.attrs}}
-                for rt in self.run.ranks]
-        return pd.DataFrame(rows)
+        return grid_frame(self.run.ranks)
 
     def _with_grid(self, df: Any) -> Any:
         return df.merge(self.grid(), on="rank", how="left") if "rank" in df else df
@@ -61,25 +45,7 @@ class RunFrames:
         """Every event of every rank: rank, grid place, name, cat, resource, phase,
         t_start_s, t_end_s, duration_s, flops, bytes, dram_bytes, layer, iteration, peer,
         stage; the strings as categoricals."""
-        pd = _pandas()
-        cols: dict[str, list[np.ndarray]] = {k: [] for k in ("rank", *TEXT)}
-        nums: dict[str, list[np.ndarray]] = {k: [] for k in (
-            "t_start", "t_end", "flops", "bytes", "dram_bytes", "layer", "iteration", "peer",
-            "stage")}
-        for rt in self.run.ranks:
-            cols["rank"].append(np.full(len(rt.events), rt.rank, np.int32))
-            for k, arr in zip(TEXT, (rt.names, rt.cats, rt.resources, rt.phases)):
-                cols[k].append(arr)
-            for k in nums:
-                nums[k].append(rt.events[k])
-        df = pd.DataFrame({"rank": np.concatenate(cols["rank"] or [np.zeros(0, np.int32)])})
-        for k in TEXT:
-            df[k] = pd.Categorical(np.concatenate(cols[k]) if cols[k] else [])
-        for k, parts in nums.items():
-            key = f"{k}_s" if k.startswith("t_") else k
-            df[key] = np.concatenate(parts) if parts else []
-        df["duration_s"] = df["t_end_s"] - df["t_start_s"]
-        return self._with_grid(df)
+        return events_frame(self.run.ranks)
 
     def budgets(self) -> Any:
         """Per rank: makespan, compute (union of compute ops), collectives, exposed

@@ -38,8 +38,8 @@ class Run:
     def to_pandas(self) -> Any:
         """Every event of every rank as one pandas DataFrame (`mpiemu.open(...).events()`:
         times in seconds, names and categories as categoricals, the ranks' grid places)."""
-        from .frames import RunFrames  # noqa: PLC0415  (pandas only when asked)
-        return RunFrames(self).events()
+        from .events_frame import events_frame  # noqa: PLC0415  (pandas only when asked)
+        return events_frame(self.ranks)
 
     @property
     def makespan(self) -> float:
