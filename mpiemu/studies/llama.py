@@ -29,6 +29,7 @@ from typing import Any
 
 from .common import Golden, Row, load_figures
 from .measured_rows import Plan, emulate, last_wins, run
+from .measured_rows import measured_tokens as tokens_per_gpu
 
 MEASURED = Path(__file__).with_name("llama_measured.toml")
 WORKLOAD = """name = "llama"
@@ -170,19 +171,9 @@ def _convention(row: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def measured_tokens(row: dict[str, Any], workload: Path) -> float:
-    """The row's tokens/s per GPU: stated, from its step time, or from its model TFLOP/s in
-    its source's count."""
-    tokens = int(row["global_batch"]) * int(row["seq_len"]) / int(row["gpus"])
-    metric, value = row["metric"], float(row["value"])
-    if metric == "step_time_s":
-        return tokens / value
-    if metric == "tokens_per_s_per_gpu":
-        return value
-    if metric == "model_tflops_per_gpu":
-        conv = _convention(row)
-        assert conv is not None, f"{row['id']}: model TFLOP/s without a FLOP convention"
-        return value * 1e12 / flops_per_token(row, workload, conv["name"])
-    raise ValueError(f"{row['id']}: metric {metric!r}")
+    """The row's tokens/s per GPU (`measured_rows.measured_tokens`, in this study's FLOP
+    counts)."""
+    return tokens_per_gpu(row, _convention, lambda name: flops_per_token(row, workload, name))
 
 
 def row_of(p: Plan, workload: Path, summary: dict[str, Any] | None, shared: str) -> Row:

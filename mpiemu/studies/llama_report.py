@@ -2,7 +2,6 @@
 the README generated from the rows, llama_measured.toml and llama.toml)."""
 from __future__ import annotations
 
-import argparse
 import re
 import statistics
 import tempfile
@@ -11,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from . import llama
-from .measured_report import agreement, emulated, num, sentences
+from .measured_report import agreement, emulated, num, report_args, sentences
 from .common import Row, load_figures, md_table, pct, plt, signed_pct, write_csv
 
 UNITS = {"step_time_s": "s / step", "tokens_per_s_per_gpu": "tokens/s/GPU",
@@ -243,13 +242,7 @@ def plot(rows: list[Row], path: Path) -> None:
 
 
 def main(out_dir: Path, argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="mpiemu report llama", description=llama.__doc__)
-    ap.add_argument("--out", type=Path, help="output directory (as `mpiemu report --out`)")
-    ap.add_argument("--keep-runs", type=Path, help="keep the run directories here")
-    ap.add_argument("--reuse", action="store_true",
-                    help="with --keep-runs: take complete runs with the same overrides already "
-                         "there instead of running them again (they must come from this code)")
-    args = ap.parse_args([a for a in argv if a != "--"])
+    args = report_args("llama", llama.__doc__, argv)
     out_dir = args.out or out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

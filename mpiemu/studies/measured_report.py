@@ -1,12 +1,25 @@
-"""What the reports of measured-run studies share (`llama_report`, `moe_report`): which rows
-were emulated, values at their worth, the agreement sentence of a headline, and sentences
-picked from a source text."""
+"""What the reports of measured-run studies share (`llama_report`, `moe_report`): their
+command line, which rows were emulated, values at their worth, the agreement sentence of a
+headline, and sentences picked from a source text."""
 from __future__ import annotations
 
+import argparse
 import re
 import statistics
+from pathlib import Path
 
 from .common import Row, pct, signed_pct
+
+
+def report_args(study: str, doc: str | None, argv: list[str]) -> argparse.Namespace:
+    """`mpiemu report STUDY`'s options: --out, --keep-runs and --reuse."""
+    ap = argparse.ArgumentParser(prog=f"mpiemu report {study}", description=doc)
+    ap.add_argument("--out", type=Path, help="output directory (as `mpiemu report --out`)")
+    ap.add_argument("--keep-runs", type=Path, help="keep the run directories here")
+    ap.add_argument("--reuse", action="store_true",
+                    help="with --keep-runs: take complete runs with the same overrides already "
+                         "there instead of running them again (they must come from this code)")
+    return ap.parse_args([a for a in argv if a != "--"])
 
 
 def emulated(rows: list[Row]) -> list[Row]:

@@ -23,6 +23,25 @@ class Plan(NamedTuple):
     reason: str                      # "" when it is emulated
 
 
+def measured_tokens(row: dict[str, Any],
+                    convention: Callable[[dict[str, Any]], dict[str, Any] | None],
+                    per_token: Callable[[str], float]) -> float:
+    """A measured row's tokens/s per GPU: stated, from its step time, or from its model
+    TFLOP/s in its source's FLOP count (`convention(row)` names it, `per_token(name)` is
+    the model's FLOPs per token in that count)."""
+    tokens = int(row["global_batch"]) * int(row["seq_len"]) / int(row["gpus"])
+    metric, value = row["metric"], float(row["value"])
+    if metric == "step_time_s":
+        return tokens / value
+    if metric == "tokens_per_s_per_gpu":
+        return value
+    if metric == "model_tflops_per_gpu":
+        conv = convention(row)
+        assert conv is not None, f"{row['id']}: model TFLOP/s without a FLOP convention"
+        return value * 1e12 / per_token(conv["name"])
+    raise ValueError(f"{row['id']}: metric {metric!r}")
+
+
 def last_wins(sets: list[str]) -> list[str]:
     """One item per key, the last one given, in first-seen order."""
     last = {s.split("=")[0]: s for s in sets}

@@ -11,6 +11,7 @@ from typing import Any
 
 from .common import Figure, load_figures
 from .measured_rows import last_wins
+from .measured_rows import measured_tokens as tokens_per_gpu
 
 MEASURED = Path(__file__).with_name("moe_measured.toml")
 WORKLOAD = """name = "moe"
@@ -256,19 +257,9 @@ def flops_per_token(row: dict[str, Any], workload: Path, convention: str) -> flo
 
 
 def measured_tokens(row: dict[str, Any], workload: Path) -> float:
-    """The row's tokens/s per GPU: stated, from its step time, or from its model TFLOP/s in
-    its source's count."""
-    tokens = int(row["global_batch"]) * int(row["seq_len"]) / int(row["gpus"])
-    metric, value = row["metric"], float(row["value"])
-    if metric == "step_time_s":
-        return tokens / value
-    if metric == "tokens_per_s_per_gpu":
-        return value
-    if metric == "model_tflops_per_gpu":
-        conv = convention(row)
-        assert conv is not None, f"{row['id']}: model TFLOP/s without a FLOP convention"
-        return value * 1e12 / flops_per_token(row, workload, conv["name"])
-    raise ValueError(f"{row['id']}: metric {metric!r}")
+    """The row's tokens/s per GPU (`measured_rows.measured_tokens`, in this study's FLOP
+    counts)."""
+    return tokens_per_gpu(row, convention, lambda name: flops_per_token(row, workload, name))
 
 
 def measured_mfu(row: dict[str, Any]) -> float | None:
