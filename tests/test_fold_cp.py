@@ -121,7 +121,7 @@ def test_cp_images_keep_cp_rank_and_stage() -> None:
     assert fold.launch == 4
     assert [fold.rep(m) for m in range(4)] == [0, 2, 8, 10]
     assert fold.members(1) == [2, 3, 6, 7]      # (t, c=1, d, p=0)
-    for g in fold.images():
+    for g in (fold.shape.shifter(a, b) for a, b in fold.shifts()):
         assert sorted(g(x) for x in range(16)) == list(range(16))
         assert all(s.cp_rank(g(x)) == s.cp_rank(x) and g(x) // 8 == x // 8
                    for x in range(16))

@@ -9,7 +9,7 @@ they stand for. Times on the axis and in the window options are milliseconds."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -93,23 +93,23 @@ def gantt(run: Run, path: Path, *, t_min_ms: float | None = None,
     return path
 
 
-def _names(ax: object, rows: list[Row]) -> None:
+def _names(ax: Any, rows: list[Row]) -> None:
     """Each op's name inside its bar where the bar is wide enough (the longest first)."""
-    x0, x1 = ax.get_xlim()                                   # type: ignore[attr-defined]
+    x0, x1 = ax.get_xlim()
     need = (x1 - x0) * 0.012                                 # ms per character, about
     cands = [(float(b - a), y, float(a), float(b), str(n)) for y, r in enumerate(rows)
              for a, b, n in zip(r.t0, r.t1, r.names) if b - a > need * 4]
     for width, y, a, b, name in sorted(cands, reverse=True)[:MAX_LABELS]:
         text = name[:max(int(width / need), 1)]
-        ax.text(max(a, x0) + (min(b, x1) - max(a, x0)) / 2, y, text,  # type: ignore[attr-defined]
+        ax.text(max(a, x0) + (min(b, x1) - max(a, x0)) / 2, y, text,
                 ha="center", va="center", fontsize=5, color="white", clip_on=True)
 
 
-def _iterations(ax: object, run: Run) -> None:
-    """A dashed line where each iteration starts on the first rank shown."""
+def _iterations(ax: Any, run: Run) -> None:
+    """A dashed line where each iteration starts (on the run's first rank)."""
     if not run.ranks:
         return
     for it, start, _ in iteration_spans(run.ranks[0]):
-        ax.axvline(start * 1e3, color="#555555", lw=0.6, ls="--")   # type: ignore[attr-defined]
-        ax.text(start * 1e3, -0.45, f"it {it}", fontsize=6,       # type: ignore[attr-defined]
+        ax.axvline(start * 1e3, color="#555555", lw=0.6, ls="--")
+        ax.text(start * 1e3, -0.45, f"it {it}", fontsize=6,
                 va="top", color="#555555", clip_on=True)

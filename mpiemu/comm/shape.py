@@ -170,7 +170,3 @@ class Fold(NamedTuple):
         """The emulated ranks MPI rank `mpi_rank` stands for (its own first)."""
         rep = self.rep(mpi_rank)
         return [self.shape.shift(rep, a, b) for a, b in self.shifts()]
-
-    def images(self) -> list[Callable[[int], int]]:
-        """Every symmetry of a class, as a map of devices (the identity first)."""
-        return [self.shape.shifter(a, b) for a, b in self.shifts()]

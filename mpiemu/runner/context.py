@@ -20,13 +20,13 @@ from .. import __version__
 from .._proc import collect_garbage, launcher_free_env, set_aside
 from ..comm.shape import Fold
 from ..comm.grid import ProcessGrid
-from ..comm.shape import GridShape
 from ..comm.p2p import TimedComm, Tuning
 from ..devices.cost import DeviceCost, device_cost
 from ..devices.specs import DeviceSpec, dtype_bytes
 from ..sim.timeline import Timeline
 from ..sim.trace import TraceWriter, commit, rank_file, write_merged
 from ..config.workload import Workload, resolve_device
+from .fold_plan import shape_of
 from .mpi import arrive, say
 from ..config.schema import as_table
 
@@ -130,8 +130,7 @@ def open_run(w: Workload, world: MPI.Comm, out: Path, argv: list[str],
              fold: Fold | None = None, log: LogOptions = LogOptions()) -> RankContext:
     """Collective: build the grid, create the run directory, manifest and rank trace files
     (`fold`: one MPI rank per stage, each file standing for its stage's images)."""
-    shape = GridShape(w.parallel.tp, w.parallel.dp, w.parallel.pp, w.parallel.cp,
-                      w.parallel.ep)
+    shape = shape_of(w)
     grid = ProcessGrid(world, shape, fold)
     spec = resolve_device(w, grid.rank)
     hosts = world.allgather(socket.gethostname())
