@@ -8,7 +8,7 @@ SITE   := $(VENV)/.site-mpi
 MPIEXEC := $(if $(wildcard $(SITE)),mpiexec,$(BIN)/mpiexec)
 # Everything mpiemu needs besides MPI itself (a site install keeps the site's MPI).
 TOOLS  := numpy h5py matplotlib 'pytest>=8' 'pytest-mpi>=0.6' 'mypy==2.4.1' 'pyflakes==4.1.0' \
-          'hypothesis>=6.100' 'pandas>=2.1'
+          'hypothesis>=6.100' 'pandas>=2.1' 'perfetto>=0.59'
 NP ?= 4
 
 # One BLAS thread per rank: the MPI tests put up to 8 ranks on 2 cores.
@@ -38,7 +38,7 @@ install: $(STAMP)
 
 ## make run: create .venv, install, run the quickstart on $(NP) ranks and print its summary
 run: $(STAMP)
-	$(MPIEXEC) -n $(NP) $(BIN)/mpiemu run workloads/quickstart.toml --out runs/quickstart
+	$(MPIEXEC) -n $(NP) $(BIN)/mpiemu run workloads/quickstart.toml --out runs/quickstart --force
 	$(BIN)/mpiemu analyze runs/quickstart --top 12
 
 ## make test: static checks, serial tests (and MPI tests at 1 rank), MPI tests at 2 and 4 ranks,

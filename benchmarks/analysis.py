@@ -7,13 +7,15 @@
    64-rank run directory from those 8 real rank traces, each copied 8 times under new rank
    numbers (the manifest says 64 ranks as TP 8 x DP 8): the analysis tools cannot tell it from
    a 64-rank run, and a real one of that size takes an hour to emulate on 2 cores. Times
-   `analyze`, `compare` (the run against itself), `export --chrome` and `export --hta`.
+   `analyze`, `compare` (the run against itself), `export --chrome`, `--hta` and
+   `--perfetto`, and compares the protobuf's size with the JSON text's.
 Each time is the whole command (Python start-up included), wall clock, one run.
 Usage: python benchmarks/analysis.py [--iterations 3]
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import shutil
 import subprocess
@@ -82,11 +84,27 @@ def main() -> int:
                  _timed("export", str(big), "--chrome", str(Path(tmp) / "t.json.gz")),
                  "seconds"),
                 ("export --hta, 64 ranks", n_big,
-                 _timed("export", str(big), "--hta", str(Path(tmp) / "hta")), "seconds")]
+                 _timed("export", str(big), "--hta", str(Path(tmp) / "hta")), "seconds"),
+                ("export --perfetto, 64 ranks", n_big,
+                 _timed("export", str(big), "--perfetto", str(Path(tmp) / "t.pftrace")),
+                 "seconds")]
+        sizes = _sizes(Path(tmp) / "t.json.gz", Path(tmp) / "t.pftrace")
     print("| command | events | wall s | target |\n|---|---:|---:|---|")
     for name, n, t, target in rows:
         print(f"| {name} | {n:,} | {t:.2f} | {target} |")
+    print(f"\nsizes, 64 ranks: JSON {sizes[0] / 1e6:,.1f} MB (gzip {sizes[1] / 1e6:,.1f} MB), "
+          f"Perfetto protobuf {sizes[2] / 1e6:,.1f} MB = {sizes[2] / sizes[0]:.1%} of the JSON "
+          f"(target < 10%)")
     return 0
+
+
+def _sizes(json_gz: Path, pftrace: Path) -> tuple[int, int, int]:
+    """(JSON text bytes, its gzip's bytes, the protobuf's bytes)."""
+    text = 0
+    with gzip.open(json_gz, "rb") as f:
+        while chunk := f.read(1 << 24):
+            text += len(chunk)
+    return text, json_gz.stat().st_size, pftrace.stat().st_size
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .runner.job import run_workload  # noqa: PLC0415 - MPI starts only for `run`
     from .runner.context import LogOptions  # noqa: PLC0415
     log = LogOptions(args.quiet, args.log_interval, args.heartbeat)
-    summary = run_workload(args.workload, args.set or [], args.out, sys.argv, log=log)
+    summary = run_workload(args.workload, args.set or [], args.out, sys.argv, log=log,
+                           force=args.force)
     check = summary.get("reference")
     return 3 if isinstance(check, dict) and not check.get("passed", True) else 0
 
@@ -101,16 +102,21 @@ def cmd_completion(args: argparse.Namespace) -> int:
 
 @_command
 def cmd_export(args: argparse.Namespace) -> int:
-    """Chrome/Perfetto JSON of a run (and per-rank files for Holistic Trace Analysis)."""
+    """A run for Perfetto (its protobuf, or trace-event JSON) and for Holistic Trace
+    Analysis (one file per rank)."""
     from .analysis.export import write_chrome  # noqa: PLC0415
     from .analysis.hta import write_hta  # noqa: PLC0415
     from .analysis.select import parse_ids, parse_window, select  # noqa: PLC0415
-    if not args.chrome and not args.hta:
-        raise ValueError("export needs --chrome FILE and/or --hta DIR")
+    if not (args.chrome or args.hta or args.perfetto):
+        raise ValueError("export needs --perfetto FILE, --chrome FILE and/or --hta DIR")
     part = (None if args.ranks is None else parse_ids(args.ranks, "--ranks"),
             None if args.iterations is None else parse_ids(args.iterations, "--iterations"),
             None if args.window is None else parse_window(args.window))
     run = select(_load(args, args.run_dir), *part)
+    if args.perfetto:
+        from .analysis.perfetto_proto import write_perfetto  # noqa: PLC0415
+        sys.stdout.write(f"wrote {write_perfetto(run, args.perfetto)} "
+                         "(open in ui.perfetto.dev)\n")
     if args.chrome:
         sys.stdout.write(f"wrote {write_chrome(run, args.chrome)} (open in ui.perfetto.dev)\n")
     if args.hta:
@@ -183,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a workload key, e.g. --set parallel.tp=2 (repeatable)")
     r.add_argument("--out", help="run directory (default runs/<workload name>)")
+    r.add_argument("--force", action="store_true",
+                   help="replace the run already in the run directory")
     r.add_argument("--quiet", action="store_true",
                    help="print the header and the last iteration only")
     r.add_argument("--log-interval", type=int, default=1, metavar="N",
@@ -208,11 +216,14 @@ def build_parser() -> argparse.ArgumentParser:
     wl = sub.add_parser("workloads", help="the bundled workloads (mpiemu run NAME runs one)")
     wl.add_argument("--copy", metavar="DIR", help="copy them into DIR to edit")
     sub.add_parser("completion", help="bash completion: eval \"$(mpiemu completion)\"")
-    e = sub.add_parser("export", help="Chrome/Perfetto JSON of a run")
+    e = sub.add_parser("export", help="a run for Perfetto (protobuf or JSON) and for HTA")
     e.add_argument("--allow-incomplete", action="store_true",
                    help="analyse what is sound in a damaged run (notes on stderr)")
     e.add_argument("run_dir", help="a run directory (runs/<name>, or --out of mpiemu run)")
-    e.add_argument("--chrome", help="output .json or .json.gz (all ranks, for Perfetto)")
+    e.add_argument("--perfetto", help="output .pftrace: Perfetto's protobuf (all ranks; "
+                                      "a tenth of the JSON's size or less)")
+    e.add_argument("--chrome", help="output .json or .json.gz: trace-event JSON (all ranks, "
+                                    "for Perfetto / chrome://tracing, with every event's args)")
     e.add_argument("--hta", help="output directory: one file per rank for HTA")
     e.add_argument("--ranks", help="only these emulated ranks, e.g. 0-7,16 (default: all)")
     e.add_argument("--iterations", help="only these iterations, e.g. 1 or 1-2 (default: all)")
@@ -259,7 +270,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except ImportError as exc:          # an optional dependency: say which, and how
-        extra = {"matplotlib": " (or pip install 'mpiemu[plot]')"}.get(exc.name or "", "")
+        extra = {"matplotlib": " (or pip install 'mpiemu[plot]')",
+                 "perfetto": " (or pip install 'mpiemu[perfetto]')"}.get(exc.name or "", "")
         sys.stderr.write(f"mpiemu {args.command}: error: needs {exc.name or exc}: pip "
                          f"install {exc.name or '...'}{extra}\n")
         return 2

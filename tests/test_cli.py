@@ -365,7 +365,8 @@ def test_quiet_log_interval_and_heartbeat(tmp_path: Path) -> None:
     --heartbeat prints progress lines inside the iterations (rank 0)."""
     def iteration_lines(*flags: str) -> tuple[list[int], list[str]]:
         res = run_mpi(2, ["run", "workloads/quickstart.toml", "--set", "parallel.dp=1",
-                          "--set", "run.iterations=5", "--out", str(tmp_path / "r"), *flags])
+                          "--set", "run.iterations=5", "--out", str(tmp_path / "r"), "--force",
+                          *flags])
         assert res.returncode == 0, res.stderr
         its = [int(ln.split()[0]) for ln in res.stdout.splitlines()
                if re.match(r"^\s+\d+\s", ln) and "of stage" not in ln]
@@ -376,6 +377,36 @@ def test_quiet_log_interval_and_heartbeat(tmp_path: Path) -> None:
     assert iteration_lines("--quiet")[0] == [4]
     its, beats = iteration_lines("--quiet", "--heartbeat", "1e-9")
     assert its == [4] and beats and all("iteration" in b for b in beats)
+
+
+def test_a_terminal_gets_a_progress_bar_redrawn_in_place(tmp_path: Path) -> None:
+    """On a terminal (one process, no mpiexec piping its output) the heartbeat is a bar
+    redrawn with carriage returns, cleared before each iteration line."""
+    import os
+    import pty
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "mpiemu", "run", "workloads/quickstart.toml",
+                             "--set", "parallel.dp=1", "--set", "parallel.tp=1", "--set",
+                             "run.iterations=2", "--out",
+                             str(tmp_path / "r"), "--heartbeat", "1e-9"],
+                            stdout=slave, stderr=subprocess.PIPE, env=child_env(),
+                            cwd=Path(__file__).resolve().parents[1])
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:         # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    assert proc.wait(timeout=120) == 0, proc.stderr.read() if proc.stderr else ""
+    text = b"".join(chunks).decode()
+    assert "passes of stage 0" in text and "\r     iteration 0 [" in text
+    bars = [ln for ln in text.split("\r") if ln.startswith("     iteration 1 [")]
+    assert bars and all("\n" not in b for b in bars)       # redrawn in place, never a line
+    assert "\r\x1b[K   1 " in text          # the bar cleared before iteration 1's line
 
 
 def test_bash_completion_completes_subcommands_options_and_names() -> None:

@@ -27,7 +27,7 @@ from .network import egress_port
 US = 1e6
 
 
-def _threads(rt: RankTrace) -> tuple[dict[str, int], np.ndarray]:
+def lanes(rt: RankTrace) -> tuple[dict[str, int], np.ndarray]:
     """Thread ids per (sub-)track, compute first, and each event's thread: events of one
     resource that overlap go to the first sub-track free at their start (greedy packing;
     a resource whose events never overlap, the usual case, is packed without a loop)."""
@@ -63,7 +63,7 @@ def _threads(rt: RankTrace) -> tuple[dict[str, int], np.ndarray]:
     return tids, per_event
 
 
-def _ports(rt: RankTrace, bins: int = 200) -> Iterator[dict[str, Any]]:
+def port_counters(rt: RankTrace, bins: int = 200) -> Iterator[dict[str, Any]]:
     """Counter tracks: each egress port's busy share per time bin (messages leaving it)."""
     ev = rt.events
     busy: dict[str, list[tuple[float, float]]] = {}
@@ -168,7 +168,7 @@ def _steps(rt: RankTrace) -> Iterator[dict[str, Any]]:
                "cat": "user_annotation", "ts": t0 * US, "dur": (t1 - t0) * US}
 
 
-def _routing(rt: RankTrace, counts: np.ndarray | None) -> Iterator[dict[str, Any]]:
+def routing_counters(rt: RankTrace, counts: np.ndarray | None) -> Iterator[dict[str, Any]]:
     """An MoE run: the tokens this rank sent to each expert in each iteration (summed over
     layers, `routing.npz`), a counter at the iteration's start."""
     if counts is None or rt.rank >= counts.shape[2]:
@@ -185,9 +185,9 @@ def rank_events(rt: RankTrace, threads: tuple[dict[str, int], np.ndarray] | None
                 ) -> list[str]:
     """All trace events of one rank, each as JSON text (`counts`: an MoE run's routing;
     `images`: the emulated ranks a folded representative stands for)."""
-    tids, per_event = threads or _threads(rt)
+    tids, per_event = threads or lanes(rt)
     small = [*_meta(rt.rank, tids, process_name(rt.rank, images)), *_steps(rt),
-             *_ports(rt), *_routing(rt, counts)]
+             *port_counters(rt), *routing_counters(rt, counts)]
     return [json.dumps(e) for e in small] + _slices(rt, per_event)
 
 
@@ -208,9 +208,9 @@ def _messages(rt: RankTrace, inbox: bool, route_id: dict[str, int]) -> np.ndarra
     return np.concatenate(rows) if rows else np.zeros((0, 4))
 
 
-def _flows(run: Run, threads: dict[int, np.ndarray]) -> list[str]:
-    """Perfetto flow arrows, one per message: from the sender's slice on its route to the
-    receiver's `in:<route>` slice. Both carry the message's start time (`net.message`), so
+def flow_pairs(run: Run) -> np.ndarray:
+    """One row per message, (sender rank, its event, receiver rank, its `in:` event), in
+    the senders' order. Both events carry the message's start time (`net.message`), so
     (route, start) pairs them; equal keys pair in order (rank, then event)."""
     route_id: dict[str, int] = {}
     sends = np.concatenate([_messages(rt, False, route_id) for rt in run.ranks])
@@ -231,12 +231,18 @@ def _flows(run: Run, threads: dict[int, np.ndarray]) -> list[str]:
     ok = k < n_recv[g]
     snd = both[order[j[ok]]]
     rcv = both[order[first_of[g[ok]] + n_send[g[ok]] + k[ok]]]
-    by_sender = np.lexsort((snd[:, 3], snd[:, 2]))     # ids in the senders' order
-    snd, rcv = snd[by_sender], rcv[by_sender]
+    by_sender = np.lexsort((snd[:, 3], snd[:, 2]))
+    return np.stack([snd[by_sender, 2], snd[by_sender, 3], rcv[by_sender, 2],
+                     rcv[by_sender, 3]], 1).astype(np.int64)
+
+
+def _flows(run: Run, threads: dict[int, np.ndarray]) -> list[str]:
+    """Perfetto flow arrows, one per message: from the sender's slice on its route to the
+    receiver's `in:<route>` slice, at the message's start."""
+    start = {rt.rank: rt.events["t_start"] for rt in run.ranks}
     out: list[str] = []
-    for n, (s_row, r_row) in enumerate(zip(snd.tolist(), rcv.tolist()), start=1):
-        ts = s_row[1] * US
-        r, i, r2, i2 = int(s_row[2]), int(s_row[3]), int(r_row[2]), int(r_row[3])
+    for n, (r, i, r2, i2) in enumerate(flow_pairs(run).tolist(), start=1):
+        ts = float(start[r][i]) * US
         out.append(f'{{"ph": "s", "id": {n}, "pid": {r}, "tid": {threads[r][i]}, '
                    f'"ts": {ts!r}, "name": "message", "cat": "flow"}}')
         out.append(f'{{"ph": "f", "bp": "e", "id": {n}, "pid": {r2}, '
@@ -255,7 +261,7 @@ def _chunks(run: Run) -> Iterator[str]:
     sep = ""
     counts = routing_counts(run)
     for rt in run.ranks:
-        threads = _threads(rt)
+        threads = lanes(rt)
         per_rank[rt.rank] = threads[1]
         yield sep + ", ".join(rank_events(rt, threads, counts, run.stands_for.get(rt.rank)))
         sep = ", "

@@ -51,12 +51,21 @@ def validate_job(path: str | None, overrides: Sequence[str], world_size: int
     return w, fold
 
 
-def check_out_dir(out: Path, field: str) -> None:
-    """The run directory exists as a directory we can write into (created if need be)."""
+def holds_run(out: Path) -> bool:
+    """The directory holds a run's manifest or rank traces."""
+    return (out / "manifest.json").exists() or any(out.glob("rank-*.h5"))
+
+
+def check_out_dir(out: Path, field: str, force: bool = False) -> None:
+    """The run directory exists as a directory we can write into (created if need be) and
+    holds no earlier run, unless `force` says to replace it."""
     try:
         if out.exists() and not out.is_dir():
             raise ConfigError(field, str(out), "a directory for the run's traces (this is a "
                               "file)")
+        if not force and out.is_dir() and holds_run(out):
+            raise ConfigError(field, str(out), "a directory holding no run yet (this one "
+                              "holds one: give another --out, or --force to replace it)")
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".mpiemu-write-test"
         probe.write_text("")
@@ -72,9 +81,9 @@ def default_out(w: Workload) -> Path:
 
 def run_workload(path: str | None, overrides: Sequence[str], out: str | None,
                  argv: list[str], world: MPI.Comm | None = None,
-                 log: LogOptions = LogOptions()) -> dict[str, Any]:
+                 log: LogOptions = LogOptions(), force: bool = False) -> dict[str, Any]:
     """Collective over `world`: the whole `mpiemu run` command (`log`: what rank 0
-    prints as it goes)."""
+    prints as it goes; `force`: replace a run already in the run directory)."""
     world = MPI.COMM_WORLD if world is None else world
     guard = AbortOnError(world).install()
     err: ConfigError | None = None
@@ -85,7 +94,7 @@ def run_workload(path: str | None, overrides: Sequence[str], out: str | None,
         w, fold = validate_job(path, overrides, world.Get_size())
         out_dir = Path(out) if out else default_out(w)
         if world.Get_rank() == 0:
-            check_out_dir(out_dir, "--out" if out else "name")
+            check_out_dir(out_dir, "--out" if out else "name", force)
     except ConfigError as exc:
         err = exc
     exit_on_error(world, err)

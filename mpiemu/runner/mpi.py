@@ -26,9 +26,10 @@ EXIT_CRASH = 1
 
 
 def say(comm: MPI.Comm, *lines: str) -> None:
-    """Print whole lines from rank 0 only."""
+    """Print whole lines from rank 0 only (on a terminal, over a progress bar)."""
     if comm.Get_rank() == 0:
-        sys.stdout.write("".join(f"{line}\n" for line in lines))
+        clear = "\r\033[K" if sys.stdout.isatty() else ""
+        sys.stdout.write(clear + "".join(f"{line}\n" for line in lines))
         sys.stdout.flush()
 
 

@@ -35,7 +35,7 @@ def run(ranks: int, workload: Path | str, sets: Sequence[str], out: Path,
     """`mpiexec -n ranks mpiemu run workload --set ... --out out`; its stdout. Raises with the
     run's last lines when it fails."""
     cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpiemu", "run", str(workload),
-           "--out", str(out)]
+           "--out", str(out), "--force"]
     for item in sets:
         cmd += ["--set", item]
     res = subprocess.run(cmd, capture_output=True, text=True, env=child_env(timeout),
