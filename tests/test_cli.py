@@ -46,6 +46,21 @@ def test_collectives_run_writes_readable_complete_traces(tmp_path: Path) -> None
         assert f["ranks/1"].attrs["rank"] == 1
 
 
+def test_a_run_directory_holding_a_run_is_replaced_only_with_force(tmp_path: Path) -> None:
+    """A second run into the same directory is refused (every rank exits 2, one line naming
+    --out) and the first run stays whole; --force replaces it."""
+    args = ["run", "workloads/collectives.toml", *SMALL, "--out", str(tmp_path)]
+    assert run_mpi(2, args).returncode == 0
+    first = (tmp_path / "manifest.json").read_text()
+    res = run_mpi(2, args)
+    lines = our_lines(res.stderr)
+    assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr
+    assert all("--out" in ln and "--force" in ln for ln in lines), lines
+    assert (tmp_path / "manifest.json").read_text() == first and load(tmp_path).complete
+    assert run_mpi(2, [*args, "--force"]).returncode == 0
+    assert (tmp_path / "manifest.json").read_text() != first and load(tmp_path).complete
+
+
 def test_same_workload_gives_identical_emulated_times(tmp_path: Path) -> None:
     cols = []
     for i in range(2):

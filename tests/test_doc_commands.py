@@ -78,3 +78,30 @@ def test_the_cheap_documented_commands_run(line: str) -> None:
     res = subprocess.run([sys.executable, "-m", "mpiemu", *words[1:]], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-500:]
+
+
+def _run_dir(args: list[str]) -> str:
+    """Where `mpiemu run ARGS` writes: --out, or runs/<workload name>."""
+    if "--out" in args:
+        return args[args.index("--out") + 1]
+    sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+    return f"runs/{load_workload(str(ROOT / args[1]), sets).name}"
+
+
+def test_no_documented_run_replaces_another() -> None:
+    """`mpiemu run` refuses a directory that holds a run: a page's commands pasted in order
+    after `make run` (which writes runs/quickstart) never run into a directory that
+    `make run` or an earlier command of the page wrote, unless they say --force."""
+    written: dict[str, str] = {}
+    clashes = []
+    for page, line in CASES:
+        if page not in {w.split(":")[0] for w in written.values()}:
+            written = {"runs/quickstart": f"{page}: make run"}
+        args = _mpiemu_args(shlex.split(line))
+        if not args or args[0] != "run" or "--force" in args:
+            continue
+        where = _run_dir(args)
+        if where in written:
+            clashes.append(f"{page}: `{line}` writes {where}, as {written[where]}")
+        written[where] = f"{page}: `{line}`"
+    assert not clashes, "\n".join(clashes)
