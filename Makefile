@@ -7,7 +7,7 @@ SITE   := $(VENV)/.site-mpi
 # After `make install-site-mpi` the site's launcher (on PATH) runs the jobs; else the wheel's.
 MPIEXEC := $(if $(wildcard $(SITE)),mpiexec,$(BIN)/mpiexec)
 # Everything mpiemu needs besides MPI itself (a site install keeps the site's MPI).
-TOOLS  := numpy h5py matplotlib 'pytest>=8' 'pytest-mpi>=0.6' 'mypy==2.4.1' 'pyflakes==4.1.0' \
+TOOLS  := numpy h5py ml_dtypes matplotlib 'pytest>=8' 'pytest-mpi>=0.6' 'mypy==2.4.1' 'pyflakes==4.1.0' \
           'hypothesis>=6.100' 'pandas>=2.1' 'perfetto>=0.59'
 NP ?= 4
 
