@@ -2,6 +2,8 @@
 hand-made cases worked out from Transformer Engine's and Megatron's rules."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -123,7 +125,12 @@ def test_a_half_precision_gemm_accumulates_in_fp32_and_rounds_once(compute: str,
     out = PrecisionGemm(compute)("g", a, b, ("act", "weight"))
     want = round_to(round_to(a, compute) @ round_to(b, compute), compute)
     assert np.array_equal(out, want) and _rel(out, ref) < bound
-    assert PrecisionGemm("fp32")("g", a, b, ("act", "weight")).dtype == np.float32
+    g = PrecisionGemm(compute)
+    acc = g.accumulate("g", a, b)         # a weight gradient into fp32 main_grad: unrounded
+    assert np.array_equal(acc, round_to(a, compute) @ round_to(b, compute))
+    assert np.array_equal(g.round(acc), want) and not np.array_equal(acc, want)
+    exact = PrecisionGemm("fp32")
+    assert exact.exact and exact("g", a, b).dtype == np.float32 and exact.round(a) is a
 
 
 def test_fp8_recipes_errors_and_why_blocks_exist() -> None:
@@ -167,3 +174,28 @@ def test_hybrid_casts_gradients_to_e5m2_and_block_keeps_e4m3() -> None:
     assert Fp8Recipe("delayed", fp8_format="e4m3").fmt_of("grad") == "e4m3"
     assert Fp8Recipe("block").fmt_of("grad") == "e4m3"
     assert Fp8Recipe("current").fmt_of("act") == "e4m3"
+
+
+@pytest.mark.parametrize("variant", ["baseline", "sdf", "flash"])
+def test_fp32_attention_stays_fp32_with_dropout(variant: str) -> None:
+    """A numpy float64 scalar (np.sqrt of an int) or a bool mask times a Python float would
+    promote the core to float64: an fp32 run must compute, and send, fp32."""
+    from mpiemu.model import attention as attn
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 16, 8)).astype(np.float32) for _ in range(3))
+    keep = rng.random((1, 2, 16, 16)) > 0.1
+    o, cache = attn.forward(variant, q, k, v, True, lambda: keep, 0.1, 8)
+    assert o.dtype == np.float32
+    do = np.ones_like(o)
+    grads = attn.dense_back(do, cache, 0.1) if variant != "flash" else \
+        attn.flash_backward(do, o, cache, True, lambda: keep, 0.1, 8)
+    assert all(g.dtype == np.float32 for g in grads)
+
+
+def test_fp32_pipeline_run_passes_its_reference_check(tmp_path: Path) -> None:
+    from tests.conftest import run_mpi
+    res = run_mpi(2, ["run", "workloads/quickstart.toml", "--set", "parallel.tp=1", "--set",
+                      "parallel.pp=2", "--set", "parallel.dp=1", "--set", "run.iterations=2",
+                      "--set", "run.numeric_dtype='fp32'", "--out", str(tmp_path)])
+    assert res.returncode == 0, res.stderr[-800:]
+    assert "reference check" in res.stdout and "PASS" in res.stdout

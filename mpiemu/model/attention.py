@@ -27,8 +27,8 @@ def dense(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool,
           ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """o = DR(softmax(q k^T / sqrt(d) + mask)) v, the softmax as `variant` computes it
     (`sub`: the sub-vector length T of sd / sdf)."""
-    scale = 1.0 / np.sqrt(q.shape[-1])
-    drop = None if keep is None else keep * (1.0 / (1.0 - p))
+    scale = 1.0 / float(np.sqrt(q.shape[-1]))
+    drop = None if keep is None else keep.astype(q.dtype) * (1.0 / (1.0 - p))
     if variant == "sdf":
         mask = np.tril(np.ones((q.shape[-2], k.shape[-2]), bool)) if causal else None
         o, probs = attention_sdf(q, k, v, scale, sub, mask, drop)
@@ -59,7 +59,7 @@ def dense_back(do: np.ndarray, c: dict[str, np.ndarray], p: float
         dprobs *= keep
         dprobs *= 1.0 / (1.0 - p)
     ds = probs * (dprobs - (dprobs * probs).sum(-1, keepdims=True))
-    ds *= 1.0 / np.sqrt(c["q"].shape[-1])
+    ds *= 1.0 / float(np.sqrt(c["q"].shape[-1]))
     return ds @ c["k"], _t(ds) @ c["q"], dv
 
 

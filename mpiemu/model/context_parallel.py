@@ -78,7 +78,7 @@ def block_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, pq: np.ndarray,
                   ) -> tuple[np.ndarray, np.ndarray]:
     """(o, lse) of queries at positions pq over keys at pk; o normalized within the block,
     rows that see no key give o = 0, lse = -inf. q (B, h, Sq, d), k and v (B, h, Sk, d)."""
-    s = (q @ k.swapaxes(-1, -2)) * (1.0 / np.sqrt(q.shape[-1]))
+    s = (q @ k.swapaxes(-1, -2)) * (1.0 / float(np.sqrt(q.shape[-1])))
     if causal:
         s = np.where(pk[None, :] <= pq[:, None], s, -np.inf)
     mx = s.max(-1, keepdims=True)
@@ -86,7 +86,7 @@ def block_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, pq: np.ndarray,
     e = np.exp(s - np.where(seen, mx, 0.0))
     denom = e.sum(-1, keepdims=True)
     if keep is not None:
-        e *= keep * (1.0 / (1.0 - p))
+        e *= keep.astype(e.dtype) * (1.0 / (1.0 - p))
     o = np.where(seen, (e @ v) / np.where(seen, denom, 1.0), 0.0)
     lse = np.where(seen, mx + np.log(np.where(seen, denom, 1.0)), -np.inf)[..., 0]
     return o, lse
@@ -108,7 +108,7 @@ def block_backward(do: np.ndarray, delta: np.ndarray, q: np.ndarray, k: np.ndarr
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dq, dk, dv) of the queries over one KV block, from the whole attention's lse and
     delta = rowsum(dO * O) (FlashAttention-2's backward, Dao 2023 Alg. 2)."""
-    scale = 1.0 / np.sqrt(q.shape[-1])
+    scale = 1.0 / float(np.sqrt(q.shape[-1]))
     s = (q @ k.swapaxes(-1, -2)) * scale
     if causal:
         s = np.where(pk[None, :] <= pq[:, None], s, -np.inf)
@@ -116,7 +116,7 @@ def block_backward(do: np.ndarray, delta: np.ndarray, q: np.ndarray, k: np.ndarr
     dprobs = do @ v.swapaxes(-1, -2)
     dropped = probs
     if keep is not None:
-        kp = keep * (1.0 / (1.0 - p))
+        kp = keep.astype(probs.dtype) * (1.0 / (1.0 - p))
         dropped = probs * kp
         dprobs *= kp
     ds = probs * (dprobs - delta[..., None]) * scale

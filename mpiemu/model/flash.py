@@ -40,7 +40,7 @@ def _pairs(seq: int, block: int, causal: bool) -> list[tuple[tuple[int, int], tu
 def flash_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool, keep: KeepFn,
               p: float, block: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Same o as dense attention, one (query block, key block) at a time, online softmax."""
-    scale = 1.0 / np.sqrt(q.shape[-1])
+    scale = 1.0 / float(np.sqrt(q.shape[-1]))
     mask = keep() if p > 0 else None
     o = np.empty_like(q)
     lse = np.empty(q.shape[:-1], q.dtype)
@@ -74,7 +74,7 @@ def flash_backward(do: np.ndarray, o: np.ndarray, c: dict[str, np.ndarray], caus
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dq, dk, dv), recomputing each block's probabilities from the saved log-sum-exp."""
     q, k, v, lse = c["q"], c["k"], c["v"], c["lse"]
-    scale = 1.0 / np.sqrt(q.shape[-1])
+    scale = 1.0 / float(np.sqrt(q.shape[-1]))
     mask = keep() if p > 0 else None
     delta = (do * o).sum(-1)                       # rowsum(dO * O) = rowsum(P * dP)
     dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)

@@ -60,14 +60,34 @@ class PrecisionGemm:
         self.compute, self.recipe = compute, recipe
         self.states: dict[tuple[str, int], DelayedScaling] = {}
 
+    @property
+    def exact(self) -> bool:
+        """fp32 / fp64 without FP8: plain numpy, nothing rounded."""
+        return self.recipe is None and self.compute in ("fp32", "fp64")
+
     def __call__(self, name: str, a: np.ndarray, b: np.ndarray,
-                 operands: tuple[str, str]) -> np.ndarray:
-        if self.recipe is not None:
-            return round_to(self._fp8(name, a, b, operands), "bf16")
-        if self.compute in ("fp32", "fp64"):
+                 operands: tuple[str, str] = ("act", "weight")) -> np.ndarray:
+        """A GEMM whose output is a tensor of the compute format (fprop, dgrad)."""
+        if self.exact:
             return a @ b
-        f32 = round_to(a, self.compute) @ round_to(b, self.compute)    # fp32 accumulate
-        return round_to(f32, self.compute)
+        return self.round(self.accumulate(name, a, b, operands))
+
+    def accumulate(self, name: str, a: np.ndarray, b: np.ndarray,
+                   operands: tuple[str, str] = ("act", "grad")) -> np.ndarray:
+        """The GEMM's fp32 accumulator, not rounded: a weight gradient accumulated straight
+        into the fp32 `main_grad` (Megatron's gradient-accumulation fusion), or a partial
+        sum a reduction adds to."""
+        if self.exact:
+            return a @ b
+        if self.recipe is not None:
+            return self._fp8(name, a, b, operands)
+        return round_to(a, self.compute) @ round_to(b, self.compute)    # fp32 accumulate
+
+    def round(self, x: np.ndarray) -> np.ndarray:
+        """A tensor stored in the compute format (FP8 GEMMs output bf16)."""
+        if self.exact:
+            return x
+        return round_to(x, "bf16" if self.recipe is not None else self.compute)
 
     def end_forward(self) -> None:
         """The delayed recipe's update at the end of a forward pass (autocast exit)."""

@@ -116,7 +116,7 @@ class Reference:
             cos, sin = self.rope[0][:s], self.rope[1][:s]            # (S, dh)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k_all, v_all = repeat_kv(k, nh // ng), repeat_kv(v, nh // ng)   # (B, nh, S, dh)
-        scores = (q @ k_all.transpose(0, 1, 3, 2)) / np.sqrt(dh)        # (B, nh, S, S)
+        scores = (q @ k_all.transpose(0, 1, 3, 2)) / float(np.sqrt(dh))        # (B, nh, S, S)
         if cfg.causal:
             scores = np.where(np.tril(np.ones((s, s), bool)), scores, -np.inf)
         e = np.exp(scores - scores.max(-1, keepdims=True))
@@ -140,7 +140,7 @@ class Reference:
         ddropped = do @ c["v"].transpose(0, 1, 3, 2)
         dprobs = ddropped if c["mask"] is None else ddropped * c["mask"]
         probs = c["probs"]
-        dscores = probs * (dprobs - (dprobs * probs).sum(-1, keepdims=True)) / np.sqrt(dh)
+        dscores = probs * (dprobs - (dprobs * probs).sum(-1, keepdims=True)) / float(np.sqrt(dh))
         dq = dscores @ c["k"]
         dk = dscores.transpose(0, 1, 3, 2) @ c["q"]
         dk, dv = sum_kv(dk, rep), sum_kv(dv, rep)                      # (B, groups, S, dh)
