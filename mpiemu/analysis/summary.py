@@ -9,6 +9,7 @@ from .critical_path import critical_path, path_summary
 from .experts import experts_dict, format_experts
 from .load import Run
 from .network import busiest_ports, format_network
+from .precision import drift_rows, format_drift
 from .tables import first, op_totals, rank_budget
 from .training import format_training, training_rows
 
@@ -41,6 +42,7 @@ def format_tables(run: Run, top: int | None = 25) -> list[str]:
     if rows := format_breakdown(run):
         lines += ["per iteration (rank 0; exp = exposed):", *rows, ""]
     lines += format_training(run)
+    lines += format_drift(run)
     lines += format_experts(run)
     lines += path_summary(critical_path(run), top=12 if top is None or top < 0 else min(top, 12))
     return lines
@@ -59,4 +61,5 @@ def summary_dict(run: Run, top: int | None = None) -> dict[str, object]:
             "ops": [asdict(r) for r in first(op_totals(run), top)],
             "ports": [asdict(p) | {"share": p.share} for p in busiest_ports(run)],
             "critical_path_s": dict(by_cat), "training": training_rows(run),
+            **({"drift": rows} if (rows := drift_rows(run)) else {}),
             **({"experts": ex} if (ex := experts_dict(run)) else {})}

@@ -107,7 +107,7 @@ class TrainSection:
     dp_bucket_MiB: float = 25.0      # emulated gradient bytes per DP all-reduce bucket
     memory_check: str = "error"      # a configuration that does not fit: "error" or "warn"
     check_reference: bool = False    # rank 0 re-runs the one-process reference and compares
-    reference_rtol: float = 0.0      # 0: 1e-10 for fp64 numerics, 1e-3 for fp32
+    reference_rtol: float = 0.0      # 0: by run.numeric_dtype (runner.train_setup)
     kernels: str = "fused"           # non-GEMM kernels: "unfused" (PyTorch) or "fused" (Megatron)
     fuse_epilogues: bool = False     # FC-1 bias + GeLU in the GEMM epilogues (cuBLASLt)
     micro_batch: int = 0             # sequences per micro-batch (0: global_batch / dp, one)

@@ -30,6 +30,8 @@ from .schema import (apply_override, as_table, did_you_mean, dotted_keys, from_t
                      parse_override, parse_size)
 
 KINDS = ("collectives", "train", "sublayers", "layer_sweep")
+# fp32 / fp64: exact numpy; bf16: every GEMM as tensor cores run it (`mpiemu.precision`)
+NUMERIC_DTYPES = ("fp32", "fp64", "bf16")
 COLLECTIVE_OPS = ("reduce_scatter", "all_gather", "all_reduce", "all_to_all")
 RING_OPS = COLLECTIVE_OPS[:3]       # what a sweep runs unless it names its ops
 
@@ -42,7 +44,7 @@ class RunSection:
     seed: int = 0
     iterations: int = 1
     numerics: str = "on"             # "on": real values; "off": shapes and timestamps only
-    numeric_dtype: str = "fp32"      # dtype of the real values when numerics are on
+    numeric_dtype: str = "fp32"      # precision of the real values when numerics are on
     emulated_dtype: str = "fp16"     # dtype the timing and byte model charges
     numerics_budget_tflop: float = 2.0   # real math a rank may do before a run is refused
     fold: str = "auto"               # one MPI rank per stage when launched so (`run.fold`)
@@ -66,8 +68,12 @@ class RunSection:
                               "seeds)")
         if self.numerics not in ("on", "off"):
             raise ConfigError("run.numerics", self.numerics, ("on", "off"))
-        if self.numeric_dtype not in ("fp32", "fp64"):
-            raise ConfigError("run.numeric_dtype", self.numeric_dtype, ("fp32", "fp64"))
+        if self.numeric_dtype not in NUMERIC_DTYPES:
+            raise ConfigError("run.numeric_dtype", self.numeric_dtype, NUMERIC_DTYPES)
+        if self.numeric_dtype == "bf16" and self.kind != "train":
+            raise ConfigError("run.numeric_dtype", self.numeric_dtype, "fp32 or fp64 for "
+                              f"run.kind={self.kind!r} (bf16 numerics run a training step's "
+                              "GEMMs: run.kind='train')")
         if self.emulated_dtype not in DTYPE_BYTES:
             raise ConfigError("run.emulated_dtype", self.emulated_dtype, sorted(DTYPE_BYTES))
 

@@ -37,6 +37,7 @@ class GpuExecutor:
         self.tp_async, self.kernels = setup.tp_async, setup.kernels
         self.dtype, self.e = setup.dtype, dtype_bytes(setup.dtype)
         self.on, self.overlap, self.sp = setup.numerics, setup.overlap, setup.dims.sp
+        self.mm = setup.precision           # every GEMM's math (`precision.matmul`)
         # Megatron's gradient buffer: a weight-gradient GEMM's epilogue adds into it
         self.wgrad_epilogue = setup.wgrad_epilogue
         self._t: SimTime = 0.0
@@ -73,9 +74,12 @@ class GpuExecutor:
         return out
 
     def gemm(self, name: str, a: Array, b: Array, m: int, n: int, k: int,
-             epilogue: Epilogue = NO_EPILOGUE) -> Array:
-        """C[M, N] = A[M, K] B[K, N] on this rank alone (no collective)."""
-        out = a @ b if self.on and a is not None and b is not None else None
+             epilogue: Epilogue = NO_EPILOGUE, fp32_out: bool = False) -> Array:
+        """C[M, N] = A[M, K] B[K, N] on this rank alone (no collective); `fp32_out`: the
+        accumulator itself (a weight gradient into the fp32 `main_grad`)."""
+        out = None
+        if self.on and a is not None and b is not None:
+            out = (self.mm.accumulate if fp32_out else self.mm)(name, a, b)
         if self._charging:
             self._t = charge.gemm(self.tl, self.cost, name, m, n, k, dtype=self.dtype,
                                   after=self._t, epilogue=epilogue).t_end
@@ -89,7 +93,8 @@ class GpuExecutor:
         grouped kernel's tiles cost as a batch of equal GEMMs of the same total work)."""
         out: list[Array] | None = None
         if self.on and a is not None and b is not None:
-            out = [None if x is None or y is None else x @ y for x, y in zip(a, b)]
+            out = [None if x is None or y is None else self.mm(name, x, y)
+                   for x, y in zip(a, b)]
         busy = [s for s in shapes if min(s) > 0]
         if self._charging and busy:
             m, n, k = (-(-sum(s[i] for s in busy) // len(busy)) for i in range(3))
@@ -101,7 +106,10 @@ class GpuExecutor:
         """A weight gradient W'[M, N] = x^T[M, K] dy[K, N]: into Megatron's gradient buffer
         by its own epilogue when accumulation is fused (`wgrad_epilogue`), else written."""
         epi = NO_EPILOGUE if self.wgrad_epilogue is None else self.wgrad_epilogue(m, n)
-        return self.gemm(name, x_t, dy, m, n, k, epi)
+        return self.gemm(name, x_t, dy, m, n, k, epi, fp32_out=True)
+
+    def round(self, x: Array) -> Array:
+        return None if x is None else self.mm.round(x)
 
     def attention(self, name: str, shape: AttnShape, variant: str, backward: bool) -> None:
         """The variant's kernels for one pass (`devices.attention_gpu`), in order."""
@@ -131,6 +139,10 @@ class GpuExecutor:
         self._t = self.tl.reserve(name, [COMPUTE], seconds, self._t, flops=flops,
                                   dram_bytes=dram_bytes).t_end
 
+    def _matmul(self, name: str) -> Callable[[Any, Any], Any]:
+        """The GEMM inside a TP pair, in the numerics' precision."""
+        return lambda a, b: self.mm(name, a, b)
+
     # -- tensor parallelism ------------------------------------------------------------------
     def row_parallel(self, name: str, x: Array, w: Array, m: int, n: int, k: int) -> Array:
         """x[M, K/tp] w[K/tp, N] summed over TP: all-reduce, or reduce-scatter of rows (SP).
@@ -142,9 +154,9 @@ class GpuExecutor:
         y, span = gemm_then_reduce(self.tp, x, w, cost=self.cost, shape=GemmShape(m, n, k),
                                    mode="reduce_scatter" if self.sp else "all_reduce",
                                    dtype=self.dtype, after=self._t, overlap=self.overlap,
-                                   name=name)
+                                   name=name, matmul=self._matmul(name))
         self._t = span.t_end
-        return y
+        return self.round(y)        # each rank's rounded partial, summed, rounded again
 
     def column_parallel(self, name: str, x_s: Array, w: Array, m: int, n: int, k: int,
                         epilogue: Epilogue = NO_EPILOGUE) -> tuple[Array, Array]:
@@ -159,7 +171,7 @@ class GpuExecutor:
         full = None if x_s is None else np.empty((m, k), x_s.dtype)
         y, span = gather_then_gemm(self.tp, x_s, w, cost=self.cost, shape=GemmShape(m, n, k),
                                    dtype=self.dtype, after=self._t, overlap=self.overlap,
-                                   name=name, gathered_out=full)
+                                   name=name, gathered_out=full, matmul=self._matmul(name))
         self._t = span.t_end
         return y, full
 
@@ -190,6 +202,7 @@ class GpuExecutor:
         dx = self.gemm(f"{bwd}.gemm", dy, w_t, m, n, k)
         # start: the dgrad's reduction, asynchronously ...
         dx, span = self._start_reduce(bwd, dx, m, n)
+        dx = self.round(dx)
         # ... independent work: the wgrad GEMM runs while it moves ...
         self._t = max(self._t, t_gather)
         dw = self.wgrad(f"{name}.wgrad", x_t, dy, n, k, m)

@@ -16,6 +16,7 @@ from ..devices.gemm import Epilogue
 from ..model.dims import Dims
 from ..model.executor import Executor, KernelOptions
 from ..overlap.strategy import Overlap
+from ..precision.matmul import PrecisionGemm
 from ..sim.timeline import Timeline
 
 # device kind -> "module:class" of its executor
@@ -44,6 +45,8 @@ class ExecutorSetup:
     ep: TimedComm | None = None       # the expert-parallel group (a model with experts)
     sunway_scheduler: str = "ka"      # [sunway] scheduler and attention kernel
     sunway_attention: str = "swattention"
+    # the numerics' GEMMs (`run.numeric_dtype`): exact numpy, or bf16 / fp16 as tensor cores
+    precision: PrecisionGemm = PrecisionGemm("fp32")
 
 
 def make_executor(kind: str, setup: ExecutorSetup) -> Executor:

@@ -86,6 +86,10 @@ class Executor(Protocol):
              epilogue: Epilogue = NO_EPILOGUE) -> Array:
         """C[M, N] = A[M, K] B[K, N] on this rank alone."""
 
+    def round(self, x: Array) -> Array:
+        """x as a tensor of the numerics' precision (`run.numeric_dtype`): the attention
+        core's outputs, which run as one fused kernel with fp32 inside."""
+
     def grouped_gemm(self, name: str, a: list[Array] | None, b: list[Array] | None,
                      shapes: list[tuple[int, int, int]]) -> list[Array] | None:
         """C_g = A_g B_g for groups of their own (m, n, k): one grouped GEMM (experts)."""

@@ -61,7 +61,7 @@ class SelfAttention(Block):
         if d.cp > 1:              # the whole sequence's KV, from the other CP ranks
             q, k, v = self._split(qkv) if qkv is not None else (None, None, None)
             o, c["attn"] = self._cp().forward(q, k, v, self._cp_keep(masks))
-            c["ctx"] = None if o is None else self._merge(o)
+            c["ctx"] = None if o is None else E.round(self._merge(o))
         elif E.on:
             assert qkv is not None
             q, k, v = self._split(qkv)
@@ -69,7 +69,8 @@ class SelfAttention(Block):
                                 lambda: masks.probs(self.i), cfg.attention_dropout,
                                 cfg.attention_block)
             a.update(k=k, v=v)    # kept once per KV head, repeated again in backward
-            c["ctx"] = self._merge(o)
+            # one fused kernel: fp32 inside, its output a tensor of the numerics' format
+            c["ctx"] = E.round(self._merge(o))
             c["attn"] = {key: a[key] for key in ("q", "k", "v")} if self.selective else a
         if d.cp == 1:
             self._charge_core(backward=False)
@@ -88,9 +89,9 @@ class SelfAttention(Block):
                                     da_full, w, d.hidden, d.rows))
         ready([p + "proj.w"] + with_bias)
         if d.cp > 1:
-            dqkv = self._cp_back(dctx, c, masks)
+            dqkv = E.round(self._cp_back(dctx, c, masks))
         else:
-            dqkv = self._core_back(dctx, c, masks) if E.on else None
+            dqkv = E.round(self._core_back(dctx, c, masks)) if E.on else None
             if self.selective:
                 with E.labelled(phase="recompute"):
                     self._charge_core(backward=False, suffix=".recompute")

@@ -40,8 +40,18 @@ class GemmShape(NamedTuple):
     k: int
 
 
-def _matmul(x: np.ndarray | None, w: np.ndarray | None) -> np.ndarray | None:
-    return None if x is None or w is None else x @ w
+MatMul = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+def exact(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    return x @ w
+
+
+def _matmul(x: np.ndarray | None, w: np.ndarray | None, matmul: MatMul = exact
+            ) -> np.ndarray | None:
+    """The pair's GEMM (`matmul`: in the numerics' precision; the fused strategies'
+    chunked GEMMs are exact, `run.numeric_dtype` bf16 / fp16 refuses them)."""
+    return None if x is None or w is None else matmul(x, w)
 
 
 def overlap_params(spec: DeviceSpec, ov: Overlap) -> T3Params | None:
@@ -84,26 +94,26 @@ def _gemm_stats(stats: OverlapStats, cost: DeviceCost, shape: GemmShape, dtype: 
 
 
 def _single(tc: TimedComm, cost: DeviceCost, x: np.ndarray | None, w: np.ndarray | None,
-            shape: GemmShape, dtype: str, after: SimTime, name: str, stats: OverlapStats
-            ) -> tuple[np.ndarray | None, Span]:
+            shape: GemmShape, dtype: str, after: SimTime, name: str, stats: OverlapStats,
+            matmul: MatMul = exact) -> tuple[np.ndarray | None, Span]:
     """One rank: the GEMM alone (no collective to overlap)."""
     g = ops.gemm(tc.tl, cost, f"{name}.gemm", shape.m, shape.n, shape.k, dtype=dtype,
                  after=after)
     _gemm_stats(stats, cost, shape, dtype, g.duration)
     stats.total_s = g.duration
-    return _matmul(x, w), g
+    return _matmul(x, w, matmul), g
 
 
 def _gemm_then_all_reduce(tc: TimedComm, cost: DeviceCost, x: np.ndarray | None,
                           w: np.ndarray | None, shape: GemmShape, dtype: str, after: SimTime,
-                          overlap: Overlap, name: str, stats: OverlapStats
-                          ) -> tuple[np.ndarray | None, Span]:
+                          overlap: Overlap, name: str, stats: OverlapStats,
+                          matmul: MatMul = exact) -> tuple[np.ndarray | None, Span]:
     """Sequential, where NCCL's tuner runs this all-reduce other than as a ring (NVLS on an
     NVSwitch node, a tree or the hierarchical form across nodes): the GEMM, then the
     collective as `comm.collectives.all_reduce` runs it, as for the backward's all-reduce of
     the same size (Megatron-LM calls the same NCCL all-reduce in both passes)."""
     t0 = latest(after)
-    y, g = _single(tc, cost, x, w, shape, dtype, t0, name, stats)
+    y, g = _single(tc, cost, x, w, shape, dtype, t0, name, stats, matmul)
     out, span = all_reduce(tc, y, reduce_s=cost.reduction_s, after=g.t_end,
                            count=shape.m * shape.n,
                            wire_itemsize=dtype_bytes(dtype), bidirectional=overlap.bidirectional,
@@ -115,25 +125,26 @@ def _gemm_then_all_reduce(tc: TimedComm, cost: DeviceCost, x: np.ndarray | None,
 def overlapped_gemm_then_reduce(tc: TimedComm, x: np.ndarray | None, w: np.ndarray | None, *,
                                 cost: DeviceCost, shape: GemmShape, mode: str, dtype: str,
                                 after: SimTime,
-                                overlap: Overlap, name: str, stats: OverlapStats | None = None
-                                ) -> tuple[np.ndarray | None, Span]:
+                                overlap: Overlap, name: str, stats: OverlapStats | None = None,
+                                matmul: MatMul = exact) -> tuple[np.ndarray | None, Span]:
     """GEMM -> ring reduce-scatter (-> all-gather) under any strategy (thesis 8.3, 8.4.3)."""
     stats = OverlapStats() if stats is None else stats
     stats.strategy = overlap.label
     if tc.size == 1:
-        return _single(tc, cost, x, w, shape, dtype, after, name, stats)
+        return _single(tc, cost, x, w, shape, dtype, after, name, stats, matmul)
     itemsize, t = dtype_bytes(dtype), overlap.traits
     if mode == "all_reduce" and not (t.fused or t.concurrent) and choose(
             tc, mode, shape.m * shape.n * itemsize, itemsize, tc.tuning.algorithm,
             tc.tuning.protocol, overlap.bidirectional).algorithm != "ring":
-        return _gemm_then_all_reduce(tc, cost, x, w, shape, dtype, after, overlap, name, stats)
+        return _gemm_then_all_reduce(tc, cost, x, w, shape, dtype, after, overlap, name, stats,
+                                     matmul)
     before = dict(stats.dram)
     call, base = _protocol(tc, mode, shape.m * shape.n * itemsize, itemsize, t.fused)
     s = rs.setup(tc, cost, call, overlap, shape.m, shape.n, shape.k, dtype, itemsize,
                  latest(after), overlap_params(cost.spec, overlap), stats, name)
     y, gemm_end = None, -np.inf
     if not t.fused:
-        y = _matmul(x, w)
+        y = _matmul(x, w, matmul)
         gemm_end = rs.place_gemm(s, stats, name, s.t0)
         s.ready_all = (s.t0 if t.concurrent else gemm_end) + base
     run, out = rs.run(s, x, w, y)
@@ -162,15 +173,15 @@ def overlapped_gather_then_gemm(tc: TimedComm, x_shard: np.ndarray | None,
                                 dtype: str,
                                 after: SimTime, overlap: Overlap, name: str,
                                 stats: OverlapStats | None = None,
-                                gathered_out: np.ndarray | None = None
-                                ) -> tuple[np.ndarray | None, Span]:
+                                gathered_out: np.ndarray | None = None,
+                                matmul: MatMul = exact) -> tuple[np.ndarray | None, Span]:
     """Ring all-gather of row shards -> column-parallel GEMM under any strategy (8.6.2)."""
     stats = OverlapStats() if stats is None else stats
     stats.strategy = overlap.label
     if tc.size == 1:
         if gathered_out is not None and x_shard is not None:
             gathered_out[...] = x_shard
-        return _single(tc, cost, x_shard, w, shape, dtype, after, name, stats)
+        return _single(tc, cost, x_shard, w, shape, dtype, after, name, stats, matmul)
     itemsize, t = dtype_bytes(dtype), overlap.traits
     before = dict(stats.dram)
     params = overlap_params(cost.spec, overlap)
@@ -194,7 +205,7 @@ def overlapped_gather_then_gemm(tc: TimedComm, x_shard: np.ndarray | None,
                  after=t_ag if t.concurrent else ag_end)
     _gemm_stats(stats, cost, shape, dtype, g.duration)
     stats.total_s = max(g.t_end, ag_end) - min(t_ag, g.t_start)
-    return _matmul(full, w), Span(min(a0, g.t_start), max(g.t_end, ag_end))
+    return _matmul(full, w, matmul), Span(min(a0, g.t_start), max(g.t_end, ag_end))
 
 
 ReduceImpl = Callable[..., tuple[np.ndarray | None, Span]]
@@ -213,7 +224,8 @@ def _impls(overlap: Overlap) -> tuple[ReduceImpl, ReduceImpl]:
 def gemm_then_reduce(tc: TimedComm, x: np.ndarray | None, w: np.ndarray | None, *,
                      cost: DeviceCost, shape: GemmShape, mode: str, dtype: str, after: SimTime,
                      overlap: Overlap = Overlap(), name: str = "gemm",
-                     stats: OverlapStats | None = None) -> tuple[np.ndarray | None, Span]:
+                     stats: OverlapStats | None = None, matmul: MatMul = exact
+                     ) -> tuple[np.ndarray | None, Span]:
     """y = sum over the TP group of x @ w, all-reduced or reduce-scattered by rows.
 
     forward: GEMM -> reduce-scatter (or all-reduce); conjugate: `gather_then_gemm`.
@@ -225,14 +237,15 @@ def gemm_then_reduce(tc: TimedComm, x: np.ndarray | None, w: np.ndarray | None, 
         raise ValueError(f"mode={mode!r}; choose one of {list(MODES)}")
     impl = _impls(overlap)[0]
     return impl(tc, x, w, cost=cost, shape=shape, mode=mode, dtype=dtype, after=after,
-                overlap=overlap, name=name, stats=stats)
+                overlap=overlap, name=name, stats=stats, matmul=matmul)
 
 
 def gather_then_gemm(tc: TimedComm, x_shard: np.ndarray | None, w: np.ndarray | None, *,
                      cost: DeviceCost, shape: GemmShape, dtype: str, after: SimTime,
                      overlap: Overlap = Overlap(), name: str = "gemm",
                      stats: OverlapStats | None = None,
-                     gathered_out: np.ndarray | None = None) -> tuple[np.ndarray | None, Span]:
+                     gathered_out: np.ndarray | None = None, matmul: MatMul = exact
+                     ) -> tuple[np.ndarray | None, Span]:
     """y = all_gather(x_shard rows) @ w.
 
     forward: all-gather -> GEMM; conjugate: `gemm_then_reduce` with reduce-scatter.
@@ -242,7 +255,8 @@ def gather_then_gemm(tc: TimedComm, x_shard: np.ndarray | None, w: np.ndarray | 
     """
     impl = _impls(overlap)[1]
     return impl(tc, x_shard, w, cost=cost, shape=shape, dtype=dtype, after=after,
-                overlap=overlap, name=name, stats=stats, gathered_out=gathered_out)
+                overlap=overlap, name=name, stats=stats, gathered_out=gathered_out,
+                matmul=matmul)
 
 
 __all__ = ["GemmShape", "OverlapStats", "gather_then_gemm", "gemm_then_reduce",

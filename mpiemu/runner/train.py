@@ -22,6 +22,7 @@ from ..analysis.breakdown import (BREAKDOWN_FIELDS, IterationBreakdown, counted,
                                   iteration_breakdown, window_of)
 from ..analysis.rank_trace import make_trace
 from ..comm.p2p import TimedComm
+from ..precision.matmul import PrecisionGemm
 from ..executors.registry import ExecutorSetup, make_executor
 from ..model.config import ModelConfig
 from ..model.dims import Dims
@@ -32,7 +33,8 @@ from ..model.moe.routing_trace import write as write_routing
 from ..model.moe.state import MoeRun
 from ..model.stage import StageModel
 from ..model.tensor_parallel import LocalParam
-from ..training.check import check_against_reference
+from ..training.check import judges_gradients
+from .train_check import drift_log, reference_summary
 from ..training.flops import hardware_flops, model_flops, utilization
 from ..training.gradients import StageGradients
 from ..training.memory import host_bytes
@@ -42,7 +44,7 @@ from ..sim.timeline import Timeline
 from ..config.workload import Workload
 from .context import RankContext
 from .mpi import arrive
-from .moe_setup import routing_trace, token_layout
+from .moe_setup import routing_trace
 from .train_setup import (grad_buffer, layout, micro_batches, reference_tolerance, resolve,
                           train_memory, validate)
 
@@ -57,10 +59,15 @@ class Trainer:
     step: PipelineStep
     opt: ShardedOptimizer
     comms: list[TimedComm]          # the duplicates a scratch trainer made (freed by it)
+    # iteration 0's reduced gradients, kept for the reference check (`keep_first_grads`)
+    first_grads: dict[str, np.ndarray] | None = None
+    keep_first_grads: bool = False
 
     def train_step(self, it: int) -> float:
         """Forward, backward and update of iteration `it`; this rank's loss share."""
         share = self.step.run(it)
+        if it == 0 and self.keep_first_grads:       # host-side copy, outside emulated time
+            self.first_grads = self.grads.reduced()
         with self.model.E.labelled(phase="optim"):
             self.opt.step(self.model.P, self.model.G)
         return share
@@ -107,7 +114,8 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
         tl, ctx.cost, tp, dims, w.run.emulated_dtype, numerics, overlap,
         kernels=w.train.kernel_options(), tp_async=w.train.tp_comm_async,
         wgrad_epilogue=None if buf is None else buf.wgrad_epilogue, cp=cp, ep=ep,
-        sunway_scheduler=w.sunway.scheduler, sunway_attention=w.sunway.attention))
+        sunway_scheduler=w.sunway.scheduler, sunway_attention=w.sunway.attention,
+        precision=PrecisionGemm(w.run.numeric_dtype)))
     m = micro_batches(w)
     opt_cfg = w.optimizer.to_config()
     model = StageModel(cfg, ex, dims, tp_rank=grid.tp_rank, dp_rank=grid.dp_rank,
@@ -157,6 +165,9 @@ def run(ctx: RankContext) -> dict[str, Any]:
     w, grid = ctx.w, ctx.grid
     cfg, gb, dims = resolve(w)
     trainer = build(ctx, ctx.tl, numerics=ctx.numerics)
+    trainer.keep_first_grads = w.train.check_reference and ctx.numerics and \
+        judges_gradients(w.run.numeric_dtype)
+    drift = drift_log(ctx, trainer)
     model = trainer.model
     mem = train_memory(w, ctx.spec.dram_capacity_bytes, grid.pp_rank)
     _header(ctx, cfg, gb, dims, mem.line())
@@ -175,6 +186,8 @@ def run(ctx: RankContext) -> dict[str, Any]:
         wall0 = time.perf_counter()
         with ctx.tl.labelled(iteration=it):
             share = trainer.train_step(it)
+        if drift is not None:
+            drift.after_step(it)
         ctx.end_iteration()
         arrive(ctx.world)       # pipeline stages end their step far apart
         loss = ctx.world.allreduce(share if reports_loss else 0.0, op=MPI.SUM)  # reporting
@@ -205,6 +218,8 @@ def run(ctx: RankContext) -> dict[str, Any]:
             "peak_bytes": ctx.world.gather(peak, root=0)}
     if trainer.grads.params is not None and ctx.numerics:    # ZeRO-3: whole again
         trainer.grads.params.unshard()
+    if drift is not None:
+        drift.after_run(w.run.iterations - 1)
     if model.moe is not None:              # what each rank routed (`routing.npz`)
         write_routing(ctx.world, model.moe.log, ctx.out / ROUTING, cfg.layers,
                       gb * cfg.seq_len, ctx.rank, model.moe.moe)
@@ -213,13 +228,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
     if ctx.numerics:                # bit-level identity of every rank's parameters
         summary["params_sha256"] = ctx.world.gather(params_digest(model.P), root=0)
     if w.train.check_reference and ctx.numerics:
-        chk = check_against_reference(ctx.world, cfg, w.optimizer.to_config(), w.run.seed, gb,
-                                      grid.tp, grid.tp_rank, model.P,  # type: ignore[arg-type]
-                                      [r["loss"] for r in rows], ctx.np_dtype,
-                                      reference_tolerance(w), token_layout(w, dims.batch),
-                                      grid.shape.ep, grid.ep_rank)
-        ctx.say(chk.line())
-        summary["reference"] = chk.as_dict()
+        summary |= reference_summary(ctx, trainer, [r["loss"] for r in rows], drift)
     return summary
 
 

@@ -127,6 +127,23 @@ class StageGradients:
         if self.expert_buckets is not None:
             self.expert_buckets.reset()
 
+    def reduced(self) -> dict[str, np.ndarray]:
+        """Host-side, outside emulated time (the reference check): every gradient of the
+        rank's parameters as the optimizer receives it, reduced; a bucket the distributed
+        optimizer shards (ZeRO) gathered from the DP ranks' shares. Collective over DP."""
+        out = {k: np.array(v) for k, v in self.model.G.items() if v is not None}
+        shapes = {lp.name: lp.shape for lp in self.model.specs}
+        for buckets in (self.buckets, self.expert_buckets):
+            for sh in getattr(buckets, "shards", []) if buckets is not None else []:
+                assert buckets is not None
+                whole = np.concatenate(buckets.dp.comm.allgather(np.asarray(sh.grad)))
+                off = 0
+                for n in sh.names:
+                    size = int(np.prod(shapes[n]))
+                    out[n] = whole[off:off + size].reshape(shapes[n])
+                    off += size
+        return out
+
     def finish_step(self) -> None:
         """After the last backward: the TP (SP) and tied-embedding reductions, then the DP
         buckets; the optimizer needs them all."""

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..model import seeded
 from ..model.config import ModelConfig
+from ..precision.matmul import PrecisionGemm
 from .config import CLIP_EPS, OptimizerConfig
 from .reference_moe import ReferenceMoe, TokenLayout
 from .reference_blocks import (Cache, apply_rope, apply_rope_back, gelu, gelu_grad, layer_norm,
@@ -30,13 +31,16 @@ class Reference:
 
     def __init__(self, cfg: ModelConfig, seed: int, opt: OptimizerConfig,
                  global_batch: int, dtype: type = np.float64,
-                 tokens: TokenLayout | None = None) -> None:
+                 tokens: TokenLayout | None = None,
+                 precision: PrecisionGemm = PrecisionGemm("fp32")) -> None:
         self.cfg, self.seed, self.opt, self.global_batch = cfg, seed, opt, global_batch
         self.dtype = dtype
+        self.mm = precision       # every GEMM, and the attention core's outputs, in it
         self.params = seeded.init_full_params(cfg, seed, dtype)
         self.m = {k: np.zeros_like(v) for k, v in self.params.items()}
         self.v = {k: np.zeros_like(v) for k, v in self.params.items()}
         self.step_count = 0
+        self.last_grads: dict[str, np.ndarray] = {}      # the last step's, before the update
         # rotary cos / sin [S, head_dim] of every position, shared by all layers and heads
         self.rope = rope_tables(cfg, cfg.seq_len, dtype) if cfg.position == "rope" else None
         # experts in place of MLPs (`reference_moe`), routed per rank as the sharded run
@@ -67,15 +71,25 @@ class Reference:
     # -- linear layers and norms, with or without biases -----------------------------------
     def _linear(self, x: np.ndarray, w: str, b: str) -> np.ndarray:
         """x @ W (+ bias when the model has biases)."""
-        y = x @ self.params[w]
+        y = self.mm(w, x, self.params[w])
         return y + self.params[b] if b in self.params else y
 
     def _linear_back(self, x: np.ndarray, d: np.ndarray, w: str, b: str,
                      g: dict[str, np.ndarray]) -> None:
         """The weight's (and bias') gradient of `_linear` from its input x and output grad d."""
-        g[w] = wgrad(x, d)
+        g[w] = self._wgrad(w, x, d)
         if b in self.params:
             g[b] = d.sum((0, 1))
+
+    def _wgrad(self, w: str, x: np.ndarray, d: np.ndarray) -> np.ndarray:
+        """x^T d summed over batch and positions, accumulated in fp32 (`main_grad`)."""
+        if self.mm.exact:
+            return wgrad(x, d)
+        return self.mm.accumulate(w, x.reshape(-1, x.shape[-1]).T, d.reshape(-1, d.shape[-1]))
+
+    def _dgrad(self, w: str, d: np.ndarray, transpose: bool = True) -> np.ndarray:
+        """d W^T (or d W): a linear layer's input gradient."""
+        return self.mm(w, d, self.params[w].T if transpose else self.params[w], ("grad", "weight"))
 
     def _norm(self, name: str, x: np.ndarray) -> tuple[np.ndarray, Cache]:
         """The norm `name` (LayerNorm or RMSNorm, `cfg.norm_kind`) over the hidden axis."""
@@ -124,18 +138,18 @@ class Reference:
         mask = self._probs_mask(it, i)
         dropped = probs if mask is None else probs * mask
         o = (dropped @ v_all).transpose(0, 2, 1, 3).reshape(bsz, s, nh * dh)  # (B, S, nh dh)
+        o = self.mm.round(o)        # the fused attention kernel's output
         out = self._linear(o, pre + "wo", pre + "bo")
         return out, {"x": x, "q": q, "k": k_all, "v": v_all, "probs": probs, "mask": mask,
                      "dropped": dropped, "o": o, "qk": qk}
 
     def _attention_back(self, dout: np.ndarray, c: Cache, i: int,
                         g: dict[str, np.ndarray]) -> np.ndarray:
-        p = self.params
         pre = f"layers.{i}.attn."
         bsz, s, h = dout.shape
         nh, dh, rep = self.cfg.heads, self.cfg.head_dim, self.cfg.heads // self.cfg.groups
         self._linear_back(c["o"], dout, pre + "wo", pre + "bo", g)
-        do = (dout @ p[pre + "wo"].T).reshape(bsz, s, nh, dh).transpose(0, 2, 1, 3)
+        do = self._dgrad(pre + "wo", dout).reshape(bsz, s, nh, dh).transpose(0, 2, 1, 3)
         dv = c["dropped"].transpose(0, 1, 3, 2) @ do                   # (B, nh, S, dh)
         ddropped = do @ c["v"].transpose(0, 1, 3, 2)
         dprobs = ddropped if c["mask"] is None else ddropped * c["mask"]
@@ -144,6 +158,7 @@ class Reference:
         dq = dscores @ c["k"]
         dk = dscores.transpose(0, 1, 3, 2) @ c["q"]
         dk, dv = sum_kv(dk, rep), sum_kv(dv, rep)                      # (B, groups, S, dh)
+        dq, dk, dv = (self.mm.round(t) for t in (dq, dk, dv))  # the fused kernel's outputs
         if self.rope is not None:
             cos, sin = self.rope[0][:s], self.rope[1][:s]
             dq, dk = apply_rope_back(dq, cos, sin), apply_rope_back(dk, cos, sin)
@@ -154,7 +169,7 @@ class Reference:
         for name, d in (("q", dq), ("k", dk), ("v", dv)):
             d2 = d.transpose(0, 2, 1, 3).reshape(bsz, s, -1)           # (B, S, n * dh)
             self._linear_back(c["x"], d2, pre + f"w{name}", pre + f"b{name}", g)
-            dx += d2 @ p[pre + f"w{name}"].T
+            dx += self._dgrad(pre + f"w{name}", d2)
         return dx
 
     def _experts(self, i: int) -> bool:
@@ -179,20 +194,19 @@ class Reference:
                   g: dict[str, np.ndarray]) -> np.ndarray:
         if self.moe is not None and self._experts(i):
             return self.moe.backward(self.params, dout, c, i, g)
-        p = self.params
         pre = f"layers.{i}.mlp."
         self._linear_back(c["act"], dout, pre + "w2", pre + "b2", g)
-        dact = dout @ p[pre + "w2"].T
+        dact = self._dgrad(pre + "w2", dout)
         f = c["f"]
         if not self.cfg.gated:
             df = dact * gelu_grad(f)
             self._linear_back(c["x"], df, pre + "w1", pre + "b1", g)
-            return df @ p[pre + "w1"].T
+            return self._dgrad(pre + "w1", df)
         df = dact * c["up"] * silu_grad(f)
         dup = dact * silu(f)
         self._linear_back(c["x"], df, pre + "w1", pre + "b1", g)
         self._linear_back(c["x"], dup, pre + "w3", pre + "b3", g)
-        return df @ p[pre + "w1"].T + dup @ p[pre + "w3"].T
+        return self._dgrad(pre + "w1", df) + self._dgrad(pre + "w3", dup)
 
     def _sublayer(self, x: np.ndarray, i: int, it: int, which: str) -> tuple[np.ndarray, Cache]:
         """pre-LN: x + DR(F(LN(x))); post-LN: LN(x + DR(F(x))) (thesis 2.2.2 Add & Norm)."""
@@ -240,7 +254,7 @@ class Reference:
             caches.append((ca, cm))
         if cfg.norm == "pre":
             x, c_lnf = self._norm("lnf", x)
-        logits = x @ p[head].T                                         # (B, S, V)
+        logits = self.mm(head, x, p[head].T)                          # (B, S, V)
         mx = logits.max(-1, keepdims=True)
         lse = mx[..., 0] + np.log(np.exp(logits - mx).sum(-1))
         n = bsz * s
@@ -252,8 +266,8 @@ class Reference:
         np.put_along_axis(dlogits, targets[..., None],
                           np.take_along_axis(dlogits, targets[..., None], -1) - 1.0, -1)
         dlogits /= n
-        g[head] = wgrad(dlogits, x)
-        dx = dlogits @ p[head]
+        g[head] = self._wgrad(head, dlogits, x)
+        dx = self._dgrad(head, dlogits, transpose=False)
         if cfg.norm == "pre":
             dx = self._norm_back("lnf", dx, c_lnf, g)
         for i in reversed(range(cfg.layers)):
@@ -301,6 +315,7 @@ class Reference:
         """Forward, backward and update on iteration `it`'s global batch; returns the loss."""
         tokens, targets = seeded.batch(self.cfg, self.seed, it, self.global_batch)
         loss, grads = self.loss_and_grads(tokens, targets, it)
+        self.last_grads = grads
         self.update(grads)
         if self.moe is not None:
             self.moe.end_step()
