@@ -88,3 +88,53 @@ def test_bf16_numerics_only_for_training(tmp_path: Path) -> None:
                       "--set", "parallel.tp=2", "--out", str(tmp_path)])
     lines = our_lines(res.stderr)
     assert res.returncode == 2 and "run.numeric_dtype" in lines[0] and "run.kind" in lines[0]
+
+
+FP16 = ["--set", "run.iterations=8", "--set", "optimizer.initial_loss_scale=16777216",
+        "--set", "optimizer.hysteresis=1"]
+
+
+def test_fp16_skips_overflowing_steps_then_trains_as_its_reference(tmp_path: Path) -> None:
+    """From a loss scale of 2**24 the scaled gradients overflow fp16: those steps are
+    skipped (the weights stay, the loss scale halves at each with hysteresis 1) until the
+    scale fits, then every step runs and the loss falls; the fp16 reference skips the same
+    steps (the losses agree) and the first step taken has the reference's gradients."""
+    s = _run(tmp_path, 2, 1, 1, "fp16", *FP16)
+    rows = s["iterations"]
+    skipped = [r["skipped"] for r in rows]
+    first = skipped.index(False)
+    assert first >= 1 and all(skipped[:first])
+    scales = [r["loss_scale"] for r in rows]
+    assert scales[:first + 1] == [2.0 ** 24 / 2 ** k for k in range(first + 1)]
+    taken = [r["loss"] for r, skip in zip(rows, skipped) if not skip]
+    assert len(taken) >= 3 and taken[-1] < taken[0]
+    ref = s["reference"]
+    assert ref["passed"] and ref["grad_iteration"] == first and ref["loss_rel_err"] < 1e-3
+
+
+def test_fp16_emulated_times_do_not_depend_on_skipped_steps(tmp_path: Path) -> None:
+    """A skipped step is charged as a taken one: the same run timing only (no values, so
+    nothing overflows) has bit-identical emulated times."""
+    import numpy as np
+    on, off = tmp_path / "on", tmp_path / "off"
+    s = _run(on, 2, 1, 1, "fp16", *FP16, "--set", "train.check_reference=false")
+    assert any(r["skipped"] for r in s["iterations"])
+    _run(off, 2, 1, 1, "fp16", *FP16, "--set", "run.numerics='off'",
+         "--set", "train.check_reference=false")
+    for a, b in zip(load(on).ranks, load(off).ranks):
+        assert np.array_equal(a.events["t_start"], b.events["t_start"])
+        assert np.array_equal(a.events["t_end"], b.events["t_end"])
+
+
+@pytest.mark.parametrize("sets, needle", [
+    (["--set", "optimizer.zero=1", "--set", "parallel.dp=2", "--set", "parallel.tp=1"],
+     "optimizer.zero=1"),
+    (["--set", "optimizer.loss_scale=-1"], "optimizer.loss_scale"),
+    (["--set", "optimizer.hysteresis=0"], "optimizer.hysteresis"),
+])
+def test_fp16_bad_input_is_one_line(sets: list[str], needle: str, tmp_path: Path) -> None:
+    res = run_mpi(2, ["run", "workloads/quickstart.toml", "--set", "run.numeric_dtype='fp16'",
+                      "--set", "parallel.tp=2", "--set", "parallel.dp=1", *sets,
+                      "--out", str(tmp_path)])
+    lines = our_lines(res.stderr)
+    assert res.returncode == 2 and len(lines) == 1 and needle in lines[0], lines

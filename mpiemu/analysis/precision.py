@@ -31,7 +31,8 @@ def format_drift(run: Run) -> list[str]:
                      f"{r['worst_param']}")
     g = summary["drift"].get("first_grads")
     if g and g.get("max") is not None:
-        lines.append(f"iteration 0's gradients: median tensor {g['median']:.2e}, worst "
+        it = summary["drift"].get("first_grads_iteration", 0)
+        lines.append(f"iteration {it}'s gradients: median tensor {g['median']:.2e}, worst "
                      f"{g['max']:.2e} ({g['worst']})")
     ref = summary.get("reference") or {}
     if ref.get("grad_rel_err") is not None:

@@ -30,8 +30,9 @@ from .schema import (apply_override, as_table, did_you_mean, dotted_keys, from_t
                      parse_override, parse_size)
 
 KINDS = ("collectives", "train", "sublayers", "layer_sweep")
-# fp32 / fp64: exact numpy; bf16: every GEMM as tensor cores run it (`mpiemu.precision`)
-NUMERIC_DTYPES = ("fp32", "fp64", "bf16")
+# fp32 / fp64: exact numpy; bf16, fp16: every GEMM as tensor cores run it (`mpiemu.precision`;
+# fp16 with loss scaling)
+NUMERIC_DTYPES = ("fp32", "fp64", "bf16", "fp16")
 COLLECTIVE_OPS = ("reduce_scatter", "all_gather", "all_reduce", "all_to_all")
 RING_OPS = COLLECTIVE_OPS[:3]       # what a sweep runs unless it names its ops
 
@@ -70,10 +71,10 @@ class RunSection:
             raise ConfigError("run.numerics", self.numerics, ("on", "off"))
         if self.numeric_dtype not in NUMERIC_DTYPES:
             raise ConfigError("run.numeric_dtype", self.numeric_dtype, NUMERIC_DTYPES)
-        if self.numeric_dtype == "bf16" and self.kind != "train":
+        if self.numeric_dtype in ("bf16", "fp16") and self.kind != "train":
             raise ConfigError("run.numeric_dtype", self.numeric_dtype, "fp32 or fp64 for "
-                              f"run.kind={self.kind!r} (bf16 numerics run a training step's "
-                              "GEMMs: run.kind='train')")
+                              f"run.kind={self.kind!r} (half-precision numerics run a "
+                              "training step's GEMMs: run.kind='train')")
         if self.emulated_dtype not in DTYPE_BYTES:
             raise ConfigError("run.emulated_dtype", self.emulated_dtype, sorted(DTYPE_BYTES))
 

@@ -110,6 +110,7 @@ class StageModel:
         self.global_batch, self.micro_batches, self.recompute = global_batch, micro_batches, \
             recompute
         self.moe = moe                  # the MoE layers' shared state (None: dense)
+        self.loss_scale = 1.0           # FP16: the step's loss scale (the optimizer's scaler)
         ep = (1, 0) if ex.ep is None else (ex.ep.size, ex.ep.rank)
         self.specs: list[LocalParam] = stage_params(cfg, dims.tp, pp, chunks, pp_rank, split,
                                                     *ep)
@@ -330,7 +331,8 @@ class StageModel:
 
     def _head_back(self, c: Cache, targets: Array, ready: Ready) -> Array:
         d, E = self.d, self.E
-        scale = 1.0 / (self.global_batch * self.cfg.seq_len)
+        # the mean over the global batch's tokens, times FP16's loss scale (1 otherwise)
+        scale = self.loss_scale / (self.global_batch * self.cfg.seq_len)
         dlogits = E.kernel("head.ce.bwd", ce_cost(d.rows, d.vocab, E.e, E.kernels.mode,
                                                      backward=True), ce_back,
                            c["logits"], c.get("lse"), targets, self.vocab_lo, scale)

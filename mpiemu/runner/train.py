@@ -9,7 +9,6 @@ the shards to rank 0 and compares them with the one-process reference.
 """
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator
@@ -22,6 +21,7 @@ from ..analysis.breakdown import (BREAKDOWN_FIELDS, IterationBreakdown, counted,
                                   iteration_breakdown, window_of)
 from ..analysis.rank_trace import make_trace
 from ..comm.p2p import TimedComm
+from ..precision.loss_scale import overflow_expected
 from ..precision.matmul import PrecisionGemm
 from ..executors.registry import ExecutorSetup, make_executor
 from ..model.config import ModelConfig
@@ -34,6 +34,7 @@ from ..model.moe.state import MoeRun
 from ..model.stage import StageModel
 from ..model.tensor_parallel import LocalParam
 from ..training.check import judges_gradients
+from .heartbeat import Heartbeat
 from .train_check import drift_log, reference_summary
 from ..training.flops import hardware_flops, model_flops, utilization
 from ..training.gradients import StageGradients
@@ -61,15 +62,23 @@ class Trainer:
     comms: list[TimedComm]          # the duplicates a scratch trainer made (freed by it)
     # iteration 0's reduced gradients, kept for the reference check (`keep_first_grads`)
     first_grads: dict[str, np.ndarray] | None = None
+    first_grads_iteration: int = 0
     keep_first_grads: bool = False
+    taken: bool = True              # the last step updated the weights (FP16: not skipped)
 
     def train_step(self, it: int) -> float:
         """Forward, backward and update of iteration `it`; this rank's loss share."""
-        share = self.step.run(it)
-        if it == 0 and self.keep_first_grads:       # host-side copy, outside emulated time
-            self.first_grads = self.grads.reduced()
+        scaler = self.opt.scaler
+        self.model.loss_scale = 1.0 if scaler is None else scaler.scale    # FP16
+        with overflow_expected(scaler is not None):
+            share = self.step.run(it)
+        grads = None
+        if self.keep_first_grads and self.first_grads is None:   # host-side, outside time
+            grads = {k: g / self.model.loss_scale for k, g in self.grads.reduced().items()}
         with self.model.E.labelled(phase="optim"):
-            self.opt.step(self.model.P, self.model.G)
+            self.taken = self.opt.step(self.model.P, self.model.G)
+        if grads is not None and self.taken:    # FP16: the first step not skipped (the
+            self.first_grads, self.first_grads_iteration = grads, it   # others overflowed)
         return share
 
     def free(self) -> None:
@@ -140,7 +149,9 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
                            counted=lambda lp: counted_once(grid, lp, edp is not None,
                                                            opt_cfg.zero >= 1),
                            buckets=grads.buckets, params=grads.params,
-                           expert_buckets=grads.expert_buckets)
+                           expert_buckets=grads.expert_buckets,
+                           scaler=opt_cfg.loss_scaler() if numerics and
+                           w.run.numeric_dtype == "fp16" else None)
     if opt.zero is not None:       # forwards wait for their layers' parameter gathers
         grads.param_ready = opt.zero.param_ready
     return Trainer(model, grads, step, opt, made)
@@ -195,6 +206,8 @@ def run(ctx: RankContext) -> dict[str, Any]:
         rows.append(_report_iteration(ctx, it, loss, wall, flops,
                                       _eta(t_run, it + 1, w.run.iterations),
                                       ctx.log.shows(it, w.run.iterations)))
+        if trainer.opt.scaler is not None:      # FP16: the scale the step ran with
+            rows[-1] |= {"loss_scale": model.loss_scale, "skipped": not trainer.taken}
     summary: dict[str, Any] = {"model": cfg.name, "params": cfg.param_count(),
                                "global_batch": gb, "tp": grid.tp, "dp": grid.dp,
                                "pp": grid.pp, "micro_batch": dims.batch,
@@ -356,37 +369,3 @@ def _stage_row(stage: int, br: IterationBreakdown, iteration_s: float) -> dict[s
     return {"stage": stage, "bubble_s": br.idle_s, "bubble_fraction": br.idle_s / iteration_s,
             "recompute_s": br.recompute_s, "compute_s": br.compute_s,
             "tp_exposed_s": br.tp_exposed_s, "dp_exposed_s": br.dp_exposed_s}
-
-
-class Heartbeat:
-    """Rank 0's progress inside a long iteration (the iteration lines come only at its end:
-    a 512-GPU folded iteration takes seconds, a 64-rank one minutes): on a terminal, a bar
-    of its pipeline stage's passes redrawn in place a few times a second; elsewhere (a log,
-    or under mpiexec, which pipes the ranks' output) a line every `every_s` seconds."""
-
-    BAR_S = 0.2        # a bar's redraws at most this often (or every `every_s`, if sooner)
-    WIDTH = 24
-
-    def __init__(self, every_s: float, stage: int, tty: bool | None = None) -> None:
-        self.every_s, self.stage = every_s, stage
-        self.tty = sys.stdout.isatty() if tty is None else tty
-        self.t0 = self.last = time.perf_counter()
-
-    def __call__(self, iteration: int, done: int, passes: int) -> None:
-        now = time.perf_counter()
-        if done == 0:
-            self.t0 = now
-            if iteration == 0:
-                self.last = now
-        if self.tty and now - self.last >= min(self.BAR_S, self.every_s):
-            self.last = now
-            full = self.WIDTH * done // max(passes, 1)
-            sys.stdout.write(f"\r     iteration {iteration} [{'#' * full:<{self.WIDTH}}] "
-                             f"{done}/{passes} passes of stage {self.stage}, "
-                             f"{now - self.t0:.0f} s\033[K")
-            sys.stdout.flush()
-        elif not self.tty and now - self.last >= self.every_s:
-            self.last = now
-            sys.stdout.write(f"     iteration {iteration}: {done} of {passes} passes of stage "
-                             f"{self.stage} done ({now - self.t0:.0f} s)\n")
-            sys.stdout.flush()

@@ -18,7 +18,7 @@ Trainer = Any        # runner.train.Trainer (which imports this module)
 class RunDrift:
     """What the drift report needs from the run as it goes: the parameters after each
     iteration (under ZeRO-3, whose parameters are shards between steps, after the last
-    only) and iteration 0's reduced gradients."""
+    only) and the reduced gradients the check judges."""
 
     def __init__(self, ctx: RankContext, trainer: Trainer) -> None:
         self.trainer = trainer
@@ -26,8 +26,9 @@ class RunDrift:
         self.sharded = trainer.grads.params is not None
 
     def after_step(self, it: int) -> None:
-        if it == 0 and self.trainer.first_grads is not None:
-            self.log.record_grads(self.trainer.first_grads)
+        t = self.trainer
+        if t.first_grads is not None and self.log.first_grads_iteration is None:
+            self.log.record_grads(t.first_grads, t.first_grads_iteration)
         if not self.sharded:
             self.log.record(it, self.trainer.model.P)
 
@@ -54,7 +55,8 @@ def reference_summary(ctx: RankContext, trainer: Trainer, losses: list[float],
                                   grid.tp, grid.tp_rank, trainer.model.P,  # type: ignore[arg-type]
                                   losses, ctx.np_dtype, reference_tolerance(w), tokens,
                                   grid.shape.ep, grid.ep_rank,
-                                  PrecisionGemm(w.run.numeric_dtype), trainer.first_grads)
+                                  PrecisionGemm(w.run.numeric_dtype), trainer.first_grads,
+                                  trainer.first_grads_iteration)
     ctx.say(chk.line())
     out: dict[str, Any] = {"reference": chk.as_dict()}
     if drift is not None:
@@ -68,7 +70,7 @@ def reference_summary(ctx: RankContext, trainer: Trainer, losses: list[float],
 
 
 def drift_line(dtype: str, d: dict[str, Any]) -> str:
-    """One line: the largest loss difference, the last iteration's parameters, iteration 0's
+    """One line: the largest loss difference, the last iteration's parameters, the judged
     gradients, each against the float64 reference."""
     rows = d["iterations"]
     loss = max((r for r in rows if r["loss_rel_diff"] is not None),
@@ -84,6 +86,7 @@ def drift_line(dtype: str, d: dict[str, Any]) -> str:
                      f"({r['worst_param']})")
     g = d.get("first_grads")
     if g and g["max"] is not None:
-        parts.append(f"iteration 0's gradients: median {g['median']:.2e}, worst "
+        parts.append(f"iteration {d['first_grads_iteration']}'s gradients: median "
+                     f"{g['median']:.2e}, worst "
                      f"{g['max']:.2e} ({g['worst']})")
     return f"drift of {dtype} from a float64 reference: " + "; ".join(parts)

@@ -87,7 +87,8 @@ def validate(w: Workload, world_size: int) -> None:
 
 
 def _validate_precision(w: Workload, cfg: ModelConfig) -> None:
-    """bf16 numerics: the GEMMs of a GPU's dense layers under the sequential strategy."""
+    """bf16 / fp16 numerics: the GEMMs of a GPU's dense layers under the sequential strategy
+    (fp16's loss scaling: with the plain optimizer, whose gradients it unscales)."""
     dt = w.run.numeric_dtype
     if dt in ("fp32", "fp64") or w.run.numerics != "on":
         return
@@ -99,6 +100,9 @@ def _validate_precision(w: Workload, cfg: ModelConfig) -> None:
     elif w.overlap.strategy != "sequential":
         why = (f"with overlap.strategy={w.overlap.strategy!r} (its fused, chunked GEMMs are "
                "exact): use 'sequential'")
+    elif dt == "fp16" and w.optimizer.zero > 0:
+        why = (f"with optimizer.zero={w.optimizer.zero} (fp16's loss scaling unscales the "
+               "plain optimizer's gradients): use optimizer.zero = 0 or bf16")
     if why:
         raise ConfigError("run.numeric_dtype", dt, f"fp32 or fp64 {why}")
 

@@ -46,6 +46,7 @@ class ReferenceCheck:
     grad_rel_err: float | None = None    # iteration 0's gradients, where they are judged
     worst_grad: str = "-"
     grad_median_rel_err: float | None = None     # the median tensor's
+    grad_iteration: int = 0              # whose gradients (FP16: its first step taken)
 
     @property
     def passed(self) -> bool:
@@ -57,7 +58,8 @@ class ReferenceCheck:
         if self.grad_rel_err is None:
             what = f"max relative error {params}, {self.ranks} ranks)"
         else:
-            what = (f"max relative error {self.grad_rel_err:.2e} in iteration 0's gradients "
+            what = (f"max relative error {self.grad_rel_err:.2e} in iteration "
+                    f"{self.grad_iteration}'s gradients "
                     f"({self.worst_grad}, {self.ranks} ranks), {params}; not judged: Adam)")
         return (f"reference check: {what}, {self.loss_rel_err:.2e} in losses; tolerance "
                 f"{self.tolerance:.0e}: {'PASS' if self.passed else 'FAIL'}")
@@ -95,11 +97,12 @@ def check_against_reference(world: MPI.Comm, cfg: ModelConfig, opt: OptimizerCon
                             tokens: TokenLayout | None = None, ep: int = 1,
                             ep_rank: int = 0,
                             precision: PrecisionGemm = PrecisionGemm("fp32"),
-                            first_grads: dict[str, np.ndarray] | None = None
-                            ) -> ReferenceCheck:
+                            first_grads: dict[str, np.ndarray] | None = None,
+                            first_grads_iteration: int = 0) -> ReferenceCheck:
     """Collective over `world`: every rank's result is rank 0's verdict (`tokens`: how
     the run splits tokens among routing ranks; `ep`: experts split over EP; `first_grads`:
-    this rank's reduced gradients of iteration 0, judged instead of the parameters)."""
+    this rank's reduced gradients of iteration `first_grads_iteration` (0, or FP16's first
+    step not skipped), judged instead of the parameters)."""
     shards = world.gather(((tp_rank, ep_rank), params, first_grads), root=0)
     result = None
     if world.Get_rank() == 0:
@@ -108,7 +111,7 @@ def check_against_reference(world: MPI.Comm, cfg: ModelConfig, opt: OptimizerCon
         ref_losses, ref_grads = [], {}
         for it in range(len(losses)):
             ref_losses.append(ref.train_step(it))
-            if it == 0:
+            if it == first_grads_iteration:
                 ref_grads = ref.last_grads
         worst, where = max(tensor_errors([(pl, p) for pl, p, _ in shards], ref.params, cfg,
                                          tp, ep), default=(0.0, "-"))
@@ -121,5 +124,5 @@ def check_against_reference(world: MPI.Comm, cfg: ModelConfig, opt: OptimizerCon
                         else (0.0 if a == b == 0 else float("inf"))
                         for a, b in zip(losses, ref_losses)), default=0.0)
         result = ReferenceCheck(worst, loss_err, where, tolerance, world.Get_size(), g_worst,
-                                g_where, g_median)
+                                g_where, g_median, first_grads_iteration)
     return world.bcast(result, root=0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..model.config import FieldError, braces
+from ..precision.loss_scale import DynamicLossScaler
 
 CLIP_EPS = 1e-6   # Megatron: clip_coeff = max_norm / (total_norm + 1e-6)
 OPTIMIZERS = ("adam", "lamb")
@@ -39,6 +40,13 @@ class OptimizerConfig:
     # (PyTorch HSDP): sharded inside each group of that many consecutive ranks (a node's),
     # replicated across the groups, gradients reduce-scattered inside and all-reduced across
     shard_group: int = 0
+    # FP16 loss scaling (Megatron-Core OptimizerConfig; `precision.loss_scale`), for
+    # run.numeric_dtype = "fp16": 0 a dynamic scale from initial_loss_scale, else this one
+    loss_scale: float = 0.0
+    initial_loss_scale: float = 2.0 ** 32
+    min_loss_scale: float = 1.0
+    loss_scale_window: int = 1000
+    hysteresis: int = 2
 
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZERS:
@@ -69,10 +77,27 @@ class OptimizerConfig:
         if self.shard_group < 0 or (self.shard_group and self.zero < 2):
             raise FieldError("optimizer.shard_group", self.shard_group, "0 (shard over all of "
                              "DP x CP), or > 0 with optimizer.zero = 2 or 3 (hybrid sharding)")
+        for key in ("initial_loss_scale", "min_loss_scale"):
+            if not getattr(self, key) > 0:
+                raise FieldError(f"optimizer.{key}", getattr(self, key), "must be > 0")
+        if self.loss_scale < 0:
+            raise FieldError("optimizer.loss_scale", self.loss_scale,
+                             "0 (dynamic) or a constant scale > 0")
+        for key in ("loss_scale_window", "hysteresis"):
+            if getattr(self, key) < 1:
+                raise FieldError(f"optimizer.{key}", getattr(self, key), "an integer >= 1")
         for key in ("prefetch", "reshard_after_forward"):
             if not getattr(self, key) and self.zero != 3:
                 raise FieldError(f"optimizer.{key}", False, "applies to optimizer.zero = 3 "
                                  "only (the parameters sharded)")
+
+    def loss_scaler(self) -> DynamicLossScaler:
+        """FP16's scaler: Megatron's dynamic one, or a constant scale that never moves."""
+        if self.loss_scale > 0:
+            return DynamicLossScaler(self.loss_scale, self.loss_scale, 1.0, 1.0,
+                                     self.loss_scale_window, self.hysteresis)
+        return DynamicLossScaler(self.initial_loss_scale, self.min_loss_scale, 2.0, 0.5,
+                                 self.loss_scale_window, self.hysteresis)
 
     @property
     def distributed(self) -> bool:

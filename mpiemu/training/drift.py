@@ -32,6 +32,7 @@ class DriftLog:
         self.world, self.place = world, place
         self.per_iteration: dict[int, Shards] = {}
         self.first_grads: Shards | None = None
+        self.first_grads_iteration: int | None = None
 
     def _gather(self, tensors: dict[str, Any]) -> Shards | None:
         got = self.world.gather((self.place, {k: np.array(v) for k, v in tensors.items()
@@ -43,8 +44,9 @@ class DriftLog:
         if got is not None:
             self.per_iteration[it] = got
 
-    def record_grads(self, grads: dict[str, np.ndarray]) -> None:
-        self.first_grads = self._gather(grads)
+    def record_grads(self, grads: dict[str, np.ndarray], it: int) -> None:
+        """The gradients the reference check judges (of iteration `it`)."""
+        self.first_grads, self.first_grads_iteration = self._gather(grads), it
 
 
 def _stats(errs: list[tuple[float, str]]) -> dict[str, Any]:
@@ -64,7 +66,7 @@ def drift_from_fp64(cfg: ModelConfig, opt: OptimizerConfig, seed: int, global_ba
     rows, grads = [], None
     for it, loss in enumerate(losses):
         exact = ref.train_step(it)
-        if it == 0 and log.first_grads is not None:
+        if it == log.first_grads_iteration and log.first_grads is not None:
             grads = _stats(tensor_errors(log.first_grads, ref.last_grads, cfg, tp, ep))
         p = _stats(tensor_errors(log.per_iteration[it], ref.params, cfg, tp, ep)) \
             if it in log.per_iteration else _stats([])
@@ -72,4 +74,5 @@ def drift_from_fp64(cfg: ModelConfig, opt: OptimizerConfig, seed: int, global_ba
                      "loss_rel_diff": abs(loss - exact) / abs(exact) if exact else None,
                      "param_rel_err_max": p["max"], "param_rel_err_median": p["median"],
                      "worst_param": p["worst"]})
-    return {"against": "float64 reference", "iterations": rows, "first_grads": grads}
+    return {"against": "float64 reference", "iterations": rows, "first_grads": grads,
+            "first_grads_iteration": log.first_grads_iteration}

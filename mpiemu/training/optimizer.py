@@ -17,6 +17,7 @@ from collections import defaultdict
 from typing import Callable, Iterator
 
 import numpy as np
+from mpi4py import MPI
 
 from ..comm.p2p import TimedComm
 from ..devices import nmc
@@ -29,6 +30,7 @@ from .grad_buffer import megatron_optimizer
 from ..model.block import Params
 from ..model.ops import Cost
 from ..model.tensor_parallel import LocalParam
+from ..precision.loss_scale import DynamicLossScaler
 from .distributed_optimizer import DistributedAdam
 from .fully_sharded import ShardedGrads, ShardedParams
 
@@ -52,8 +54,11 @@ class ShardedOptimizer:
                  counted: Callable[[LocalParam], bool] | None = None,
                  buckets: GradBuckets | ShardedGrads | None = None,
                  params: ShardedParams | None = None,
-                 expert_buckets: GradBuckets | None = None) -> None:
+                 expert_buckets: GradBuckets | None = None,
+                 scaler: DynamicLossScaler | None = None) -> None:
         self.opt, self.specs, self.E, self.tp_rank = opt, specs, ex, tp_rank
+        self.scaler = scaler            # FP16 numerics: the loss scale, skips on overflow
+        self.skipped = 0
         # the global gradient norm: summed over one model replica (TP x PP ranks), every
         # tensor once (replicated ones on TP rank 0, the tied table on the first stage)
         self.norm_comm = norm if norm is not None else ex.tp
@@ -105,24 +110,49 @@ class ShardedOptimizer:
             with self.E.labelled(layer=layer):
                 yield layer, lps, sum(lp.size for lp in lps)
 
-    def step(self, P: Params, G: Params) -> None:
-        """Clip by the global gradient norm if asked, then Adam or LAMB on every shard."""
+    def step(self, P: Params, G: Params) -> bool:
+        """Clip by the global gradient norm if asked, then Adam or LAMB on every shard; False
+        when FP16's loss scaler skips the step (a gradient overflowed on some rank)."""
+        if self.scaler is not None and self.E.on and self._overflowed(G):
+            self.skipped += 1
+            self._update({}, G)      # charged as a taken step: emulated time never depends
+            return False             # on the values; the weights and states stay
         self.steps += 1
         if self.zero is not None and self.experts is None:    # ZeRO-1: this DP rank's shares
             self.zero.step(P)
-            return
-        if self.zero is not None:
+        elif self.zero is not None:
             self._step_with_experts(P, G)
-            return
+        else:
+            self._update(_arrays(P), G)
+        return True
+
+    def _overflowed(self, G: Params) -> bool:
+        """FP16 (Megatron's `_unscale_main_grads_and_check_for_nan`): the fp32 main gradients
+        divided by the loss scale; True if any is inf or NaN on any rank of the model
+        replica (host-side: one flag, outside emulated time); the scaler moves either way."""
+        assert self.scaler is not None
+        inv = 1.0 / self.scaler.scale
+        bad = False
+        for k, g in G.items():
+            if g is not None:
+                unscaled = g * inv
+                G[k] = unscaled
+                bad = bad or not bool(np.all(np.isfinite(unscaled)))
+        found = bool(self.norm_comm.comm.allreduce(bad, op=MPI.LOR))
+        return not self.scaler.update(found)
+
+    def _update(self, P: dict[str, np.ndarray], G: Params) -> None:
+        """The update of the arrays in P (none: only its kernels charged)."""
         before, after = mixed_precision_passes([lp.size for lp in self.specs], self.E.e,
                                                self.E.dtype) if self.fp32_grads else ([], [])
         charge_passes(self.E, before)
         if self.opt.needs_global_norm or self.opt.name == "lamb":
             self._clip(G, self._global_norm(G))
+        grads = _arrays(G) if P else {}
         if self.opt.name == "adam":
-            self._adam(_arrays(P), _arrays(G))
+            self._adam(P, grads)
         else:
-            self._lamb(_arrays(P), _arrays(G))
+            self._lamb(P, grads)
         charge_passes(self.E, after)
 
     def _step_with_experts(self, P: Params, G: Params) -> None:
@@ -200,9 +230,9 @@ class ShardedOptimizer:
         return step
 
     def _adam(self, P: dict[str, np.ndarray], G: dict[str, np.ndarray]) -> None:
-        E = self.E
+        math = self.E.on and bool(P)         # none: a skipped step's kernels only
         for _, lps, n in self._layers():
-            if E.on:
+            if math:
                 for lp in lps:
                     w = P[lp.name]
                     w -= self.opt.lr * self._moments(lp.name, w, G[lp.name], lp.decay)
@@ -215,10 +245,11 @@ class ShardedOptimizer:
 
     def _lamb(self, P: dict[str, np.ndarray], G: dict[str, np.ndarray]) -> None:
         E, e = self.E, self.E.e
+        math = E.on and bool(P)              # none: a skipped step's kernels only
         copy = e if e < MASTER_BYTES else 0
         steps: dict[str, np.ndarray] = {}
         for _, lps, n in self._layers():                            # stage 1: the update u
-            if E.on:
+            if math:
                 for lp in lps:
                     steps[lp.name] = self._moments(lp.name, P[lp.name], G[lp.name], lp.decay)
             self._charge("stage1", lps, Cost(LAMB1_FLOPS * n, n * (e + 3 * MASTER_BYTES),
@@ -229,7 +260,7 @@ class ShardedOptimizer:
             self._charge("norms", lps, Cost(4 * n, 2 * n * MASTER_BYTES, 0))
         self._reduce_partial_sums()
         sq = None
-        if E.on:
+        if math:
             sq = np.array([float((x * x).sum()) for lp, j in split
                            for x in (self._parts(lp, P[lp.name])[j],
                                      self._parts(lp, steps[lp.name])[j])])
@@ -237,7 +268,7 @@ class ShardedOptimizer:
         full_sq = {(lp.name, j): (sq[2 * i], sq[2 * i + 1]) for i, (lp, j) in enumerate(split)} \
             if sq is not None else {}
         for _, lps, n in self._layers():                            # stage 2: apply
-            if E.on:
+            if math:
                 for lp in lps:
                     self._lamb_apply(lp, P[lp.name], steps[lp.name], full_sq)
             self._charge("stage2", lps, Cost(2 * n, 2 * n * MASTER_BYTES,

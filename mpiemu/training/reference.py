@@ -18,6 +18,7 @@ import numpy as np
 
 from ..model import seeded
 from ..model.config import ModelConfig
+from ..precision.loss_scale import overflow_expected
 from ..precision.matmul import PrecisionGemm
 from .config import CLIP_EPS, OptimizerConfig
 from .reference_moe import ReferenceMoe, TokenLayout
@@ -36,6 +37,9 @@ class Reference:
         self.cfg, self.seed, self.opt, self.global_batch = cfg, seed, opt, global_batch
         self.dtype = dtype
         self.mm = precision       # every GEMM, and the attention core's outputs, in it
+        # FP16: the loss scaled before the backward, an overflowing step skipped (Megatron)
+        self.scaler = opt.loss_scaler() if precision.compute == "fp16" else None
+        self.taken = True
         self.params = seeded.init_full_params(cfg, seed, dtype)
         self.m = {k: np.zeros_like(v) for k, v in self.params.items()}
         self.v = {k: np.zeros_like(v) for k, v in self.params.items()}
@@ -266,6 +270,8 @@ class Reference:
         np.put_along_axis(dlogits, targets[..., None],
                           np.take_along_axis(dlogits, targets[..., None], -1) - 1.0, -1)
         dlogits /= n
+        if self.scaler is not None:
+            dlogits *= self.scaler.scale
         g[head] = self._wgrad(head, dlogits, x)
         dx = self._dgrad(head, dlogits, transpose=False)
         if cfg.norm == "pre":
@@ -314,9 +320,15 @@ class Reference:
     def train_step(self, it: int) -> float:
         """Forward, backward and update on iteration `it`'s global batch; returns the loss."""
         tokens, targets = seeded.batch(self.cfg, self.seed, it, self.global_batch)
-        loss, grads = self.loss_and_grads(tokens, targets, it)
+        with overflow_expected(self.scaler is not None):
+            loss, grads = self.loss_and_grads(tokens, targets, it)
+        if self.scaler is not None:          # unscaled in fp32; an inf or NaN skips the step
+            grads = {k: g * (1.0 / self.scaler.scale) for k, g in grads.items()}
+            self.taken = self.scaler.update(not all(np.all(np.isfinite(g))
+                                                    for g in grads.values()))
         self.last_grads = grads
-        self.update(grads)
+        if self.taken:
+            self.update(grads)
         if self.moe is not None:
             self.moe.end_step()
         return loss
