@@ -20,6 +20,7 @@ from ..comm.tuner import allowed_on
 from ..net import (ALGORITHMS, PROTOCOLS, TOPOLOGIES, Network, NetworkSpec, list_networks,
                    load_network)
 from .errors import ConfigError
+from .fp8_section import Fp8Section
 from .overlap_section import OverlapSection, SublayersSection
 from .parallel_section import ParallelSection
 from .moe_section import MoeSection
@@ -75,8 +76,9 @@ class RunSection:
             raise ConfigError("run.numeric_dtype", self.numeric_dtype, "fp32 or fp64 for "
                               f"run.kind={self.kind!r} (half-precision numerics run a "
                               "training step's GEMMs: run.kind='train')")
-        if self.emulated_dtype not in DTYPE_BYTES:
-            raise ConfigError("run.emulated_dtype", self.emulated_dtype, sorted(DTYPE_BYTES))
+        if self.emulated_dtype not in DTYPE_BYTES or self.emulated_dtype == "fp8":
+            raise ConfigError("run.emulated_dtype", self.emulated_dtype,
+                              f"{sorted(set(DTYPE_BYTES) - {'fp8'})} (FP8 GEMMs: [fp8] recipe)")
 
 
 @dataclass(frozen=True)
@@ -225,6 +227,7 @@ class Workload:
     sublayers: SublayersSection = field(default_factory=SublayersSection)
     sunway: SunwaySection = field(default_factory=SunwaySection)
     layer_sweep: LayerSweepSection = field(default_factory=LayerSweepSection)
+    fp8: Fp8Section = field(default_factory=Fp8Section)
     debug: DebugSection = field(default_factory=DebugSection)
 
     def __post_init__(self) -> None:

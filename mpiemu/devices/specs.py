@@ -14,8 +14,9 @@ from typing import Mapping
 from .caps import Scale, cap, scaled
 from .contention import T3Params
 
-DTYPE_BYTES: dict[str, int] = {"fp16": 2, "bf16": 2, "tf32": 4, "fp32": 4, "fp64": 8}
-MATRIX_DTYPES = ("fp16", "bf16", "tf32")     # run on tensor cores / matrix cores
+DTYPE_BYTES: dict[str, int] = {"fp8": 1, "fp16": 2, "bf16": 2, "tf32": 4, "fp32": 4,
+                               "fp64": 8}
+MATRIX_DTYPES = ("fp8", "fp16", "bf16", "tf32")     # run on tensor cores / matrix cores
 DEVICE_KINDS = ("gpu", "sunway")
 
 

@@ -22,6 +22,7 @@ from ..devices.attention_gpu import AttnShape
 from ..devices.gemm import NO_EPILOGUE, Epilogue
 from ..devices.specs import dtype_bytes
 from ..model.executor import Array, Cost, Executor, Ready, no_ready
+from ..precision.cast_costs import cast_kernels
 from ..overlap.api import GemmShape, gather_then_gemm, gemm_then_reduce
 from ..sim import charge
 from ..sim.timeline import COMPUTE, SimTime, Span
@@ -38,6 +39,8 @@ class GpuExecutor:
         self.dtype, self.e = setup.dtype, dtype_bytes(setup.dtype)
         self.on, self.overlap, self.sp = setup.numerics, setup.overlap, setup.dims.sp
         self.mm = setup.precision           # every GEMM's math (`precision.matmul`)
+        self.fp8 = setup.fp8                # [fp8] recipe of the layers' linear GEMMs
+        self._in_layer = False              # inside a transformer layer's pass
         # Megatron's gradient buffer: a weight-gradient GEMM's epilogue adds into it
         self.wgrad_epilogue = setup.wgrad_epilogue
         self._t: SimTime = 0.0
@@ -56,8 +59,22 @@ class GpuExecutor:
 
     def layer_pass(self, tag: str, params: str, pass_: str, math: Callable[[Ready], Any],
                    empty: Any, ready: Ready | None = None) -> Any:
-        """On a GPU a pass's ops charge themselves as they run."""
-        return math(ready if ready is not None else no_ready)
+        """On a GPU a pass's ops charge themselves as they run (a transformer layer's
+        linear GEMMs in FP8 under an [fp8] recipe; the output layer stays bf16)."""
+        self._in_layer = True
+        try:
+            return math(ready if ready is not None else no_ready)
+        finally:
+            self._in_layer = False
+
+    def _gemm_dtype(self, name: str, role: str, m: int, n: int, k: int) -> str:
+        """The dtype a GEMM is charged in; under an FP8 recipe inside a layer, FP8, after
+        the recipe's casts of its operands (`precision.cast_costs`)."""
+        if self.fp8 == "off" or not self._in_layer:
+            return self.dtype
+        for cast in cast_kernels(self.fp8, role, m, n, k) if self._charging else []:
+            self.kernel(f"{name}.{cast.tag}", cast)
+        return "fp8"
 
     # -- compute -----------------------------------------------------------------------------
     def kernel(self, name: str, cost: Cost | Sequence[Cost],
@@ -80,8 +97,10 @@ class GpuExecutor:
         out = None
         if self.on and a is not None and b is not None:
             out = (self.mm.accumulate if fp32_out else self.mm)(name, a, b)
+        role = "wgrad" if fp32_out else ("dgrad" if ".bwd" in name else "fprop")
+        dtype = self._gemm_dtype(name, role, m, n, k)
         if self._charging:
-            self._t = charge.gemm(self.tl, self.cost, name, m, n, k, dtype=self.dtype,
+            self._t = charge.gemm(self.tl, self.cost, name, m, n, k, dtype=dtype,
                                   after=self._t, epilogue=epilogue).t_end
         return out
 
@@ -151,10 +170,13 @@ class GpuExecutor:
         """
         if self.tp.size == 1:
             return self.gemm(f"{name}.gemm", x, w, m, n, k)
+        gemm_dtype = self._gemm_dtype(name, "dgrad" if name.endswith(".bwd") else "fprop",
+                                      m, n, k)
         y, span = gemm_then_reduce(self.tp, x, w, cost=self.cost, shape=GemmShape(m, n, k),
                                    mode="reduce_scatter" if self.sp else "all_reduce",
                                    dtype=self.dtype, after=self._t, overlap=self.overlap,
-                                   name=name, matmul=self._matmul(name))
+                                   name=name, matmul=self._matmul(name),
+                                   gemm_dtype=gemm_dtype)
         self._t = span.t_end
         return self.round(y)        # each rank's rounded partial, summed, rounded again
 
@@ -169,9 +191,11 @@ class GpuExecutor:
         if self.tp.size == 1 or not self.sp:
             return self.gemm(f"{name}.gemm", x_s, w, m, n, k, epilogue), x_s
         full = None if x_s is None else np.empty((m, k), x_s.dtype)
+        gemm_dtype = self._gemm_dtype(name, "fprop", m, n, k)
         y, span = gather_then_gemm(self.tp, x_s, w, cost=self.cost, shape=GemmShape(m, n, k),
                                    dtype=self.dtype, after=self._t, overlap=self.overlap,
-                                   name=name, gathered_out=full, matmul=self._matmul(name))
+                                   name=name, gathered_out=full, matmul=self._matmul(name),
+                                   gemm_dtype=gemm_dtype)
         self._t = span.t_end
         return y, full
 

@@ -47,6 +47,9 @@ class ExecutorSetup:
     sunway_attention: str = "swattention"
     # the numerics' GEMMs (`run.numeric_dtype`): exact numpy, or bf16 / fp16 as tensor cores
     precision: PrecisionGemm = PrecisionGemm("fp32")
+    # [fp8] recipe: the transformer layers' linear GEMMs charged at the FP8 rate, with the
+    # recipe's casts ("off": the emulated dtype's)
+    fp8: str = "off"
 
 
 def make_executor(kind: str, setup: ExecutorSetup) -> Executor:

@@ -107,13 +107,14 @@ def _single(tc: TimedComm, cost: DeviceCost, x: np.ndarray | None, w: np.ndarray
 def _gemm_then_all_reduce(tc: TimedComm, cost: DeviceCost, x: np.ndarray | None,
                           w: np.ndarray | None, shape: GemmShape, dtype: str, after: SimTime,
                           overlap: Overlap, name: str, stats: OverlapStats,
-                          matmul: MatMul = exact) -> tuple[np.ndarray | None, Span]:
+                          matmul: MatMul = exact, gemm_dtype: str | None = None
+                          ) -> tuple[np.ndarray | None, Span]:
     """Sequential, where NCCL's tuner runs this all-reduce other than as a ring (NVLS on an
     NVSwitch node, a tree or the hierarchical form across nodes): the GEMM, then the
     collective as `comm.collectives.all_reduce` runs it, as for the backward's all-reduce of
     the same size (Megatron-LM calls the same NCCL all-reduce in both passes)."""
     t0 = latest(after)
-    y, g = _single(tc, cost, x, w, shape, dtype, t0, name, stats, matmul)
+    y, g = _single(tc, cost, x, w, shape, gemm_dtype or dtype, t0, name, stats, matmul)
     out, span = all_reduce(tc, y, reduce_s=cost.reduction_s, after=g.t_end,
                            count=shape.m * shape.n,
                            wire_itemsize=dtype_bytes(dtype), bidirectional=overlap.bidirectional,
@@ -126,21 +127,23 @@ def overlapped_gemm_then_reduce(tc: TimedComm, x: np.ndarray | None, w: np.ndarr
                                 cost: DeviceCost, shape: GemmShape, mode: str, dtype: str,
                                 after: SimTime,
                                 overlap: Overlap, name: str, stats: OverlapStats | None = None,
-                                matmul: MatMul = exact) -> tuple[np.ndarray | None, Span]:
+                                matmul: MatMul = exact, gemm_dtype: str | None = None
+                                ) -> tuple[np.ndarray | None, Span]:
     """GEMM -> ring reduce-scatter (-> all-gather) under any strategy (thesis 8.3, 8.4.3)."""
     stats = OverlapStats() if stats is None else stats
     stats.strategy = overlap.label
+    gd = gemm_dtype or dtype
     if tc.size == 1:
-        return _single(tc, cost, x, w, shape, dtype, after, name, stats, matmul)
+        return _single(tc, cost, x, w, shape, gd, after, name, stats, matmul)
     itemsize, t = dtype_bytes(dtype), overlap.traits
     if mode == "all_reduce" and not (t.fused or t.concurrent) and choose(
             tc, mode, shape.m * shape.n * itemsize, itemsize, tc.tuning.algorithm,
             tc.tuning.protocol, overlap.bidirectional).algorithm != "ring":
         return _gemm_then_all_reduce(tc, cost, x, w, shape, dtype, after, overlap, name, stats,
-                                     matmul)
+                                     matmul, gd)
     before = dict(stats.dram)
     call, base = _protocol(tc, mode, shape.m * shape.n * itemsize, itemsize, t.fused)
-    s = rs.setup(tc, cost, call, overlap, shape.m, shape.n, shape.k, dtype, itemsize,
+    s = rs.setup(tc, cost, call, overlap, shape.m, shape.n, shape.k, gd, itemsize,
                  latest(after), overlap_params(cost.spec, overlap), stats, name)
     y, gemm_end = None, -np.inf
     if not t.fused:
@@ -174,14 +177,16 @@ def overlapped_gather_then_gemm(tc: TimedComm, x_shard: np.ndarray | None,
                                 after: SimTime, overlap: Overlap, name: str,
                                 stats: OverlapStats | None = None,
                                 gathered_out: np.ndarray | None = None,
-                                matmul: MatMul = exact) -> tuple[np.ndarray | None, Span]:
+                                matmul: MatMul = exact, gemm_dtype: str | None = None
+                                ) -> tuple[np.ndarray | None, Span]:
     """Ring all-gather of row shards -> column-parallel GEMM under any strategy (8.6.2)."""
     stats = OverlapStats() if stats is None else stats
     stats.strategy = overlap.label
+    gd = gemm_dtype or dtype
     if tc.size == 1:
         if gathered_out is not None and x_shard is not None:
             gathered_out[...] = x_shard
-        return _single(tc, cost, x_shard, w, shape, dtype, after, name, stats, matmul)
+        return _single(tc, cost, x_shard, w, shape, gd, after, name, stats, matmul)
     itemsize, t = dtype_bytes(dtype), overlap.traits
     before = dict(stats.dram)
     params = overlap_params(cost.spec, overlap)
@@ -201,9 +206,9 @@ def overlapped_gather_then_gemm(tc: TimedComm, x_shard: np.ndarray | None,
                                        name=name, stats=stats, out=gathered_out)
     tc.tl.summary(f"{name}.ag", Span(a0, ag_end), resource=f"coll.{tc.name}", nbytes=total,
                   dram_bytes=_dram(stats, "ag", before))
-    g = ops.gemm(tc.tl, cost, f"{name}.gemm", shape.m, shape.n, shape.k, dtype=dtype,
+    g = ops.gemm(tc.tl, cost, f"{name}.gemm", shape.m, shape.n, shape.k, dtype=gd,
                  after=t_ag if t.concurrent else ag_end)
-    _gemm_stats(stats, cost, shape, dtype, g.duration)
+    _gemm_stats(stats, cost, shape, gd, g.duration)
     stats.total_s = max(g.t_end, ag_end) - min(t_ag, g.t_start)
     return _matmul(full, w, matmul), Span(min(a0, g.t_start), max(g.t_end, ag_end))
 
@@ -224,28 +229,31 @@ def _impls(overlap: Overlap) -> tuple[ReduceImpl, ReduceImpl]:
 def gemm_then_reduce(tc: TimedComm, x: np.ndarray | None, w: np.ndarray | None, *,
                      cost: DeviceCost, shape: GemmShape, mode: str, dtype: str, after: SimTime,
                      overlap: Overlap = Overlap(), name: str = "gemm",
-                     stats: OverlapStats | None = None, matmul: MatMul = exact
-                     ) -> tuple[np.ndarray | None, Span]:
+                     stats: OverlapStats | None = None, matmul: MatMul = exact,
+                     gemm_dtype: str | None = None) -> tuple[np.ndarray | None, Span]:
     """y = sum over the TP group of x @ w, all-reduced or reduce-scattered by rows.
 
     forward: GEMM -> reduce-scatter (or all-reduce); conjugate: `gather_then_gemm`.
     x: [M, K_local], w: [K_local, N] -> [M, N] (all_reduce) or [rows of rank, N].
     With x = w = None only the schedule runs (timing-only mode). `stats` (optional, a fresh
     `OverlapStats` per call) receives the time split and DRAM traffic of this call.
+    `gemm_dtype`: the GEMM's own dtype where it differs from the tensors' (FP8 GEMMs of
+    bf16 tensors).
     """
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}; choose one of {list(MODES)}")
     impl = _impls(overlap)[0]
     return impl(tc, x, w, cost=cost, shape=shape, mode=mode, dtype=dtype, after=after,
-                overlap=overlap, name=name, stats=stats, matmul=matmul)
+                overlap=overlap, name=name, stats=stats, matmul=matmul,
+                gemm_dtype=gemm_dtype or dtype)
 
 
 def gather_then_gemm(tc: TimedComm, x_shard: np.ndarray | None, w: np.ndarray | None, *,
                      cost: DeviceCost, shape: GemmShape, dtype: str, after: SimTime,
                      overlap: Overlap = Overlap(), name: str = "gemm",
                      stats: OverlapStats | None = None,
-                     gathered_out: np.ndarray | None = None, matmul: MatMul = exact
-                     ) -> tuple[np.ndarray | None, Span]:
+                     gathered_out: np.ndarray | None = None, matmul: MatMul = exact,
+                     gemm_dtype: str | None = None) -> tuple[np.ndarray | None, Span]:
     """y = all_gather(x_shard rows) @ w.
 
     forward: all-gather -> GEMM; conjugate: `gemm_then_reduce` with reduce-scatter.
@@ -256,7 +264,7 @@ def gather_then_gemm(tc: TimedComm, x_shard: np.ndarray | None, w: np.ndarray | 
     impl = _impls(overlap)[1]
     return impl(tc, x_shard, w, cost=cost, shape=shape, dtype=dtype, after=after,
                 overlap=overlap, name=name, stats=stats, gathered_out=gathered_out,
-                matmul=matmul)
+                matmul=matmul, gemm_dtype=gemm_dtype or dtype)
 
 
 __all__ = ["GemmShape", "OverlapStats", "gather_then_gemm", "gemm_then_reduce",

@@ -124,7 +124,7 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
         kernels=w.train.kernel_options(), tp_async=w.train.tp_comm_async,
         wgrad_epilogue=None if buf is None else buf.wgrad_epilogue, cp=cp, ep=ep,
         sunway_scheduler=w.sunway.scheduler, sunway_attention=w.sunway.attention,
-        precision=PrecisionGemm(w.run.numeric_dtype)))
+        precision=PrecisionGemm(w.run.numeric_dtype), fp8=w.fp8.recipe))
     m = micro_batches(w)
     opt_cfg = w.optimizer.to_config()
     model = StageModel(cfg, ex, dims, tp_rank=grid.tp_rank, dp_rank=grid.dp_rank,
@@ -282,7 +282,8 @@ def _header(ctx: RankContext, cfg: ModelConfig, gb: int, dims: Dims, mem: str) -
             f"tp={ctx.grid.tp}{f' x cp={ctx.grid.cp}' if ctx.grid.cp > 1 else ''} x "
             f"dp={ctx.grid.dp} x pp={ctx.grid.pp}{' + SP' if dims.sp else ''}"
             f" ({_pipeline_words(w)}) on "
-            f"{ctx.spec.name}, {w.run.emulated_dtype} emulated, numerics "
+            f"{ctx.spec.name}, {w.run.emulated_dtype} emulated"
+            f"{(', FP8 GEMMs (' + w.fp8.recipe + ')') if w.fp8.on else ''}, numerics "
             f"{w.run.numerics}{' (' + w.run.numeric_dtype + ')' if ctx.numerics else ''}, "
             f"{w.optimizer.name}{f' (ZeRO-{w.optimizer.zero})' if w.optimizer.zero else ''}, "
             f"overlap {w.overlap.strategy}"

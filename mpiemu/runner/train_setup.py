@@ -80,6 +80,7 @@ def validate(w: Workload, world_size: int) -> None:
     _validate_update_unit(w)
     _validate_zero(w, cfg)
     _validate_precision(w, cfg)
+    _validate_fp8(w, cfg)
     validate_moe(w, cfg)
     if resolve_device(w).kind == "gpu":
         check_overlap_devices(w, [w.overlap.strategy], "overlap.strategy")
@@ -105,6 +106,29 @@ def _validate_precision(w: Workload, cfg: ModelConfig) -> None:
                "plain optimizer's gradients): use optimizer.zero = 0 or bf16")
     if why:
         raise ConfigError("run.numeric_dtype", dt, f"fp32 or fp64 {why}")
+
+
+def _validate_fp8(w: Workload, cfg: ModelConfig) -> None:
+    """An [fp8] recipe: FP8 tensor cores, timing only (the casts are timed, their values
+    are not emulated), the sequential strategy, dense layers, bf16 / fp16 elsewhere."""
+    if not w.fp8.on:
+        return
+    spec = resolve_device(w)
+    why = None
+    if "fp8" not in spec.peak_flops_per_s:
+        why = f"on {spec.name} (no FP8 tensor cores: its preset has no peak_fp8)"
+    elif w.run.numerics == "on":
+        why = ("with run.numerics = 'on' (FP8 GEMMs and casts are timed, their values are "
+               "not emulated): run.numerics = 'off'")
+    elif w.run.emulated_dtype not in ("bf16", "fp16"):
+        why = (f"with run.emulated_dtype={w.run.emulated_dtype!r} (FP8 training keeps its "
+               "tensors in bf16 or fp16)")
+    elif w.overlap.strategy != "sequential":
+        why = f"with overlap.strategy={w.overlap.strategy!r}: use 'sequential'"
+    elif cfg.moe is not None:
+        why = "with experts (model.moe): their grouped FP8 GEMMs are not modelled"
+    if why:
+        raise ConfigError("fp8.recipe", w.fp8.recipe, f"off {why}")
 
 
 def _validate_cp(w: Workload, cfg: ModelConfig) -> None:

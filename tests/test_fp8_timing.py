@@ -1,0 +1,98 @@
+"""[fp8] recipes in the timing model: the transformer layers' linear GEMMs at the device's
+FP8 rate, each recipe's casts as memory-bound kernels, the output layer in bf16."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mpiemu.analysis import load
+from tests.conftest import our_lines, run_mpi
+
+SLICE = ["--set", "run.emulated_dtype=bf16", "--set", "model.layers=2",
+         "--set", "run.iterations=1"]
+H100 = ["--set", "device.preset=h100-sxm5", "--set", "network.preset=dgx-h100", *SLICE]
+
+
+def _events(tmp: Path, recipe: str) -> dict[str, float]:
+    """Rank 0's total time per event name of a 2-layer GPT-3 175B slice at TP 8 (folded),
+    and the iteration's time under `step`."""
+    out = tmp / recipe
+    res = run_mpi(1, ["run", "workloads/gpt3-175b-tp8.toml", *H100, "--set",
+                      f"fp8.recipe='{recipe}'", "--out", str(out)])
+    assert res.returncode == 0, res.stderr[-1000:]
+    run = load(out)
+    rt = run.ranks[0]
+    dur = rt.events["t_end"] - rt.events["t_start"]
+    names = rt.names
+    ev = {str(n): float(dur[names == n].sum()) for n in np.unique(names)}
+    it = run.manifest["summary"]["iterations"][0]
+    return ev | {"step": it["t_end"] - it["t_start"]}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, float]]:
+    tmp = tmp_path_factory.mktemp("fp8")
+    return {r: _events(tmp, r) for r in ("off", "delayed", "current", "block")}
+
+
+def test_layer_gemms_run_at_the_fp8_rate_and_the_output_layer_does_not(
+        runs: dict[str, dict[str, float]]) -> None:
+    off, fp8 = runs["off"], runs["delayed"]
+    for gemm in ("l0.fc1.fwd.gemm", "l0.fc2.fwd.gemm", "l0.qkv.fwd.gemm", "l1.fc1.wgrad"):
+        assert fp8[gemm] < 0.75 * off[gemm], gemm          # 2x the peak, minus tile effects
+    heads = [n for n in off if n.startswith("head.") and "gemm" in n]
+    assert heads and all(fp8[n] == off[n] for n in heads)
+
+
+def test_each_recipe_adds_its_casts(runs: dict[str, dict[str, float]]) -> None:
+    """fprop casts x and W, dgrad casts dy, wgrad reuses them; current reads each source
+    twice (its amax pass) where delayed reads it once; block reads activations twice."""
+    casts = {r: {n: t for n, t in ev.items() if ".fp8.cast_" in n} for r, ev in runs.items()}
+    assert not casts["off"]
+    d = casts["delayed"]
+    assert {"l0.fc1.fwd.gemm.fp8.cast_x", "l0.fc1.fwd.gemm.fp8.cast_w",
+            "l0.fc2.bwd.gemm.fp8.cast_dy"} <= set(d)
+    assert not any("wgrad" in n for n in d)
+    total = {r: sum(c.values()) for r, c in casts.items()}
+    assert total["delayed"] < total["block"] < total["current"]
+
+
+def test_fp8_shortens_the_step_and_recipes_order_by_their_casts(
+        runs: dict[str, dict[str, float]]) -> None:
+    """The layer GEMMs take the same time under every recipe; the step differs by the
+    recipe's casts (delayed the cheapest) and is shorter than in bf16."""
+    gemm = {r: sum(t for n, t in ev.items() if n[0] == "l" and
+                   (n.endswith("gemm") or n.endswith("wgrad"))) for r, ev in runs.items()}
+    assert gemm["delayed"] < 0.75 * gemm["off"]
+    assert gemm["current"] == pytest.approx(gemm["delayed"], rel=1e-12)
+    assert gemm["block"] == pytest.approx(gemm["delayed"], rel=1e-12)
+    step = {r: ev["step"] for r, ev in runs.items()}
+    assert step["delayed"] < step["block"] < step["current"] < step["off"]
+
+
+@pytest.mark.parametrize("sets, needle", [
+    (["--set", "device.preset=a100-sxm4-80gb", "--set", "network.preset=dgx-a100",
+      "--set", "fp8.recipe='delayed'"], "no FP8 tensor cores"),
+    (["--set", "fp8.recipe='mxfp8'"], "fp8.recipe"),
+    (["--set", "fp8.recipe='delayed'", "--set", "fp8.amax_history_len=0"],
+     "fp8.amax_history_len"),
+    (["--set", "run.emulated_dtype='fp8'"], "run.emulated_dtype"),
+])
+def test_fp8_bad_input_is_one_line(sets: list[str], needle: str, tmp_path: Path) -> None:
+    base = SLICE if any("a100" in s for s in sets) else H100
+    res = run_mpi(1, ["run", "workloads/gpt3-175b-tp8.toml", *base, *sets,
+                      "--out", str(tmp_path)])
+    lines = our_lines(res.stderr)
+    assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, lines
+    assert needle in lines[0], lines
+
+
+def test_fp8_numerics_are_refused_in_one_line(tmp_path: Path) -> None:
+    res = run_mpi(2, ["run", "workloads/quickstart.toml", "--set", "parallel.dp=1",
+                      "--set", "device.preset=h100-sxm5",
+                      "--set", "network.preset=dgx-h100", "--set", "run.emulated_dtype=bf16",
+                      "--set", "fp8.recipe='current'", "--out", str(tmp_path)])
+    lines = our_lines(res.stderr)
+    assert res.returncode == 2 and len(lines) == 1 and "run.numerics = 'off'" in lines[0]
