@@ -15,7 +15,10 @@ emulator refuses, is listed with the reason the code gives, not run. Rows of one
   GPU or model TFLOP/s per GPU in its source's count), the difference ours / theirs - 1,
   tokens/s per GPU both ways, MFU (ours by `training.flops.model_flops`, and in the source's
   count where it states one), rank 0's breakdown, memory, or why it was not emulated;
-* `runs.csv`: each emulated run's MPI processes and wall seconds (not golden-checked).
+* `runs.csv`: each emulated run's MPI processes and wall seconds (not golden-checked);
+* `fp8.csv`: each `[[fp8_run]]` row whose BF16 twin (the same configuration) was emulated,
+  that layout run again with the row's `[fp8]` recipe (`[fp8_recipes]`): the published
+  FP8 / BF16 speedup beside ours.
 Golden test: the first row (Llama 3.1 8B, 8 GPUs, CP 2: two folded processes, ~2 s).
 """
 from __future__ import annotations
@@ -257,6 +260,56 @@ def what_if_rows(runs: Path, rows: list[Row], reuse: bool = False) -> list[Row]:
                     "what_if_step_s": step, "ours_idle_s": b["ours_idle_s"],
                     "what_if_idle_s": idle, "ours_dp_exposed_s": b["ours_dp_exposed_s"],
                     "what_if_dp_exposed_s": float(it["dp_exposed_s"])})
+    return out
+
+
+def fp8_recipe(row: dict[str, Any]) -> str:
+    """The row's FP8 recipe (`llama.toml [fp8_recipes]`)."""
+    for e in _by_prefix("fp8_recipes", row):
+        return str(e["recipe"])
+    raise ValueError(f"{row['id']}: no FP8 recipe rule in llama.toml [fp8_recipes]")
+
+
+def fp8_rows(runs: Path, rows: list[Row], reuse: bool = False) -> list[Row]:
+    """Each [[fp8_run]] whose BF16 twin (its id with bf16 for fp8) was emulated: that run
+    again with the row's FP8 recipe, the measured FP8 / BF16 speedup beside ours (a twin
+    missing or not emulated: listed with why)."""
+    workload = write_workload(runs)
+    base = {r["id"]: r for r in rows}
+    meas = {r["id"]: r for r in measured()}
+    out: list[Row] = []
+    done: dict[tuple[str, ...], float] = {}     # one run per layout (rows published twice)
+    for f in tomllib.loads(MEASURED.read_text()).get("fp8_run", []):
+        twin = str(f["id"]).replace("fp8", "bf16")
+        gpus, tokens = int(f["gpus"]), int(f["global_batch"]) * int(f["seq_len"])
+        row: Row = {"id": f["id"], "bf16_twin": twin, "framework": framework(f),
+                    "model": f["model"], "gpus": gpus, "recipe": fp8_recipe(f),
+                    "measured_bf16_step_s": None, "measured_fp8_step_s":
+                    tokens / (measured_tokens(f, workload) * gpus),
+                    "measured_speedup": None, "ours_bf16_step_s": None,
+                    "ours_fp8_step_s": None, "ours_speedup": None, "difference": None,
+                    "not_emulated": ""}
+        b = base.get(twin)
+        if b is None or b["ours"] is None:
+            row["not_emulated"] = ("no BF16 row of the same configuration" if b is None
+                                   else f"its BF16 twin is not emulated: {b['not_emulated']}")
+            out.append(row)
+            continue
+        p = plan(meas[twin], workload)
+        p = p._replace(sets=last_wins(p.sets + [f"fp8.recipe='{row['recipe']}'"]))
+        key = (str(gpus), *p.sets)
+        if key not in done:
+            where = runs / f"fp8-{f['id']}"
+            run(p, workload, where, reuse, 3000)
+            it = json.loads((where / "manifest.json").read_text())["summary"]["iterations"][0]
+            done[key] = float(it["t_end"] - it["t_start"])
+        ours = done[key]
+        theirs = b["measured_step_s"] / row["measured_fp8_step_s"]
+        row.update({"measured_bf16_step_s": b["measured_step_s"], "measured_speedup": theirs,
+                    "ours_bf16_step_s": b["ours_step_s"], "ours_fp8_step_s": ours,
+                    "ours_speedup": b["ours_step_s"] / ours})
+        row["difference"] = row["ours_speedup"] / theirs - 1.0
+        out.append(row)
     return out
 
 

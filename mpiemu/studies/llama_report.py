@@ -209,6 +209,44 @@ def markdown(rows: list[Row], log: list[Row], wall_s: float,
     return out
 
 
+def fp8_section(fp8: list[Row]) -> list[str]:
+    """FP8 against BF16: each published FP8 row's speedup over its BF16 twin, ours beside
+    it (both emulated on the same layout, the FP8 one with its recipe)."""
+    band = float(load_figures("llama")["band"].value)
+    em = [r for r in fp8 if r["ours_speedup"] is not None]
+    out = ["## FP8 against BF16", "",
+           f"{len(fp8)} FP8 rows in llama_measured.toml; {len(em)} have an emulated BF16 "
+           "twin (the same configuration in BF16) and are run again with an `[fp8]` recipe "
+           "(`llama.toml [fp8_recipes]`: "
+           f"{load_figures('llama')['fp8_recipes'].source}). Speedup = BF16 step / FP8 step, "
+           "measured and ours; difference = ours / measured - 1."]
+    if em:
+        diffs = sorted(abs(r["difference"]) for r in em)
+        within = sum(d <= band for d in diffs)
+        out += ["", f"**Headline:** median |difference| {pct(diffs[len(diffs) // 2])}; "
+                    f"{within} of {len(em)} within {pct(band, 0)}; ours "
+                    f"{min(r['ours_speedup'] for r in em):.2f}-"
+                    f"{max(r['ours_speedup'] for r in em):.2f}x against measured "
+                    f"{min(r['measured_speedup'] for r in em):.2f}-"
+                    f"{max(r['measured_speedup'] for r in em):.2f}x."]
+    out += ["", *md_table(["FP8 row", "GPUs", "recipe", "measured BF16 s", "measured FP8 s",
+                           "measured speedup", "ours speedup", "difference"],
+                          [[f"`{r['id']}`", r["gpus"], r["recipe"],
+                            _s(r["measured_bf16_step_s"]), _s(r["measured_fp8_step_s"]),
+                            _x(r["measured_speedup"]), _x(r["ours_speedup"]),
+                            signed_pct(r["difference"]) if r["difference"] is not None
+                            else r["not_emulated"]] for r in fp8], "lrlrrrrl"), ""]
+    return out
+
+
+def _s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}x"
+
+
 def plot(rows: list[Row], path: Path) -> None:
     """Ours against measured tokens/s per GPU, log-log, with the band around y = x."""
     band = float(load_figures("llama")["band"].value)
@@ -250,14 +288,18 @@ def main(out_dir: Path, argv: list[str]) -> int:
         runs = args.keep_runs or Path(tmp)
         rows, log = llama.study_rows(runs, reuse=args.reuse)
         what_if = llama.what_if_rows(runs, rows, reuse=args.reuse)
+        fp8 = llama.fp8_rows(runs, rows, reuse=args.reuse)
     wall = time.perf_counter() - t0
     write_csv(out_dir / "rows.csv", rows)
     if log:
         write_csv(out_dir / "runs.csv", log)
     if what_if:
         write_csv(out_dir / "what_if.csv", what_if)
+    write_csv(out_dir / "fp8.csv", fp8)
     plot(rows, out_dir / "ours_vs_measured.png")
-    (out_dir / "README.md").write_text("\n".join(markdown(rows, log, wall, what_if)) + "\n")
-    print(f"wrote {out_dir}/README.md, rows.csv, runs.csv, what_if.csv, ours_vs_measured.png "
+    (out_dir / "README.md").write_text("\n".join(markdown(rows, log, wall, what_if)
+                                                  + fp8_section(fp8)) + "\n")
+    print(f"wrote {out_dir}/README.md, rows.csv, runs.csv, what_if.csv, fp8.csv, "
+          "ours_vs_measured.png "
           f"({wall / 60:.1f} min)")
     return 0
