@@ -96,7 +96,7 @@ def test_a_base_clock_lock_slows_the_sms_and_unthrottles_the_matrix_units() -> N
     ("device.dram_bandwidth=1", "device.dram_bandwidth=1: unknown field"),
     ("device.gemm.tile_m=3.5", "device.gemm.tile_m=3.5: an integer"),
     ("device.gemm=3", "device.gemm=3: is a section"),
-    ("device.peak_flops_per_s.fp8=1", "name one entry"),
+    ("device.peak_flops_per_s.int4=1", "name one entry"),
     ("device.scale.flops=2", "device.scale.flops=2: unknown field; allowed here: compute, "
                              "memory_bw"),
     ("device.scale.compute=0", "a factor > 0"),
