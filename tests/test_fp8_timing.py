@@ -96,3 +96,20 @@ def test_fp8_numerics_are_refused_in_one_line(tmp_path: Path) -> None:
                       "--set", "fp8.recipe='current'", "--out", str(tmp_path)])
     lines = our_lines(res.stderr)
     assert res.returncode == 2 and len(lines) == 1 and "run.numerics = 'off'" in lines[0]
+
+
+def test_fp8_keeps_two_fp8_copies_of_each_layer_weight() -> None:
+    """Transformer Engine's rowwise and columnwise FP8 copies: 2 bytes more per parameter
+    of the layers (not of the embedding or the output layer), held whole."""
+    from mpiemu.config.workload import load_workload
+    from mpiemu.runner.train_setup import train_memory
+    from mpiemu.training.memory import layer_param_count
+    base = ["device.preset='h100-sxm5'", "network.preset='dgx-h100'", "run.numerics='off'",
+            "run.emulated_dtype='bf16'", "model.layers=4"]
+    w0 = load_workload("workloads/gpt3-175b-tp8.toml", base)
+    w8 = load_workload("workloads/gpt3-175b-tp8.toml", [*base, "fp8.recipe='delayed'"])
+    m0, m8 = train_memory(w0, 80e9, 0), train_memory(w8, 80e9, 0)
+    from mpiemu.runner.train_setup import resolve
+    cfg, _, _ = resolve(w0)
+    assert m8.params_bytes - m0.params_bytes == 2 * 4 * layer_param_count(cfg, 8)
+    assert m8.activations_bytes == m0.activations_bytes

@@ -311,7 +311,7 @@ def layout(w: Workload, stage: int, micro: int | None = None) -> Layout:
                   dp=w.optimizer.shard_group or par.dp * par.cp, zero=w.optimizer.zero,
                   prefetch=w.optimizer.prefetch,
                   reshard_after_forward=w.optimizer.reshard_after_forward,
-                  split=par.split, ep=par.ep)
+                  split=par.split, ep=par.ep, fp8_copies=2 if w.fp8.on else 0)
 
 
 def stage_memories(w: Workload, capacity_bytes: float, stages: Sequence[int]

@@ -150,6 +150,9 @@ class Layout(NamedTuple):
     reshard_after_forward: bool = True   # ZeRO-3: a layer's parameters freed after forward
     split: LayerSplit = LayerSplit()     # which layers each stage holds
     ep: int = 1                     # expert parallelism: experts split over ep ranks
+    # an [fp8] recipe: Transformer Engine's FP8 copies of each layer weight (rowwise for the
+    # forward, columnwise for the backward), bytes per parameter; 0 without FP8
+    fp8_copies: int = 0
 
     def layers(self, cfg: ModelConfig, chunk: int | None = None) -> int:
         """Layers of this stage (of one of its chunks)."""
@@ -220,8 +223,10 @@ def stage_activations(cfg: ModelConfig, d: Dims, e: int, lay: Layout = Layout())
 
 def memory_report(cfg: ModelConfig, d: Dims, e: int, capacity_bytes: float,
                   lay: Layout = Layout()) -> MemoryReport:
-    """Parameters and gradients in the emulated dtype, fp32 master + Adam/LAMB states,
-    activations at the stage's peak. ZeRO (Rajbhandari et al. 2020, 5, Fig. 1: (2 + 2 + K)
+    """Parameters and gradients in the emulated dtype (plus FP8 copies of the layers'
+    weights under an FP8 recipe), fp32 master + Adam/LAMB states, activations at the
+    stage's peak (saved in the emulated dtype; TE's FP8 copies of saved inputs not
+    modelled). ZeRO (Rajbhandari et al. 2020, 5, Fig. 1: (2 + 2 + K)
     Psi / N_d at stage 3) shards over DP the states (stage 1), the gradients (2: plus the
     unit being reduce-scattered, whole) and the parameters (3: plus the layers gathered at
     once: the one computing and, prefetched, the next; every layer when none is resharded
@@ -232,12 +237,13 @@ def memory_report(cfg: ModelConfig, d: Dims, e: int, capacity_bytes: float,
     params, grads = float(n * e), float(n * g)
     if lay.zero >= 2:
         grads = (n - unit) * g / lay.dp + unit * g
+    layers = lay.layers(cfg)
+    live = layers
     if lay.zero == 3:
-        layers = lay.layers(cfg)
         edge = n - unit * layers
-        live = (2 if lay.prefetch else 1) if lay.reshard_after_forward else layers
-        params = (unit * (layers - min(live, layers))) * e / lay.dp \
-            + (unit * min(live, layers) + edge) * e
+        live = min((2 if lay.prefetch else 1) if lay.reshard_after_forward else layers, layers)
+        params = (unit * (layers - live)) * e / lay.dp + (unit * live + edge) * e
+    params += unit * live * lay.fp8_copies      # of the layers' weights held whole
     states = n * state_bytes_per_param(e) / (lay.dp if lay.zero >= 1 else 1)
     acts = stage_activations(cfg, d, e, lay).bytes(e)
     return MemoryReport(params, grads, states, acts, capacity_bytes)
