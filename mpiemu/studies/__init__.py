@@ -57,6 +57,9 @@ STUDIES: dict[str, StudyInfo] = {s.name: s for s in (
               "time, tokens/s/GPU, MFU"),
     StudyInfo("nmc_optimizer", "mpiemu.studies.nmc_optimizer", "003 (thesis ch. 6)",
               "LAMB / Adam updates on near-bank compute vs the GPU, BERT end to end"),
+    StudyInfo("precision", "mpiemu.studies.precision", "none (real numerics in each format)",
+              "small GPT and Llama trained in fp64 / fp32 / bf16 / fp16: losses; a published "
+              "Llama 3.1 8B layout's step time in BF16 and each FP8 recipe"),
     StudyInfo("moe_imbalance", "mpiemu.studies.moe_imbalance",
               "none (the router's own choices over real training steps)",
               "expert load imbalance over hundreds of training steps (aux loss on / off, "
