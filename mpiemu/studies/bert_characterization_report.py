@@ -2,7 +2,6 @@
 runs it): every number from the rows, the data file or the preset (none typed here)."""
 from __future__ import annotations
 
-import argparse
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -10,7 +9,8 @@ from typing import Any
 from ..devices.presets import load_device
 from . import bert_characterization
 from .bert_characterization import CATEGORIES, breakdown_rows, multi_rows
-from .common import Row, load_figures, md_table, pct, plt, write_csv
+from .common import (Row, load_figures, md_table, pct, plt, study_args, study_parser,
+                     write_csv)
 
 LABELS = {"layers": "transformer layers", "embedding_output": "embedding + output",
           "lamb": "LAMB", "dr_rc_ln": "DR + RC + LN", "attention_linear":
@@ -175,11 +175,8 @@ def plot(rows: list[Row], path: Path) -> None:
 
 
 def main(out_dir: Path, argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="mpiemu report bert_characterization",
-                                 description=bert_characterization.__doc__)
-    ap.add_argument("--out", type=Path, help="output directory (as `mpiemu report --out`)")
-    ap.add_argument("--keep-runs", type=Path, help="keep the run directories here")
-    args = ap.parse_args([a for a in argv if a != "--"])
+    args = study_args(study_parser("bert_characterization", bert_characterization.__doc__),
+                      argv)
     out_dir = args.out or out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="mpiemu-bert-") as tmp:

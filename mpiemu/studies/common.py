@@ -7,6 +7,7 @@ CSV floats are written with 6 significant digits, so a golden comparison is exac
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import difflib
 import io
@@ -18,6 +19,22 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 Row = dict[str, Any]
+
+
+def study_parser(study: str, doc: str | None, raw: bool = False) -> argparse.ArgumentParser:
+    """`mpiemu report STUDY`'s parser with the options of every study that runs jobs: --out
+    and --keep-runs (`raw`: the description's own line breaks kept)."""
+    ap = argparse.ArgumentParser(prog=f"mpiemu report {study}", description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter if raw
+                                 else argparse.HelpFormatter)
+    ap.add_argument("--out", type=Path, help="output directory (as `mpiemu report --out`)")
+    ap.add_argument("--keep-runs", type=Path, help="keep the run directories here")
+    return ap
+
+
+def study_args(ap: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The report's options (a `--` that `mpiemu report` passes along left out)."""
+    return ap.parse_args([a for a in argv if a != "--"])
 ROOT = Path(__file__).resolve().parents[2]
 
 

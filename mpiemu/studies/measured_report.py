@@ -6,20 +6,17 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
-from pathlib import Path
 
-from .common import Row, pct, signed_pct
+from .common import Row, pct, signed_pct, study_args, study_parser
 
 
 def report_args(study: str, doc: str | None, argv: list[str]) -> argparse.Namespace:
     """`mpiemu report STUDY`'s options: --out, --keep-runs and --reuse."""
-    ap = argparse.ArgumentParser(prog=f"mpiemu report {study}", description=doc)
-    ap.add_argument("--out", type=Path, help="output directory (as `mpiemu report --out`)")
-    ap.add_argument("--keep-runs", type=Path, help="keep the run directories here")
+    ap = study_parser(study, doc)
     ap.add_argument("--reuse", action="store_true",
                     help="with --keep-runs: take complete runs with the same overrides already "
                          "there instead of running them again (they must come from this code)")
-    return ap.parse_args([a for a in argv if a != "--"])
+    return study_args(ap, argv)
 
 
 def emulated(rows: list[Row]) -> list[Row]:

@@ -2,7 +2,6 @@
 generated from the rows)."""
 from __future__ import annotations
 
-import argparse
 import tempfile
 import tomllib
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 from . import megatron
 from ..workloads import DIR as WORKLOADS_DIR
 from .common import (ROOT, Row, geomean, load_figures, md_table, pct, read_csv, signed_pct,
-                     write_csv)
+                     study_args, study_parser, write_csv)
 from .megatron import iteration_rows, layer_rows
 
 if TYPE_CHECKING:
@@ -267,15 +266,13 @@ def _p(x: float | None) -> str:
 
 
 def main(out_dir: Path, argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="mpiemu report megatron", description=megatron.__doc__)
-    ap.add_argument("--out", type=Path, help="output directory (as `mpiemu report --out`)")
-    ap.add_argument("--keep-runs", type=Path, help="keep the run directories here")
+    ap = study_parser("megatron", megatron.__doc__)
     ap.add_argument("--reuse", action="store_true",
                     help="with --keep-runs: take complete runs already there instead of "
                          "running them again (they must come from this code and config)")
     ap.add_argument("--skip-175b", action="store_true",
                     help="leave out the runs of more than 8 GPUs (175B, 530B: the slow part)")
-    args = ap.parse_args([a for a in argv if a != "--"])
+    args = study_args(ap, argv)
     out_dir = args.out or out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     fig = load_figures("megatron")

@@ -3,7 +3,6 @@ and computes the rows): every number in the prose comes from the rows, the study
 a model preset or a trace (none typed here)."""
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import tempfile
@@ -16,7 +15,8 @@ import numpy as np
 
 from ..model.seeded import NOISE_FRACTION
 from . import moe_imbalance
-from .common import Row, load_figures, md_table, pct, plt, signed_pct, write_csv
+from .common import (Row, load_figures, md_table, pct, plt, signed_pct, study_args,
+                     study_parser, write_csv)
 from .moe_imbalance import WORKLOAD, Results, base_sets, figures, job_rows, study
 
 PNG = "imbalance.png"
@@ -386,18 +386,14 @@ def plot(rows: Sequence[Row], path: Path) -> None:
 
 
 def main(out_dir: Path, argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="mpiemu report moe_imbalance",
-                                 description=moe_imbalance.__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, help="output directory (as `mpiemu report --out`)")
-    ap.add_argument("--keep-runs", type=Path, help="keep the run directories here")
+    ap = study_parser("moe_imbalance", moe_imbalance.__doc__, raw=True)
     ap.add_argument("--steps", type=int, help="steps per run (default: the toml's "
                     f"{load_figures('moe_imbalance')['steps'].value})")
     ap.add_argument("--jobs", type=int, default=2, help="emulated jobs at a time (default 2)")
     ap.add_argument("--replay-all", action="store_true",
                     help="replay every numerics run on its own configuration (default: the "
                     "runs of the toml's replay_check)")
-    args = ap.parse_args([a for a in argv if a != "--"])
+    args = study_args(ap, argv)
     out_dir = args.out or out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

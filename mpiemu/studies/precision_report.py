@@ -2,7 +2,6 @@
 number in the prose comes from the rows (none typed here)."""
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 from pathlib import Path
@@ -11,7 +10,8 @@ from typing import Sequence
 import numpy as np
 
 from . import precision
-from .common import Row, load_figures, md_table, plt, signed_pct, write_csv
+from .common import (Row, load_figures, md_table, plt, signed_pct, study_args,
+                     study_parser, write_csv)
 
 PNG = "losses.png"
 
@@ -91,12 +91,9 @@ def plot(rows: Sequence[Row], path: Path) -> None:
 
 
 def main(out_dir: Path, argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="mpiemu report precision", description=precision.__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, help="output directory (as `mpiemu report --out`)")
-    ap.add_argument("--keep-runs", type=Path, help="keep the run directories here")
+    ap = study_parser("precision", precision.__doc__, raw=True)
     ap.add_argument("--steps", type=int, help="steps per run (default: the toml's)")
-    args = ap.parse_args([a for a in argv if a != "--"])
+    args = study_args(ap, argv)
     out_dir = args.out or out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
