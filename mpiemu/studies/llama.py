@@ -63,6 +63,16 @@ def measured() -> list[dict[str, Any]]:
     return [r for r in tomllib.loads(MEASURED.read_text())["run"] if r["precision"] == dtype]
 
 
+def fp8_measured() -> list[dict[str, Any]]:
+    """The FP8 rows of llama_measured.toml, in file order."""
+    return list(tomllib.loads(MEASURED.read_text()).get("fp8_run", []))
+
+
+def bf16_twin(fp8_id: str) -> str:
+    """The id of an FP8 row's BF16 row of the same configuration (there may be none)."""
+    return fp8_id.replace("fp8", "bf16")
+
+
 def framework(row: dict[str, Any]) -> str:
     """The row's framework, short: its name before the parenthesis."""
     return str(row["framework"]).split(" (")[0]
@@ -179,6 +189,12 @@ def measured_tokens(row: dict[str, Any], workload: Path) -> float:
     return tokens_per_gpu(row, _convention, lambda name: flops_per_token(row, workload, name))
 
 
+def measured_step(row: dict[str, Any], workload: Path) -> float:
+    """The row's step time, seconds (from its metric, whichever it is)."""
+    tokens = int(row["global_batch"]) * int(row["seq_len"])
+    return tokens / (measured_tokens(row, workload) * int(row["gpus"]))
+
+
 def row_of(p: Plan, workload: Path, summary: dict[str, Any] | None, shared: str) -> Row:
     """One CSV row: the measurement, ours beside it (None when not emulated)."""
     r = p.row
@@ -279,13 +295,12 @@ def fp8_rows(runs: Path, rows: list[Row], reuse: bool = False) -> list[Row]:
     meas = {r["id"]: r for r in measured()}
     out: list[Row] = []
     done: dict[tuple[str, ...], float] = {}     # one run per layout (rows published twice)
-    for f in tomllib.loads(MEASURED.read_text()).get("fp8_run", []):
-        twin = str(f["id"]).replace("fp8", "bf16")
-        gpus, tokens = int(f["gpus"]), int(f["global_batch"]) * int(f["seq_len"])
+    for f in fp8_measured():
+        twin, gpus = bf16_twin(str(f["id"])), int(f["gpus"])
         row: Row = {"id": f["id"], "bf16_twin": twin, "framework": framework(f),
                     "model": f["model"], "gpus": gpus, "recipe": fp8_recipe(f),
-                    "measured_bf16_step_s": None, "measured_fp8_step_s":
-                    tokens / (measured_tokens(f, workload) * gpus),
+                    "measured_bf16_step_s": None,
+                    "measured_fp8_step_s": measured_step(f, workload),
                     "measured_speedup": None, "ours_bf16_step_s": None,
                     "ours_fp8_step_s": None, "ours_speedup": None, "difference": None,
                     "not_emulated": ""}

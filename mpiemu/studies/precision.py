@@ -53,17 +53,13 @@ def loss_rows(runs: Path, steps: int | None = None,
 def timing_rows(runs: Path) -> list[Row]:
     """The published row's step time in BF16 and under each FP8 recipe, and the measured
     FP8 / BF16 speedup of its twin."""
-    import tomllib  # noqa: PLC0415
     from . import llama  # noqa: PLC0415
-    fig = figures()
-    row_id = str(fig["timing_row"])
+    row_id = str(figures()["timing_row"])
     workload = llama.write_workload(runs)
     row = next(r for r in llama.measured() if r["id"] == row_id)
-    twin = next(r for r in tomllib.loads(llama.MEASURED.read_text())["fp8_run"]
-                if r["id"] == row_id.replace("bf16", "fp8"))
-    tokens = int(row["global_batch"]) * int(row["seq_len"])
-    theirs = {"bf16": tokens / (llama.measured_tokens(row, workload) * int(row["gpus"])),
-              "fp8": tokens / (llama.measured_tokens(twin, workload) * int(twin["gpus"]))}
+    twin = next(r for r in llama.fp8_measured() if llama.bf16_twin(str(r["id"])) == row_id)
+    theirs = {"bf16": llama.measured_step(row, workload),
+              "fp8": llama.measured_step(twin, workload)}
     plan = llama.plan(row, workload)
     out: list[Row] = []
     for recipe in ("off", *RECIPES):
