@@ -89,6 +89,16 @@ def run_mpi(n: int, args: list[str], timeout: float = 120, cwd: Path | None = No
                           cwd=cwd or ROOT, env=full_env)
 
 
+def run_quickstart(out: Path, iterations: int, *sets: str) -> Path:
+    """The quickstart at TP 2 on two ranks (DP 1) for `iterations`, with `--set` overrides,
+    into `out` (it must run)."""
+    res = run_mpi(2, ["run", "workloads/quickstart.toml", "--set", "parallel.tp=2", "--set",
+                      "parallel.dp=1", "--set", f"run.iterations={iterations}",
+                      *(a for s in sets for a in ("--set", s)), "--out", str(out)])
+    assert res.returncode == 0, res.stderr
+    return out
+
+
 @pytest.fixture
 def root() -> Path:
     return ROOT

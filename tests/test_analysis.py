@@ -18,7 +18,7 @@ from mpiemu.analysis.rank_trace import make_trace
 from mpiemu.analysis.plot import gantt
 from mpiemu.sim.timeline import Span, Timeline
 from mpiemu.sim.trace import TraceWriter
-from tests.conftest import run_mpi
+from tests.conftest import run_mpi, run_quickstart
 
 
 @pytest.fixture(scope="module")
@@ -117,11 +117,7 @@ def test_hta_files_carry_their_rank_where_hta_looks(run_dir: Path, tmp_path: Pat
 
 @pytest.fixture(scope="module")
 def train_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("train") / "run"
-    res = run_mpi(2, ["run", "workloads/quickstart.toml", "--set", "parallel.tp=2", "--set",
-                      "parallel.dp=1", "--set", "run.iterations=3", "--out", str(out)])
-    assert res.returncode == 0, res.stderr
-    return out
+    return run_quickstart(tmp_path_factory.mktemp("train") / "run", 3)
 
 
 def test_every_hta_kernel_has_a_launch_inside_its_profiler_step(train_dir: Path,
@@ -152,13 +148,8 @@ def test_every_hta_kernel_has_a_launch_inside_its_profiler_step(train_dir: Path,
 @pytest.fixture(scope="module")
 def t3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A T3 (fused GEMM + reduce-scatter, MCA) training run on the thesis's GPU."""
-    out = tmp_path_factory.mktemp("t3") / "run"
-    res = run_mpi(2, ["run", "workloads/quickstart.toml", "--set", "parallel.tp=2", "--set",
-                      "parallel.dp=1", "--set", "run.iterations=3", "--set",
-                      "overlap.strategy='t3-mca'", "--set", "device.preset='t3-gpu'",
-                      "--out", str(out)])
-    assert res.returncode == 0, res.stderr
-    return out
+    return run_quickstart(tmp_path_factory.mktemp("t3") / "run", 3,
+                          "overlap.strategy='t3-mca'", "device.preset='t3-gpu'")
 
 
 @pytest.mark.parametrize("which", ["train_dir", "t3_dir"])

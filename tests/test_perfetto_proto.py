@@ -12,7 +12,7 @@ from mpiemu.analysis import load
 from mpiemu.analysis.export import chrome_trace
 from mpiemu.analysis.perfetto_proto import write_perfetto
 from mpiemu.cli import main
-from tests.conftest import run_mpi
+from tests.conftest import run_quickstart
 
 pb = pytest.importorskip("perfetto.protos.perfetto.trace.perfetto_trace_pb2")
 
@@ -21,11 +21,7 @@ Key = tuple[str, str]        # (process name, track name)
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("proto") / "run"
-    res = run_mpi(2, ["run", "workloads/quickstart.toml", "--set", "parallel.tp=2", "--set",
-                      "parallel.dp=1", "--set", "run.iterations=6", "--out", str(out)])
-    assert res.returncode == 0, res.stderr
-    return out
+    return run_quickstart(tmp_path_factory.mktemp("proto") / "run", 6)
 
 
 def read_pftrace(path: Path) -> dict[str, Any]:

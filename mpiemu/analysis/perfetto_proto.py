@@ -161,15 +161,16 @@ def _ns(t_s: np.ndarray | float) -> np.ndarray:
     return np.rint(np.asarray(t_s) * NS).astype(np.int64)
 
 
-def _lane_slices(seq: _Sequence, rt: RankTrace, idx: np.ndarray,
-                 out: dict[int, list[int]], into: dict[int, list[int]]) -> None:
-    """The events `idx` of one (sub-)track, in time order, as slices."""
+def _lane_slices(seq: _Sequence, rt: RankTrace, idx: np.ndarray, names: list[str],
+                 cats: list[str], out: dict[int, list[int]], into: dict[int, list[int]]
+                 ) -> None:
+    """The events `idx` of one (sub-)track, in time order, as slices (`names`, `cats`:
+    theirs)."""
     ev = rt.events
     b, e = _ns(ev["t_start"][idx]), _ns(ev["t_end"][idx])
     if len(idx) > 1:      # a rounded begin never before the previous end
         b[1:] = np.maximum(b[1:], np.maximum.accumulate(e)[:-1])
     e = np.maximum(e, b)
-    names, cats = rt.names[idx].tolist(), rt.cats[idx].tolist()
     for i, b_ns, e_ns, name, cat in zip(idx.tolist(), b.tolist(), e.tolist(), names, cats):
         seq.slice(b_ns, e_ns, str(name), str(cat), out.get(i, ()), into.get(i, ()))
 
@@ -203,7 +204,8 @@ def _rank(trace: _Trace, rt: RankTrace, flows: tuple[dict[int, list[int]], dict[
         idx = np.flatnonzero(per_event == tid)
         idx = idx[np.lexsort((ev["t_end"][idx], ev["t_start"][idx]))]     # time order
         names, cats = rt.names[idx].tolist(), rt.cats[idx].tolist()
-        _lane_slices(trace.track(proc, res, tid, names=names, cats=cats), rt, idx, *flows)
+        _lane_slices(trace.track(proc, res, tid, names=names, cats=cats), rt, idx, names,
+                     cats, *flows)
     _counters(trace, proc, len(tids) + 1,
               [*port_counters(rt), *routing_counters(rt, counts)])
 

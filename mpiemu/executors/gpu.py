@@ -29,6 +29,11 @@ from ..sim.timeline import COMPUTE, SimTime, Span
 from .registry import ExecutorSetup
 
 
+def _role(name: str) -> str:
+    """A data GEMM's role by its name: a backward pass's (`<op>.bwd...`) is the dgrad."""
+    return "dgrad" if ".bwd" in name else "fprop"
+
+
 class GpuExecutor:
     """Math plus emulated charge for every op of one rank, on one critical-path cursor."""
 
@@ -97,8 +102,7 @@ class GpuExecutor:
         out = None
         if self.on and a is not None and b is not None:
             out = (self.mm.accumulate if fp32_out else self.mm)(name, a, b)
-        role = "wgrad" if fp32_out else ("dgrad" if ".bwd" in name else "fprop")
-        dtype = self._gemm_dtype(name, role, m, n, k)
+        dtype = self._gemm_dtype(name, "wgrad" if fp32_out else _role(name), m, n, k)
         if self._charging:
             self._t = charge.gemm(self.tl, self.cost, name, m, n, k, dtype=dtype,
                                   after=self._t, epilogue=epilogue).t_end
@@ -170,8 +174,7 @@ class GpuExecutor:
         """
         if self.tp.size == 1:
             return self.gemm(f"{name}.gemm", x, w, m, n, k)
-        gemm_dtype = self._gemm_dtype(name, "dgrad" if name.endswith(".bwd") else "fprop",
-                                      m, n, k)
+        gemm_dtype = self._gemm_dtype(name, _role(name), m, n, k)
         y, span = gemm_then_reduce(self.tp, x, w, cost=self.cost, shape=GemmShape(m, n, k),
                                    mode="reduce_scatter" if self.sp else "all_reduce",
                                    dtype=self.dtype, after=self._t, overlap=self.overlap,

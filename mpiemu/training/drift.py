@@ -35,9 +35,8 @@ class DriftLog:
         self.first_grads_iteration: int | None = None
 
     def _gather(self, tensors: dict[str, Any]) -> Shards | None:
-        got = self.world.gather((self.place, {k: np.array(v) for k, v in tensors.items()
-                                              if v is not None}), root=0)
-        return got
+        return self.world.gather((self.place, {k: np.array(v) for k, v in tensors.items()
+                                               if v is not None}), root=0)
 
     def record(self, it: int, params: dict[str, Any]) -> None:
         got = self._gather(params)
