@@ -89,13 +89,14 @@ def test_fp8_bad_input_is_one_line(sets: list[str], needle: str, tmp_path: Path)
     assert needle in lines[0], lines
 
 
-def test_fp8_numerics_are_refused_in_one_line(tmp_path: Path) -> None:
+def test_fp8_numerics_in_fp64_are_refused_in_one_line(tmp_path: Path) -> None:
+    """FP8 numerics keep the other tensors in bf16 or fp32 (the quickstart's are fp64)."""
     res = run_mpi(2, ["run", "workloads/quickstart.toml", "--set", "parallel.dp=1",
                       "--set", "device.preset=h100-sxm5",
                       "--set", "network.preset=dgx-h100", "--set", "run.emulated_dtype=bf16",
                       "--set", "fp8.recipe='current'", "--out", str(tmp_path)])
     lines = our_lines(res.stderr)
-    assert res.returncode == 2 and len(lines) == 1 and "run.numerics = 'off'" in lines[0]
+    assert res.returncode == 2 and len(lines) == 1 and "run.numeric_dtype='fp64'" in lines[0]
 
 
 def test_fp8_keeps_two_fp8_copies_of_each_layer_weight() -> None:

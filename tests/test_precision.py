@@ -9,7 +9,8 @@ import pytest
 
 from mpiemu.precision.formats import amax, round_to
 from mpiemu.precision.loss_scale import DynamicLossScaler
-from mpiemu.precision.matmul import Fp8Recipe, PrecisionGemm
+from mpiemu.precision.fp8_gemm import Fp8Gemm, Fp8Recipe
+from mpiemu.precision.matmul import PrecisionGemm
 from mpiemu.precision.scaling import DelayedScaling, block_quantize, current_scale, expand, \
     pow2_floor, tensor_quantize
 
@@ -140,7 +141,7 @@ def test_fp8_recipes_errors_and_why_blocks_exist() -> None:
     the tiles without outliers keep E4M3's full precision."""
     a, b, ref = _operands()
     for kind in ("current", "delayed", "block"):
-        g = PrecisionGemm("bf16", Fp8Recipe(kind))
+        g = Fp8Gemm(Fp8Recipe(kind))
         assert _rel(g("g", a, b, ("act", "weight")), ref) < 0.08, kind
     a[:, :3] *= 1e4
     s = current_scale(amax(a), 448.0)
@@ -154,19 +155,52 @@ def test_fp8_recipes_errors_and_why_blocks_exist() -> None:
 
 
 def test_delayed_gemm_casts_with_the_previous_steps_amax() -> None:
-    """Step 1 casts with scale 1 (nothing recorded); after `end_forward` the scales come
-    from step 1's amaxes: a tensor 1000x larger at step 2 overflows E4M3 and saturates."""
+    """Step 1 casts with scale 1 (nothing recorded); after the pass the scales come from
+    step 1's amaxes: an input 1000x larger at step 2 overflows E4M3 and saturates."""
     a, b, _ = _operands()
-    g = PrecisionGemm("bf16", Fp8Recipe("delayed", amax_history_len=1))
+    g = Fp8Gemm(Fp8Recipe("delayed", amax_history_len=1))
     g("g", a, b, ("act", "weight"))
-    g.end_forward()
-    st = g.states[("g", 0)]
+    g.end_pass(backward=False)
+    st = g.states[("g", "act")]
     assert st.scale == pytest.approx(448.0 / np.abs(a).max(), rel=1e-6)
     big = a * 1e3
+    g.new_step()
     out = g("g", big, b, ("act", "weight"))
     assert _rel(out, big.astype(np.float64) @ b) > 0.5       # clipped at 448 / scale
-    g.end_forward()
+    g.end_pass(backward=False)
+    g.new_step()
     assert _rel(g("g", big, b, ("act", "weight")), big.astype(np.float64) @ b) < 0.08
+
+
+def test_fp8_backward_reuses_the_forward_casts() -> None:
+    """The wgrad casts its input with the scale of that input's forward pass (first in,
+    first out over micro-batches), the dgrad the weight with this step's FP8 copy's scale
+    (cast at the first micro-batch only); a pass's amaxes go through the group's MAX
+    reduction before the delayed scales update."""
+    a, b, _ = _operands()
+    seen: list[np.ndarray] = []
+
+    def reduce(x: np.ndarray) -> np.ndarray:
+        seen.append(x.copy())
+        return x * 2.0                        # as if another rank held twice the amaxes
+    g = Fp8Gemm(Fp8Recipe("delayed", amax_history_len=1), reduce)
+    g("g", a, b, ("act", "weight"))                             # micro-batch 0, scale 1
+    g.end_pass(backward=False)
+    assert np.array_equal(seen[0], [np.abs(a).max(), np.abs(b).max()])
+    s_act = g.states[("g", "act")].scale
+    assert s_act == pytest.approx(448.0 / (2 * np.abs(a).max()), rel=1e-6)
+    g("g", a * 4, b, ("act", "weight"))                         # micro-batch 1
+    g.end_pass(backward=False)
+    assert seen[1][1] == 0.0                 # the cached FP8 weight was not cast again
+    assert list(g.saved["g"]) == [1.0, s_act]
+    dy = a[:, :64] * 1e-3                                       # (M, N): a gradient
+    dw = g.accumulate("g", a.T, dy, ("act", "grad"))          # micro-batch 0's wgrad
+    want = tensor_quantize(a.T, 1.0, "e4m3") @ tensor_quantize(dy, 1.0, "e5m2")
+    assert np.array_equal(dw, want)           # its input at its forward's scale (1)
+    g.end_pass(backward=True)                 # micro-batch 0's backward releases its input
+    assert list(g.saved["g"]) == [s_act]
+    g.new_step()
+    assert not g.weight_scale
 
 
 def test_hybrid_casts_gradients_to_e5m2_and_block_keeps_e4m3() -> None:

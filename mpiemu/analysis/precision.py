@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..precision.fp8_gemm import numerics_label
 from .load import Run
 
 
@@ -20,7 +21,9 @@ def format_drift(run: Run) -> list[str]:
     if not rows:
         return []
     summary = run.manifest.get("summary") or {}
-    dtype = (run.manifest.get("config") or {}).get("run", {}).get("numeric_dtype", "?")
+    config = run.manifest.get("config") or {}
+    dtype = numerics_label(config.get("run", {}).get("numeric_dtype", "?"),
+                           config.get("fp8", {}).get("recipe", "off"))
     lines = [f"precision: {dtype} numerics against a float64 reference (drift):",
              f"{'iter':>4}{'loss':>12}{'loss fp64':>12}{'rel diff':>10}"
              f"{'params: median':>16}{'worst':>10}  worst tensor"]

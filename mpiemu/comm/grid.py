@@ -64,6 +64,9 @@ class ProcessGrid:
             else self.dp_comm
         self.pp_comm = world.Split(color=t + tp * (c + cp * d), key=p)
         self.mp_comm: Any = world.Split(color=c + cp * d, key=t + tp * p)
+        # FP8 amaxes are reduced over TP x DP x CP, a stage's ranks (Megatron-Core's
+        # amax reduction group)
+        self.amax_comm: Any = world.Split(color=p, key=t + tp * (c + cp * d))
         self._experts(world, shape)
         self.world_comm: Any = world
         self.world_map = list(range(shape.size))    # device of each MPI world rank
@@ -111,6 +114,7 @@ class ProcessGrid:
         self.dp_cp_comm = group("dp_cp") if shape.cp > 1 else self.dp_comm
         self.pp_comm = group("pp")
         self.mp_comm = group("mp", mixed=True)
+        self.amax_comm = None               # FP8 numerics never fold
         self.world_comm = FoldedComm("world", self.rank, range(shape.size),
                                      [fold.proc(r) for r in range(shape.size)], world,
                                      mixed=True)

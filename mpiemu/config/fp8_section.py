@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..precision.matmul import RECIPES, Fp8Recipe
+from ..precision.fp8_gemm import RECIPES, Fp8Recipe
 from .errors import ConfigError
 
 FORMATS = ("hybrid", "e4m3")

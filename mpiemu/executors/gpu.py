@@ -34,6 +34,20 @@ def _role(name: str) -> str:
     return "dgrad" if ".bwd" in name else "fprop"
 
 
+# the operands of each role of a linear layer's GEMMs (`precision.fp8_gemm`)
+OPERANDS = {"fprop": ("act", "weight"), "dgrad": ("grad", "weight"), "wgrad": ("act", "grad")}
+_PASS_SUFFIXES = ("fwd", "bwd", "wgrad", "gemm")
+
+
+def _tensor_key(name: str) -> str:
+    """The linear layer a GEMM belongs to (`l3.fc1.bwd.gemm` -> `l3.fc1`): one FP8 state
+    for its fprop, dgrad and wgrad."""
+    parts = name.split(".")
+    while parts and parts[-1] in _PASS_SUFFIXES:
+        parts.pop()
+    return ".".join(parts)
+
+
 class GpuExecutor:
     """Math plus emulated charge for every op of one rank, on one critical-path cursor."""
 
@@ -45,6 +59,7 @@ class GpuExecutor:
         self.on, self.overlap, self.sp = setup.numerics, setup.overlap, setup.dims.sp
         self.mm = setup.precision           # every GEMM's math (`precision.matmul`)
         self.fp8 = setup.fp8                # [fp8] recipe of the layers' linear GEMMs
+        self.fp8_gemm = setup.fp8_gemm      # their math under it (numerics on)
         self._in_layer = False              # inside a transformer layer's pass
         # Megatron's gradient buffer: a weight-gradient GEMM's epilogue adds into it
         self.wgrad_epilogue = setup.wgrad_epilogue
@@ -71,6 +86,8 @@ class GpuExecutor:
             return math(ready if ready is not None else no_ready)
         finally:
             self._in_layer = False
+            if self.on and self.fp8_gemm is not None:    # the recipe's amax update
+                self.fp8_gemm.end_pass(backward=pass_ == "bwd")
 
     def _gemm_dtype(self, name: str, role: str, m: int, n: int, k: int) -> str:
         """The dtype a GEMM is charged in; under an FP8 recipe inside a layer, FP8, after
@@ -99,10 +116,10 @@ class GpuExecutor:
              epilogue: Epilogue = NO_EPILOGUE, fp32_out: bool = False) -> Array:
         """C[M, N] = A[M, K] B[K, N] on this rank alone (no collective); `fp32_out`: the
         accumulator itself (a weight gradient into the fp32 `main_grad`)."""
-        out = None
+        out, role = None, "wgrad" if fp32_out else _role(name)
         if self.on and a is not None and b is not None:
-            out = (self.mm.accumulate if fp32_out else self.mm)(name, a, b)
-        dtype = self._gemm_dtype(name, "wgrad" if fp32_out else _role(name), m, n, k)
+            out = self._math(name, role, a, b)
+        dtype = self._gemm_dtype(name, role, m, n, k)
         if self._charging:
             self._t = charge.gemm(self.tl, self.cost, name, m, n, k, dtype=dtype,
                                   after=self._t, epilogue=epilogue).t_end
@@ -162,9 +179,16 @@ class GpuExecutor:
         self._t = self.tl.reserve(name, [COMPUTE], seconds, self._t, flops=flops,
                                   dram_bytes=dram_bytes).t_end
 
+    def _math(self, name: str, role: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """A GEMM's values in the numerics' precision: a layer's linear GEMMs in FP8 under
+        an [fp8] recipe; a weight gradient is the fp32 accumulator."""
+        mm = self.fp8_gemm if self.fp8_gemm is not None and self._in_layer else self.mm
+        fn = mm.accumulate if role == "wgrad" else mm
+        return fn(_tensor_key(name), a, b, OPERANDS[role])
+
     def _matmul(self, name: str) -> Callable[[Any, Any], Any]:
         """The GEMM inside a TP pair, in the numerics' precision."""
-        return lambda a, b: self.mm(name, a, b)
+        return lambda a, b: self._math(name, _role(name), a, b)
 
     # -- tensor parallelism ------------------------------------------------------------------
     def row_parallel(self, name: str, x: Array, w: Array, m: int, n: int, k: int) -> Array:

@@ -16,6 +16,7 @@ from ..devices.gemm import Epilogue
 from ..model.dims import Dims
 from ..model.executor import Executor, KernelOptions
 from ..overlap.strategy import Overlap
+from ..precision.fp8_gemm import Fp8Gemm
 from ..precision.matmul import PrecisionGemm
 from ..sim.timeline import Timeline
 
@@ -50,6 +51,8 @@ class ExecutorSetup:
     # [fp8] recipe: the transformer layers' linear GEMMs charged at the FP8 rate, with the
     # recipe's casts ("off": the emulated dtype's)
     fp8: str = "off"
+    # numerics on under an [fp8] recipe: those GEMMs' math (casts, scales, amax reduction)
+    fp8_gemm: Fp8Gemm | None = None
 
 
 def make_executor(kind: str, setup: ExecutorSetup) -> Executor:

@@ -22,6 +22,7 @@ from ..analysis.breakdown import (BREAKDOWN_FIELDS, IterationBreakdown, counted,
 from ..analysis.rank_trace import make_trace
 from ..comm.p2p import TimedComm
 from ..precision.loss_scale import overflow_expected
+from ..precision.fp8_gemm import Fp8Gemm
 from ..precision.matmul import PrecisionGemm
 from ..executors.registry import ExecutorSetup, make_executor
 from ..model.config import ModelConfig
@@ -65,11 +66,14 @@ class Trainer:
     first_grads_iteration: int = 0
     keep_first_grads: bool = False
     taken: bool = True              # the last step updated the weights (FP16: not skipped)
+    fp8: Fp8Gemm | None = None      # the layers' FP8 GEMMs (numerics on, an [fp8] recipe)
 
     def train_step(self, it: int) -> float:
         """Forward, backward and update of iteration `it`; this rank's loss share."""
         scaler = self.opt.scaler
         self.model.loss_scale = 1.0 if scaler is None else scaler.scale    # FP16
+        if self.fp8 is not None:                # the first micro-batch casts the weights
+            self.fp8.new_step()
         with overflow_expected(scaler is not None):
             share = self.step.run(it)
         grads = None
@@ -118,13 +122,14 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
     mp = comm(grid.world_comm if distributed else grid.mp_comm, "world" if distributed else "mp")
     assert tp is not None and dp is not None and mp is not None
     buf = grad_buffer(w, ctx.spec.kind)
+    fp8 = fp8_gemm(w, grid.amax_comm) if numerics and w.fp8.on else None
     overlap = w.overlap.to_overlap(strategy or None)
     ex = make_executor(ctx.spec.kind, ExecutorSetup(
         tl, ctx.cost, tp, dims, w.run.emulated_dtype, numerics, overlap,
         kernels=w.train.kernel_options(), tp_async=w.train.tp_comm_async,
         wgrad_epilogue=None if buf is None else buf.wgrad_epilogue, cp=cp, ep=ep,
         sunway_scheduler=w.sunway.scheduler, sunway_attention=w.sunway.attention,
-        precision=PrecisionGemm(w.run.numeric_dtype), fp8=w.fp8.recipe))
+        precision=PrecisionGemm(w.run.numeric_dtype), fp8=w.fp8.recipe, fp8_gemm=fp8))
     m = micro_batches(w)
     opt_cfg = w.optimizer.to_config()
     model = StageModel(cfg, ex, dims, tp_rank=grid.tp_rank, dp_rank=grid.dp_rank,
@@ -154,7 +159,22 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
                            w.run.numeric_dtype == "fp16" else None)
     if opt.zero is not None:       # forwards wait for their layers' parameter gathers
         grads.param_ready = opt.zero.param_ready
-    return Trainer(model, grads, step, opt, made)
+    return Trainer(model, grads, step, opt, made, fp8=fp8)
+
+
+def fp8_gemm(w: Workload, amax_comm: Any) -> Fp8Gemm:
+    """The layers' GEMMs under the [fp8] recipe, amaxes MAX-reduced over `amax_comm`."""
+    recipe = w.fp8.to_recipe()
+    assert recipe is not None
+    out = w.run.numeric_dtype
+    if amax_comm.Get_size() == 1:
+        return Fp8Gemm(recipe, out=out)
+
+    def reduce(x: np.ndarray) -> np.ndarray:
+        out = np.empty_like(x)
+        amax_comm.Allreduce(x, out, op=MPI.MAX)
+        return out
+    return Fp8Gemm(recipe, reduce, out)
 
 
 def counted_once(grid: ProcessGrid, lp: LocalParam, experts: bool, sharded: bool) -> bool:

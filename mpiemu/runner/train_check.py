@@ -5,12 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from ..precision.fp8_gemm import Fp8Gemm, numerics_label
 from ..precision.matmul import PrecisionGemm
-from ..training.check import check_against_reference
+from ..training.check import RefPrecision, check_against_reference
 from ..training.drift import DriftLog, drift_from_fp64
+from ..config.workload import Workload
 from .context import RankContext
 from .moe_setup import token_layout
-from .train_setup import reference_tolerance, resolve
+from .train_setup import micro_batches, reference_tolerance, resolve
 
 Trainer = Any        # runner.train.Trainer (which imports this module)
 
@@ -45,6 +49,19 @@ def drift_log(ctx: RankContext, trainer: Trainer) -> RunDrift | None:
     return RunDrift(ctx, trainer)
 
 
+def reference_precision(w: Workload) -> RefPrecision:
+    """The reference in the run's precision; under an [fp8] recipe its layers' GEMMs in
+    FP8 over the step's micro-batches, each DP rank's j-th together (`Reference`)."""
+    recipe = w.fp8.to_recipe()
+    if recipe is None:
+        return RefPrecision(PrecisionGemm(w.run.numeric_dtype))
+    mb, m, dp = resolve(w)[2].batch, micro_batches(w), w.parallel.dp
+    sets = [np.concatenate([np.arange((r * m + j) * mb, (r * m + j + 1) * mb)
+                            for r in range(dp)]) for j in range(m)]
+    return RefPrecision(PrecisionGemm(w.run.numeric_dtype),
+                        Fp8Gemm(recipe, out=w.run.numeric_dtype), sets)
+
+
 def reference_summary(ctx: RankContext, trainer: Trainer, losses: list[float],
                       drift: RunDrift | None) -> dict[str, Any]:
     """Collective: the reference check (printed, and its verdict) and the drift from fp64."""
@@ -55,7 +72,7 @@ def reference_summary(ctx: RankContext, trainer: Trainer, losses: list[float],
                                   grid.tp, grid.tp_rank, trainer.model.P,  # type: ignore[arg-type]
                                   losses, ctx.np_dtype, reference_tolerance(w), tokens,
                                   grid.shape.ep, grid.ep_rank,
-                                  PrecisionGemm(w.run.numeric_dtype), trainer.first_grads,
+                                  reference_precision(w), trainer.first_grads,
                                   trainer.first_grads_iteration)
     ctx.say(chk.line())
     out: dict[str, Any] = {"reference": chk.as_dict()}
@@ -65,7 +82,7 @@ def reference_summary(ctx: RankContext, trainer: Trainer, losses: list[float],
             report = drift_from_fp64(cfg, w.optimizer.to_config(), w.run.seed, gb, tokens,
                                      losses, drift.log, grid.tp, grid.shape.ep)
         out["drift"] = ctx.world.bcast(report, root=0)
-        ctx.say(drift_line(w.run.numeric_dtype, out["drift"]))
+        ctx.say(drift_line(numerics_label(w.run.numeric_dtype, w.fp8.recipe), out["drift"]))
     return out
 
 

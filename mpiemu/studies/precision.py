@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from . import runs as launch
-from ..precision.matmul import RECIPES
+from ..precision.fp8_gemm import RECIPES
 from ..workloads import DIR as WORKLOADS_DIR
 from .common import Golden, Row, load_figures
 

@@ -16,11 +16,13 @@ tensor, and the losses; the parameters' error is reported beside them.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import numpy as np
 from mpi4py import MPI
 
 from ..model.config import ModelConfig
+from ..precision.fp8_gemm import Fp8Gemm
 from ..precision.matmul import PrecisionGemm
 from .config import OptimizerConfig
 from .reference import Reference
@@ -90,13 +92,23 @@ def tensor_errors(ours: Shards, whole: dict[str, np.ndarray], cfg: ModelConfig, 
     return [(rel_err(t, cuts[place][n]), n) for place, tensors in ours for n, t in tensors.items()]
 
 
+
+class RefPrecision(NamedTuple):
+    """The reference's precision: its GEMMs, its layers' FP8 GEMMs under a recipe and the
+    samples of each of the step's micro-batches they run in turn (`Reference`)."""
+
+    gemm: PrecisionGemm = PrecisionGemm("fp32")
+    fp8: Fp8Gemm | None = None
+    micro_sets: list[np.ndarray] | None = None
+
+
 def check_against_reference(world: MPI.Comm, cfg: ModelConfig, opt: OptimizerConfig,
                             seed: int, global_batch: int, tp: int, tp_rank: int,
                             params: dict[str, np.ndarray], losses: list[float],
                             np_dtype: type, tolerance: float,
                             tokens: TokenLayout | None = None, ep: int = 1,
                             ep_rank: int = 0,
-                            precision: PrecisionGemm = PrecisionGemm("fp32"),
+                            precision: RefPrecision = RefPrecision(),
                             first_grads: dict[str, np.ndarray] | None = None,
                             first_grads_iteration: int = 0) -> ReferenceCheck:
     """Collective over `world`: every rank's result is rank 0's verdict (`tokens`: how
@@ -107,7 +119,7 @@ def check_against_reference(world: MPI.Comm, cfg: ModelConfig, opt: OptimizerCon
     result = None
     if world.Get_rank() == 0:
         assert shards is not None
-        ref = Reference(cfg, seed, opt, global_batch, np_dtype, tokens, precision)
+        ref = Reference(cfg, seed, opt, global_batch, np_dtype, tokens, *precision)
         ref_losses, ref_grads = [], {}
         for it in range(len(losses)):
             ref_losses.append(ref.train_step(it))

@@ -11,6 +11,12 @@ an untied output layer `lm_head`; every combination, with the GPT and BERT paths
 Qwen3's attention: heads of `kv_channels` apart from hidden / heads (Wq [H, heads x dh],
 Wo [heads x dh, H]) and QK-norm, an RMSNorm of each q and k head over its dh values with
 one gain each shared by the heads, before the rotation (HF Qwen3Attention: q_norm, k_norm).
+
+Under an FP8 recipe (`precision.fp8_gemm`) the layers' linear GEMMs run in FP8 as the
+sharded layers run them: Wq | Wk | Wv and the gate | up projections as one fused GEMM each
+(one tensor, one scale), and the step as its micro-batches (`micro_sets`: each DP rank's
+j-th micro-batch together), each a forward, the recipe's update, a backward and its
+update, the gradients summed over them.
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ import numpy as np
 
 from ..model import seeded
 from ..model.config import ModelConfig
+from ..precision.fp8_gemm import Fp8Gemm
 from ..precision.loss_scale import overflow_expected
 from ..precision.matmul import PrecisionGemm
 from .config import CLIP_EPS, OptimizerConfig
@@ -33,10 +40,15 @@ class Reference:
     def __init__(self, cfg: ModelConfig, seed: int, opt: OptimizerConfig,
                  global_batch: int, dtype: type = np.float64,
                  tokens: TokenLayout | None = None,
-                 precision: PrecisionGemm = PrecisionGemm("fp32")) -> None:
+                 precision: PrecisionGemm = PrecisionGemm("fp32"),
+                 fp8: Fp8Gemm | None = None,
+                 micro_sets: list[np.ndarray] | None = None) -> None:
         self.cfg, self.seed, self.opt, self.global_batch = cfg, seed, opt, global_batch
         self.dtype = dtype
         self.mm = precision       # every GEMM, and the attention core's outputs, in it
+        self.fp8 = fp8            # the layers' linear GEMMs under an FP8 recipe
+        self.micro_sets = micro_sets or [np.arange(global_batch)]   # samples of each
+        self.samples = np.arange(global_batch)        # those of the pass running
         # FP16: the loss scaled before the backward, an overflowing step skipped (Megatron)
         self.scaler = opt.loss_scaler() if precision.compute == "fp16" else None
         self.taken = True
@@ -58,7 +70,7 @@ class Reference:
             return None
         s, h = self.cfg.seq_len, self.cfg.hidden
         keep = np.stack([seeded.hidden_keep(self.seed, it, layer, site, b, (s, h), p)
-                         for b in range(self.global_batch)])
+                         for b in self.samples.tolist()])
         return keep.astype(self.dtype) / self.dtype(1.0 - p)
 
     def _probs_mask(self, it: int, layer: int) -> np.ndarray | None:
@@ -69,14 +81,47 @@ class Reference:
         keep = np.stack([np.stack([seeded.probs_keep(self.seed, it, layer, b, hd,
                                                      self.cfg.seq_len, p)
                                    for hd in range(self.cfg.heads)])
-                         for b in range(self.global_batch)])
+                         for b in self.samples.tolist()])
         return keep.astype(self.dtype) / self.dtype(1.0 - p)
 
     # -- linear layers and norms, with or without biases -----------------------------------
+    def _gemm(self, w: str) -> PrecisionGemm | Fp8Gemm:
+        """The precision of the GEMMs of weight w: a layer's in FP8 under a recipe."""
+        return self.fp8 if self.fp8 is not None and w.startswith("layers.") else self.mm
+
     def _linear(self, x: np.ndarray, w: str, b: str) -> np.ndarray:
         """x @ W (+ bias when the model has biases)."""
-        y = self.mm(w, x, self.params[w])
+        y = self._gemm(w)(w, x, self.params[w])
         return y + self.params[b] if b in self.params else y
+
+    def _fused(self, x: np.ndarray, key: str, names: list[tuple[str, str]]
+               ) -> list[np.ndarray]:
+        """x @ W for each (W, bias) of `names`: one GEMM of W1 | W2 | ... under FP8 (the
+        sharded layer's fused weight, one tensor), else one each."""
+        if self.fp8 is None:
+            return [self._linear(x, w, b) for w, b in names]
+        y = self.fp8(key, x, np.concatenate([self.params[w] for w, _ in names], axis=1))
+        parts = np.split(y, np.cumsum([self.params[w].shape[1] for w, _ in names])[:-1], -1)
+        return [o + self.params[b] if b in self.params else o
+                for o, (_, b) in zip(parts, names)]
+
+    def _fused_back(self, x: np.ndarray, ds: list[np.ndarray], key: str,
+                    names: list[tuple[str, str]], g: dict[str, np.ndarray]) -> np.ndarray:
+        """Gradients of `_fused` from its input x and its outputs' gradients ds; dx."""
+        if self.fp8 is None:
+            for d, (w, b) in zip(ds, names):
+                self._linear_back(x, d, w, b, g)
+            return sum((self._dgrad(w, d) for d, (w, _) in zip(ds, names)),
+                       np.zeros_like(x))
+        d = np.concatenate(ds, axis=-1)
+        gw = self.fp8.accumulate(key, x.reshape(-1, x.shape[-1]).T, d.reshape(-1, d.shape[-1]))
+        cuts = np.cumsum([self.params[w].shape[1] for w, _ in names])[:-1]
+        for part, dd, (w, b) in zip(np.split(gw, cuts, axis=1), ds, names):
+            g[w] = part
+            if b in self.params:
+                g[b] = dd.sum((0, 1))
+        whole = np.concatenate([self.params[w] for w, _ in names], axis=1)
+        return self.fp8(key, d, whole.T, ("grad", "weight"))
 
     def _linear_back(self, x: np.ndarray, d: np.ndarray, w: str, b: str,
                      g: dict[str, np.ndarray]) -> None:
@@ -87,13 +132,15 @@ class Reference:
 
     def _wgrad(self, w: str, x: np.ndarray, d: np.ndarray) -> np.ndarray:
         """x^T d summed over batch and positions, accumulated in fp32 (`main_grad`)."""
-        if self.mm.exact:
+        mm = self._gemm(w)
+        if mm.exact:
             return wgrad(x, d)
-        return self.mm.accumulate(w, x.reshape(-1, x.shape[-1]).T, d.reshape(-1, d.shape[-1]))
+        return mm.accumulate(w, x.reshape(-1, x.shape[-1]).T, d.reshape(-1, d.shape[-1]))
 
     def _dgrad(self, w: str, d: np.ndarray, transpose: bool = True) -> np.ndarray:
         """d W^T (or d W): a linear layer's input gradient."""
-        return self.mm(w, d, self.params[w].T if transpose else self.params[w], ("grad", "weight"))
+        return self._gemm(w)(w, d, self.params[w].T if transpose else self.params[w],
+                             ("grad", "weight"))
 
     def _norm(self, name: str, x: np.ndarray) -> tuple[np.ndarray, Cache]:
         """The norm `name` (LayerNorm or RMSNorm, `cfg.norm_kind`) over the hidden axis."""
@@ -123,9 +170,8 @@ class Reference:
         def heads(t: np.ndarray, n: int) -> np.ndarray:
             return t.reshape(bsz, s, n, dh).transpose(0, 2, 1, 3)     # (B, n, S, dh)
 
-        q = heads(self._linear(x, pre + "wq", pre + "bq"), nh)
-        k = heads(self._linear(x, pre + "wk", pre + "bk"), ng)
-        v = heads(self._linear(x, pre + "wv", pre + "bv"), ng)
+        q, k, v = (heads(t, n) for t, n in zip(self._fused(x, pre + "qkv", self._qkv(i)),
+                                               (nh, ng, ng)))
         qk: Cache = {}
         if cfg.qk_norm:           # over each head's dh values, one gain shared by the heads
             q, qk["q"] = rms_norm(q, self.params[f"layers.{i}.q_norm.g"], cfg.layernorm_eps)
@@ -169,12 +215,17 @@ class Reference:
         if self.cfg.qk_norm:
             dq, g[f"layers.{i}.q_norm.g"] = rms_norm_back(dq, c["qk"]["q"])
             dk, g[f"layers.{i}.k_norm.g"] = rms_norm_back(dk, c["qk"]["k"])
-        dx = np.zeros_like(c["x"])
-        for name, d in (("q", dq), ("k", dk), ("v", dv)):
-            d2 = d.transpose(0, 2, 1, 3).reshape(bsz, s, -1)           # (B, S, n * dh)
-            self._linear_back(c["x"], d2, pre + f"w{name}", pre + f"b{name}", g)
-            dx += self._dgrad(pre + f"w{name}", d2)
-        return dx
+        ds = [d.transpose(0, 2, 1, 3).reshape(bsz, s, -1) for d in (dq, dk, dv)]  # (B, S, n dh)
+        return self._fused_back(c["x"], ds, pre + "qkv", self._qkv(i), g)
+
+    @staticmethod
+    def _qkv(i: int) -> list[tuple[str, str]]:
+        return [(f"layers.{i}.attn.w{n}", f"layers.{i}.attn.b{n}") for n in "qkv"]
+
+    @staticmethod
+    def _fc1(i: int, gated: bool) -> list[tuple[str, str]]:
+        """FC-1's weights: W1 (the gate under SwiGLU) and W3 (the up projection)."""
+        return [(f"layers.{i}.mlp.w{n}", f"layers.{i}.mlp.b{n}") for n in ("13" if gated else "1")]
 
     def _experts(self, i: int) -> bool:
         return self.moe is not None and self.moe.m.is_moe(i)
@@ -185,10 +236,11 @@ class Reference:
         if self.moe is not None and self._experts(i):
             return self.moe.forward(self.params, x, i)
         pre = f"layers.{i}.mlp."
-        f = self._linear(x, pre + "w1", pre + "b1")                    # (B, S, ffn)
+        fc1 = self._fused(x, pre + "fc1", self._fc1(i, self.cfg.gated))    # (B, S, ffn) each
+        f = fc1[0]
         c: Cache = {"x": x, "f": f}
         if self.cfg.gated:
-            c["up"] = self._linear(x, pre + "w3", pre + "b3")
+            c["up"] = fc1[1]
             c["act"] = silu(f) * c["up"]
         else:
             c["act"] = gelu(f)
@@ -203,14 +255,10 @@ class Reference:
         dact = self._dgrad(pre + "w2", dout)
         f = c["f"]
         if not self.cfg.gated:
-            df = dact * gelu_grad(f)
-            self._linear_back(c["x"], df, pre + "w1", pre + "b1", g)
-            return self._dgrad(pre + "w1", df)
-        df = dact * c["up"] * silu_grad(f)
-        dup = dact * silu(f)
-        self._linear_back(c["x"], df, pre + "w1", pre + "b1", g)
-        self._linear_back(c["x"], dup, pre + "w3", pre + "b3", g)
-        return self._dgrad(pre + "w1", df) + self._dgrad(pre + "w3", dup)
+            ds = [dact * gelu_grad(f)]
+        else:
+            ds = [dact * c["up"] * silu_grad(f), dact * silu(f)]       # gate, up
+        return self._fused_back(c["x"], ds, pre + "fc1", self._fc1(i, self.cfg.gated), g)
 
     def _sublayer(self, x: np.ndarray, i: int, it: int, which: str) -> tuple[np.ndarray, Cache]:
         """pre-LN: x + DR(F(LN(x))); post-LN: LN(x + DR(F(x))) (thesis 2.2.2 Add & Norm)."""
@@ -239,11 +287,13 @@ class Reference:
         return dsum + back(dout, c["f"], i, g)
 
     # -- whole model ------------------------------------------------------------------------
-    def loss_and_grads(self, tokens: np.ndarray, targets: np.ndarray, it: int
-                       ) -> tuple[float, dict[str, np.ndarray]]:
-        """Mean next-token cross-entropy over the global batch and its gradients."""
+    def loss_and_grads(self, tokens: np.ndarray, targets: np.ndarray, it: int,
+                       n: int | None = None) -> tuple[float, dict[str, np.ndarray]]:
+        """Next-token cross-entropy summed over the samples / n (all the tokens of the
+        step: the samples' share of its mean) and its gradients."""
         cfg, p = self.cfg, self.params
         bsz, s = tokens.shape
+        n = bsz * s if n is None else n
         learned = cfg.position == "learned"
         head = "wte" if cfg.tied_embeddings else "lm_head"     # the output layer's weight
         x = p["wte"][tokens] + p["wpe"][None, :s] if learned else p["wte"][tokens]
@@ -259,9 +309,10 @@ class Reference:
         if cfg.norm == "pre":
             x, c_lnf = self._norm("lnf", x)
         logits = self.mm(head, x, p[head].T)                          # (B, S, V)
+        if self.fp8 is not None:
+            self.fp8.end_pass(backward=False)
         mx = logits.max(-1, keepdims=True)
         lse = mx[..., 0] + np.log(np.exp(logits - mx).sum(-1))
-        n = bsz * s
         picked = np.take_along_axis(logits, targets[..., None], -1)[..., 0]
         loss = float((lse - picked).sum() / n)
         # backward
@@ -280,6 +331,8 @@ class Reference:
             ca, cm = caches[i]
             dx = self._sublayer_back(dx, cm, i, "mlp", g)
             dx = self._sublayer_back(dx, ca, i, "attn", g)
+        if self.fp8 is not None:
+            self.fp8.end_pass(backward=True)
         dx = dx if emb_mask is None else dx * emb_mask
         if cfg.norm == "post":
             dx = self._norm_back("lne", dx, c_lne, g)
@@ -290,6 +343,22 @@ class Reference:
             g["wte"] = np.zeros_like(p["wte"])
         np.add.at(g["wte"], tokens.reshape(-1), dx.reshape(-1, cfg.hidden))
         return loss, g
+
+    def _micro_batches(self, tokens: np.ndarray, targets: np.ndarray, it: int
+                       ) -> tuple[float, dict[str, np.ndarray]]:
+        """The step's loss and gradients: the whole batch at once, or under FP8 its
+        micro-batches in order (the recipe's scales change between them)."""
+        if self.fp8 is None:
+            return self.loss_and_grads(tokens, targets, it)
+        self.fp8.new_step()
+        loss, grads = 0.0, dict[str, np.ndarray]()
+        for idx in self.micro_sets:
+            self.samples = idx
+            part, g = self.loss_and_grads(tokens[idx], targets[idx], it, tokens.size)
+            loss += part
+            grads = {k: grads[k] + v if k in grads else v for k, v in g.items()}
+        self.samples = np.arange(self.global_batch)
+        return loss, grads
 
     def update(self, grads: dict[str, np.ndarray]) -> None:
         """One Adam or LAMB step on every parameter (optionally after global-norm clipping)."""
@@ -321,7 +390,7 @@ class Reference:
         """Forward, backward and update on iteration `it`'s global batch; returns the loss."""
         tokens, targets = seeded.batch(self.cfg, self.seed, it, self.global_batch)
         with overflow_expected(self.scaler is not None):
-            loss, grads = self.loss_and_grads(tokens, targets, it)
+            loss, grads = self._micro_batches(tokens, targets, it)
         if self.scaler is not None:          # unscaled in fp32; an inf or NaN skips the step
             grads = {k: g * (1.0 / self.scaler.scale) for k, g in grads.items()}
             self.taken = self.scaler.update(not all(np.all(np.isfinite(g))
