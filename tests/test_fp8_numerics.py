@@ -130,3 +130,15 @@ def test_fp8_numerics_refused_where_not_modelled(extra: list[str], needle: str,
     lines = our_lines(res.stderr)
     assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, lines
     assert "fp8.recipe" in lines[0] and needle in lines[0], lines
+
+
+@pytest.mark.parametrize("zero", [1, 3])
+def test_fp8_parameters_cast_from_the_master_weights(zero: int, tmp_path: Path) -> None:
+    """optimizer.fp8_param_gather: the weights are cast to FP8 from the fp32 master shards
+    (not from a bf16 copy), in the run and in its reference alike; the losses move."""
+    base = ["run.iterations=3", f"optimizer.zero={zero}"]
+    s8 = _run(tmp_path / "fp8", (1, 1, 2), "delayed", "bf16", *base,
+              "optimizer.fp8_param_gather=true")
+    s16 = _run(tmp_path / "bf16", (1, 1, 2), "delayed", "bf16", *base)
+    assert s8["reference"]["passed"] and s16["reference"]["passed"]
+    assert [i["loss"] for i in s8["iterations"]] != [i["loss"] for i in s16["iterations"]]

@@ -114,3 +114,60 @@ def test_fp8_keeps_two_fp8_copies_of_each_layer_weight() -> None:
     cfg, _, _ = resolve(w0)
     assert m8.params_bytes - m0.params_bytes == 2 * 4 * layer_param_count(cfg, 8)
     assert m8.activations_bytes == m0.activations_bytes
+
+
+def test_fp8_parameters_are_held_and_gathered_in_fp8(tmp_path: Path) -> None:
+    """optimizer.fp8_param_gather: a layer's weights are held as FP8 (their rowwise copy;
+    the columnwise one stays), and the distributed optimizer's and FSDP's parameter
+    all-gathers move a layer weight in one byte; the embedding and the norms in two."""
+    from mpiemu.config.workload import load_workload
+    from mpiemu.runner.train_setup import resolve, train_memory
+    from mpiemu.training.memory import layer_param_count
+    base = ["device.preset='h100-sxm5'", "network.preset='dgx-h100'", "run.numerics='off'",
+            "run.emulated_dtype='bf16'", "model.layers=4", "fp8.recipe='delayed'",
+            "optimizer.zero=1"]
+    w0 = load_workload("workloads/gpt3-175b-tp8.toml", base)
+    w8 = load_workload("workloads/gpt3-175b-tp8.toml", [*base, "optimizer.fp8_param_gather=true"])
+    cfg, _, _ = resolve(w0)
+    m0, m8 = train_memory(w0, 80e9, 0), train_memory(w8, 80e9, 0)
+    assert m0.params_bytes - m8.params_bytes == 2 * 4 * layer_param_count(cfg, 8)
+    sent = {}
+    for zero in (1, 3):
+        for fp8 in (False, True):
+            out = tmp_path / f"z{zero}-{fp8}"
+            res = run_mpi(2, ["run", "workloads/quickstart.toml", "--set", "parallel.tp=1",
+                              "--set", "run.numerics='off'", "--set",
+                              "device.preset='h100-sxm5'", "--set", "network.preset='dgx-h100'",
+                              "--set", "run.emulated_dtype='bf16'", "--set",
+                              "fp8.recipe='delayed'", "--set", f"optimizer.zero={zero}",
+                              "--set", f"optimizer.fp8_param_gather={str(fp8).lower()}",
+                              "--set", "train.check_reference=false", "--set",
+                              "run.iterations=1", "--out", str(out)])
+            assert res.returncode == 0, res.stderr[-1000:]
+            ev = load(out).ranks[0].events
+            names = load(out).ranks[0].names
+            gathers = np.char.startswith(names.astype(str), "dp.param_")
+            sent[(zero, fp8)] = float(ev["bytes"][gathers].sum())
+    from mpiemu.model.tensor_parallel import local_params
+    from mpiemu.training.fully_sharded import fp8_param
+    qs = load_workload("workloads/quickstart.toml", ["parallel.tp=1"])
+    specs = list(local_params(resolve(qs)[0], 1))
+    for zero in (1, 3):       # ZeRO-3 gathers a layer twice (forward, backward), the rest once
+        times = [2 if zero == 3 and lp.layer >= 0 else 1 for lp in specs]
+        fp8 = sum(t * lp.size * (1 if fp8_param(lp) else 2) for t, lp in zip(times, specs))
+        bf16 = sum(t * lp.size * 2 for t, lp in zip(times, specs))
+        assert sent[(zero, True)] / sent[(zero, False)] == pytest.approx(fp8 / bf16, rel=0.01)
+
+
+@pytest.mark.parametrize("sets, needle", [
+    (["optimizer.zero=0", "fp8.recipe='delayed'"], "optimizer.zero"),
+    (["optimizer.zero=1"], "without an [fp8] recipe"),
+])
+def test_fp8_param_gather_refused_without_its_needs(sets: list[str], needle: str,
+                                                     tmp_path: Path) -> None:
+    res = run_mpi(1, ["run", "workloads/gpt3-175b-tp8.toml", *H100, "--set",
+                      "optimizer.fp8_param_gather=true",
+                      *[a for s in sets for a in ("--set", s)], "--out", str(tmp_path)])
+    lines = our_lines(res.stderr)
+    assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, lines
+    assert "optimizer.fp8_param_gather" in lines[0] and needle in lines[0], lines

@@ -142,7 +142,7 @@ def _check_fold(tc: TimedComm, chunks: object, send_counts: Sequence[int],
 
 
 def all_to_all_v(tc: TimedComm, chunks: Sequence[np.ndarray | None] | None,
-                 send_counts: Sequence[int], recv_counts: Sequence[int], *, itemsize: int,
+                 send_counts: Sequence[int], recv_counts: Sequence[int], *, itemsize: float,
                  after: SimTime = 0.0, label: str = "all_to_all", unit: int = 1,
                  tag: int = TAG_A2A) -> tuple[list[np.ndarray | None], Span]:
     """Send `chunks[j]` (`send_counts[j]` rows of `unit` elements, `itemsize` bytes each on

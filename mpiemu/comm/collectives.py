@@ -52,7 +52,7 @@ def _size(x: np.ndarray | None, count: int | None) -> int:
     return count
 
 
-def _itemsize(x: np.ndarray | None, wire_itemsize: int | None) -> int:
+def _itemsize(x: np.ndarray | None, wire_itemsize: float | None) -> float:
     if wire_itemsize is not None:
         return wire_itemsize
     return x.itemsize if x is not None else 4
@@ -77,7 +77,7 @@ def _out(out: np.ndarray | None, n: int, dtype: np.dtype) -> np.ndarray:
     return out.reshape(-1)
 
 
-def call_for(tc: TimedComm, op: str, nbytes: float, itemsize: int,
+def call_for(tc: TimedComm, op: str, nbytes: float, itemsize: float,
              bidirectional: bool = False) -> tuple[Choice, Call]:
     """The (algorithm, protocol) NCCL's tuner picks for this call (or the communicator's
     tuning names) and the call its messages run as: that protocol, the channel share NCCL
@@ -88,7 +88,7 @@ def call_for(tc: TimedComm, op: str, nbytes: float, itemsize: int,
                     ch.algorithm)
 
 
-def _start(tc: TimedComm, op: str, nbytes: float, itemsize: int, bidirectional: bool,
+def _start(tc: TimedComm, op: str, nbytes: float, itemsize: float, bidirectional: bool,
            t0: SimTime) -> tuple[Choice, Call, SimTime]:
     """The call (`call_for`), checked against folding; its base latency paid."""
     ch, call = call_for(tc, op, nbytes, itemsize, bidirectional)
@@ -100,10 +100,10 @@ def _start(tc: TimedComm, op: str, nbytes: float, itemsize: int, bidirectional: 
     return ch, call, t0 + tc.net.spec.base(ch.algorithm, ch.protocol)
 
 
-def _record(tc: TimedComm, label: str, span: Span, nbytes: int, ch: Choice) -> None:
+def _record(tc: TimedComm, label: str, span: Span, nbytes: float, ch: Choice) -> None:
     """The call's summary event, and the SMs its kernel holds from issue to end (one block
     per channel, `NetworkSpec.kernel_blocks`): a GEMM meanwhile runs on the rest."""
-    tc.tl.summary(label, span, resource=f"coll.{tc.name}", nbytes=nbytes)
+    tc.tl.summary(label, span, resource=f"coll.{tc.name}", nbytes=round(nbytes))
     tc.tl.sms.hold(span.t_start, span.t_end,
                    tc.net.spec.kernel_blocks(ch.algorithm, ch.protocol, nbytes, tc.size))
 
@@ -130,7 +130,7 @@ def _ring_plan(tc: TimedComm, m: int, bidirectional: bool, kind: str
 
 
 def _ring_rs(tc: TimedComm, call: Call, reduce_s: Reduction, flat: np.ndarray | None, n: int,
-             itemsize: int, unit: int, bidirectional: bool, t: SimTime,
+             itemsize: float, unit: int, bidirectional: bool, t: SimTime,
              out: np.ndarray | None, out_lo: int) -> SimTime:
     """The plain ring reduce-scatter; chunk `rank`'s sum goes to out (element out_lo on)."""
     ls, pieces = _ring_plan(tc, n // unit, bidirectional, "rs")
@@ -141,7 +141,7 @@ def _ring_rs(tc: TimedComm, call: Call, reduce_s: Reduction, flat: np.ndarray | 
     return run.done
 
 
-def _ring_ag(tc: TimedComm, call: Call, buf: np.ndarray | None, n: int, itemsize: int,
+def _ring_ag(tc: TimedComm, call: Call, buf: np.ndarray | None, n: int, itemsize: float,
              unit: int, bidirectional: bool, t: SimTime) -> SimTime:
     """The plain ring all-gather in place (buf holds this rank's chunk)."""
     ls, pieces = _ring_plan(tc, n // unit, bidirectional, "ag")
@@ -151,7 +151,7 @@ def _ring_ag(tc: TimedComm, call: Call, buf: np.ndarray | None, n: int, itemsize
 
 
 def _ring_ar(tc: TimedComm, call: Call, reduce_s: Reduction, flat: np.ndarray | None,
-             buf: np.ndarray | None, n: int, itemsize: int, unit: int, bidirectional: bool,
+             buf: np.ndarray | None, n: int, itemsize: float, unit: int, bidirectional: bool,
              t: SimTime) -> SimTime:
     """Ring all-reduce = reduce-scatter then all-gather on the same chunks, 2(N-1) steps."""
     if tc.size == 1:
@@ -163,7 +163,7 @@ def _ring_ar(tc: TimedComm, call: Call, reduce_s: Reduction, flat: np.ndarray | 
 
 
 def _hierarchical_ar(tc: TimedComm, call: Call, reduce_s: Reduction,
-                     flat: np.ndarray | None, buf: np.ndarray | None, n: int, itemsize: int,
+                     flat: np.ndarray | None, buf: np.ndarray | None, n: int, itemsize: float,
                      unit: int, t: SimTime) -> SimTime:
     """Intra-node reduce-scatter, rail all-reduce of the shard, intra-node all-gather, on
     `pipeline_depth` segments: every segment's reduce-scatters are issued first, then the
@@ -190,7 +190,7 @@ def _hierarchical_ar(tc: TimedComm, call: Call, reduce_s: Reduction,
 
 def reduce_scatter(tc: TimedComm, x: np.ndarray | None, *, reduce_s: Reduction,
                    after: SimTime = 0.0, count: int | None = None,
-                   wire_itemsize: int | None = None,
+                   wire_itemsize: float | None = None,
                    bidirectional: bool = False, label: str = "reduce_scatter",
                    out: np.ndarray | None = None, unit: int | None = None
                    ) -> tuple[np.ndarray | None, Span]:
@@ -216,7 +216,7 @@ def reduce_scatter(tc: TimedComm, x: np.ndarray | None, *, reduce_s: Reduction,
 
 def all_gather(tc: TimedComm, x: np.ndarray | None, *, total: int | None = None,
                after: SimTime = 0.0, count: int | None = None,
-               wire_itemsize: int | None = None, bidirectional: bool = False,
+               wire_itemsize: float | None = None, bidirectional: bool = False,
                label: str = "all_gather", out: np.ndarray | None = None,
                unit: int | None = None) -> tuple[np.ndarray | None, Span]:
     """Concatenate every rank's chunk in rank order (rows of a 2-D x; `total` elements).
@@ -246,7 +246,7 @@ def all_gather(tc: TimedComm, x: np.ndarray | None, *, total: int | None = None,
 
 def all_reduce(tc: TimedComm, x: np.ndarray | None, *, reduce_s: Reduction,
                after: SimTime = 0.0, count: int | None = None,
-               wire_itemsize: int | None = None,
+               wire_itemsize: float | None = None,
                bidirectional: bool = False, label: str = "all_reduce",
                out: np.ndarray | None = None, unit: int = 1
                ) -> tuple[np.ndarray | None, Span]:
@@ -284,7 +284,7 @@ def all_reduce(tc: TimedComm, x: np.ndarray | None, *, reduce_s: Reduction,
 
 
 def all_reduce_scalars(tc: TimedComm, x: np.ndarray | None, *, reduce_s: Reduction,
-                       after: SimTime = 0.0, count: int = 1, wire_itemsize: int | None = None,
+                       after: SimTime = 0.0, count: int = 1, wire_itemsize: float | None = None,
                        label: str = "all_reduce") -> tuple[np.ndarray | None, Span]:
     """Sum a few scalars (a gradient norm) over the group as one latency-bound call: every
     member leaves at the tuner's estimate of the call (`comm.cost.estimate_s`, base latency

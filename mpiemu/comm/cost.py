@@ -95,7 +95,7 @@ def ring_hops(tc: TimedComm, bidirectional: bool) -> tuple[list[Hop], int]:
     return got
 
 
-def ring_estimate_s(tc: TimedComm, op: str, nbytes: float, itemsize: int, proto: str,
+def ring_estimate_s(tc: TimedComm, op: str, nbytes: float, itemsize: float, proto: str,
                     reduce_s: Reduction, bidirectional: bool = False,
                     share: float | None = None) -> float:
     """Ring time without the base latency: exact for one lane whose ports carry nothing
@@ -140,7 +140,7 @@ def _node_tree(tc: TimedComm) -> tuple[list[list[int]], Hop, int, int]:
     return groups, inter, max(1, math.ceil(math.log2(nodes + 1)) - 1), 2 if nodes > 2 else 1
 
 
-def tree_estimate_s(tc: TimedComm, nbytes: float, itemsize: int, proto: str,
+def tree_estimate_s(tc: TimedComm, nbytes: float, itemsize: float, proto: str,
                     reduce_s: Reduction) -> float:
     """G lanes (one per rail) of two trees, 1/(2G) of the data each, k segments: one
     segment's climb and descent (chain hops inside the node, tree hops between nodes, a
@@ -165,7 +165,7 @@ def tree_estimate_s(tc: TimedComm, nbytes: float, itemsize: int, proto: str,
     return 2 * climb - levels * red + (k - 1) * busiest
 
 
-def nvls_tree_estimate_s(tc: TimedComm, nbytes: float, itemsize: int,
+def nvls_tree_estimate_s(tc: TimedComm, nbytes: float, itemsize: float,
                          reduce_s: Reduction) -> float:
     """k segments of the G shards: one segment through the switch (its whole data out),
     the rail's tree on its shard, back through the switch (the whole result in), plus k-1
@@ -222,7 +222,7 @@ def all_to_all_s(tc: TimedComm, peer_bytes: float) -> float:
     return tc.net.spec.base(P2P_ALGORITHM, "simple") + max(load.values()) + lat
 
 
-def estimate_s(tc: TimedComm, op: str, nbytes: float, itemsize: int, ch: Choice,
+def estimate_s(tc: TimedComm, op: str, nbytes: float, itemsize: float, ch: Choice,
                reduce_s: Reduction, bidirectional: bool = False) -> float:
     """The predicted time of one call (base latency included; `reduce_s`: the device's;
     an all-to-all's nbytes is a rank's whole send buffer, nbytes / N to each rank)."""
@@ -252,7 +252,7 @@ def estimate_s(tc: TimedComm, op: str, nbytes: float, itemsize: int, ch: Choice,
     return base + s_rs + s_ar + s_ag + (k - 1) * max(s_rs + s_ag, s_ar)
 
 
-def choose(tc: TimedComm, op: str, nbytes: float, itemsize: int, algorithm: str = "",
+def choose(tc: TimedComm, op: str, nbytes: float, itemsize: float, algorithm: str = "",
            protocol: str = "", bidirectional: bool = False) -> Choice:
     """The lowest predicted (algorithm, protocol), within what is asked for (remembered
     per group and call shape: the estimates depend on nothing else)."""
@@ -264,7 +264,7 @@ def choose(tc: TimedComm, op: str, nbytes: float, itemsize: int, algorithm: str 
     return got
 
 
-def _choose(tc: TimedComm, op: str, nbytes: float, itemsize: int, algorithm: str,
+def _choose(tc: TimedComm, op: str, nbytes: float, itemsize: float, algorithm: str,
             protocol: str, bidirectional: bool) -> Choice:
     algos = allowed(tc, op)
     if algorithm:

@@ -41,7 +41,7 @@ def _latest(comm: MPI.Comm, times: list[SimTime]) -> list[SimTime]:
 
 def nvls_tree_all_reduce(tc: TimedComm, call: Call, reduce_s: Reduction,
                          flat: np.ndarray | None, buf: np.ndarray | None, n: int,
-                         itemsize: int, t: SimTime, depth: int) -> SimTime:
+                         itemsize: float, t: SimTime, depth: int) -> SimTime:
     """Sum n elements over the group (whole nodes of one switch each) in `depth` segments;
     returns when this rank holds the whole result (`buf`, numerics on)."""
     node, rail = tc.hierarchy()

@@ -34,7 +34,7 @@ from .lanes import Lane, Piece, chunk_bounds, lanes, plan
 RS_TAG, RS_DATA, AG_TAG, AG_DATA = 100, 300, 200, 400
 PIECE_BYTES = 1 << 20   # payload pipelining granularity (an emulator detail, not modelled)
 # the device's time to reduce n elements of b bytes each (`DeviceCost.reduction_s`)
-Reduction = Callable[[int, int], SimTime]
+Reduction = Callable[[int, float], SimTime]
 
 
 def ring_orders(tc: TimedComm, bidirectional: bool = False) -> list[tuple[int, ...]]:
@@ -113,7 +113,7 @@ class PlainReduce:
     only the last step's reduction is exposed)."""
 
     def __init__(self, tc: TimedComm, call: Call, reduce_s: Reduction, ls: list[Lane],
-                 width: int, itemsize: int, t0: SimTime, x: np.ndarray | None = None) -> None:
+                 width: int, itemsize: float, t0: SimTime, x: np.ndarray | None = None) -> None:
         self.tc, self.call, self.reduce_s = tc, call, reduce_s
         self.width, self.itemsize, self.t0, self.x = width, itemsize, t0, x
         self.ports = egress_ports(tc, ls)
@@ -186,7 +186,7 @@ class _Ring:
     """What both directions share: lanes, pieces, hooks, send bookkeeping."""
 
     def __init__(self, tc: TimedComm, ls: list[Lane], pieces: list[Piece], width: int,
-                 itemsize: int, hooks: RingHooks) -> None:
+                 itemsize: float, hooks: RingHooks) -> None:
         self.tc, self.ls, self.pieces, self.width = tc, ls, pieces, width
         self.itemsize, self.hooks = itemsize, hooks
         self.sreqs: dict[tuple[int, int], list[MPI.Request]] = {}
@@ -229,7 +229,7 @@ class ReduceScatter(_Ring):
     scratch output); otherwise work buffers hold it (the caller's input is left alone)."""
 
     def __init__(self, tc: TimedComm, ls: list[Lane], pieces: list[Piece], width: int,
-                 itemsize: int, hooks: RingHooks, *, dtype: np.dtype | None = None,
+                 itemsize: float, hooks: RingHooks, *, dtype: np.dtype | None = None,
                  out: np.ndarray | None = None, own_lo: int = 0,
                  writable: bool = False) -> None:
         super().__init__(tc, ls, pieces, width, itemsize, hooks)
@@ -321,7 +321,7 @@ class AllGather(_Ring):
     already in place); `arrive[(lane, step, index)]` is when each piece was here."""
 
     def __init__(self, tc: TimedComm, ls: list[Lane], pieces: list[Piece], width: int,
-                 itemsize: int, hooks: RingHooks, buf: np.ndarray | None = None) -> None:
+                 itemsize: float, hooks: RingHooks, buf: np.ndarray | None = None) -> None:
         super().__init__(tc, ls, pieces, width, itemsize, hooks)
         self.buf = buf
         self.arrive: dict[tuple[int, int, int], SimTime] = {}

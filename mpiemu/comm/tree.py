@@ -88,7 +88,7 @@ def roles(groups: list[list[int]], rank: int) -> list[TreeRole]:
 
 
 def tree_all_reduce(tc: TimedComm, call: Call, reduce_s: Reduction, groups: list[list[int]],
-                    flat: np.ndarray | None, buf: np.ndarray | None, n: int, itemsize: int,
+                    flat: np.ndarray | None, buf: np.ndarray | None, n: int, itemsize: float,
                     t0: SimTime, depth: int) -> SimTime:
     """Sum n elements over the group by the trees of every lane in `depth` segments each, as
     messages of `call`; returns when this rank holds the whole result (`buf`, numerics
@@ -113,7 +113,7 @@ def tree_all_reduce(tc: TimedComm, call: Call, reduce_s: Reduction, groups: list
 
 
 def _up(tc: TimedComm, call: Call, reduce_s: Reduction, role: TreeRole,
-        buf: np.ndarray | None, lo: int, hi: int, itemsize: int, t0: SimTime,
+        buf: np.ndarray | None, lo: int, hi: int, itemsize: float, t0: SimTime,
         sreqs: list[MPI.Request]) -> SimTime:
     """Add the children's partial sums of [lo, hi) to ours and send the sum to the parent."""
     nbytes = (hi - lo) * itemsize
@@ -137,7 +137,7 @@ def _up(tc: TimedComm, call: Call, reduce_s: Reduction, role: TreeRole,
 
 
 def _down(tc: TimedComm, call: Call, role: TreeRole, buf: np.ndarray | None, lo: int,
-          hi: int, itemsize: int, t: SimTime, sreqs: list[MPI.Request]) -> SimTime:
+          hi: int, itemsize: float, t: SimTime, sreqs: list[MPI.Request]) -> SimTime:
     """Receive the whole sum of [lo, hi) from the parent (the root has it) and pass it on."""
     nbytes = (hi - lo) * itemsize
     if role.down_from >= 0:

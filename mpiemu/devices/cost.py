@@ -25,7 +25,7 @@ class DeviceCost(Protocol):
                       *, launch: bool = True, sfu_ops: float = 0.0,
                       bw_util: float = 1.0) -> float: ...
 
-    def reduction_s(self, n_elems: int, elem_bytes: int) -> float: ...
+    def reduction_s(self, n_elems: int, elem_bytes: float) -> float: ...
 
 
 class GpuCost:
@@ -62,7 +62,7 @@ class GpuCost:
                    flops / self.spec.vector_flops_per_s, sfu_ops / self.spec.sfu_ops_per_s)
         return body + (self.spec.kernel_launch_s if launch else 0.0)
 
-    def reduction_s(self, n_elems: int, elem_bytes: int) -> float:
+    def reduction_s(self, n_elems: int, elem_bytes: float) -> float:
         """One ring step's reduction: read local and received copies, write the sum.
 
         Runs inside the collective kernel, so no launch is charged (thesis Fig. 8.8(a)).

@@ -12,7 +12,9 @@ one-process reference runs them:
 - the tensors a forward pass casts are the backward's: the dgrad uses the weight's FP8 copy
   and the wgrad the input's, each with the scale it was cast with in the forward pass;
 - a weight is cast once per step, at its first micro-batch, and its FP8 copy reused by the
-  others (Megatron's `is_first_microbatch`: TE caches the FP8 weights);
+  others (Megatron's `is_first_microbatch`: TE caches the FP8 weights), from the model's
+  bf16 copy of it, or under FP8 parameters (`from_master`: Megatron-Core's
+  `fp8_param_gather`, TE's `quantize_master_weights`) from the fp32 master weight;
 - delayed scaling: each cast records its tensor's amax; at the end of a layer's pass
   (forward: activations and weights; backward: gradients) the amaxes recorded are reduced
   (MAX) over the amax group, then every scale of the pass updates (TE's
@@ -80,8 +82,9 @@ class Fp8Gemm:
     exact = False
 
     def __init__(self, recipe: Fp8Recipe, reduce_amax: AmaxReduce = _alone,
-                 out: str = "bf16") -> None:
+                 out: str = "bf16", from_master: bool = False) -> None:
         self.recipe, self.reduce_amax, self.out = recipe, reduce_amax, out
+        self.from_master = from_master
         self.states: dict[tuple[str, str], DelayedScaling] = {}
         self.saved: dict[str, deque[float]] = {}      # each forward's input scale, in order
         self.weight_scale: dict[str, float] = {}      # this step's FP8 weight copies
@@ -97,7 +100,8 @@ class Fp8Gemm:
                    operands: tuple[str, str] = ("act", "grad")) -> np.ndarray:
         """The GEMM's fp32 accumulator (a weight gradient into `main_grad`)."""
         lead = a.shape[:-1]
-        a2 = a.reshape(-1, a.shape[-1])                              # (M, K)
+        a2 = self._source(a.reshape(-1, a.shape[-1]), operands[0])   # (M, K)
+        b = self._source(b, operands[1])
         self.touched.add(key)
         if self.recipe.kind == "block":
             out = _block_gemm(a2, b, operands, *map(self.recipe.fmt_of, operands))
@@ -108,6 +112,13 @@ class Fp8Gemm:
             qb = tensor_quantize(b, sb, self.recipe.fmt_of(operands[1]))
             out = (qa @ qb) * (np.float32(1.0 / sa) * np.float32(1.0 / sb))
         return out.reshape(*lead, b.shape[1])
+
+    def _source(self, x: np.ndarray, operand: str) -> np.ndarray:
+        """What a cast reads: a weight's copy in the model's dtype (the fp32 master itself
+        under FP8 parameters or in an fp32 model); other tensors as they are."""
+        if operand != "weight" or self.from_master or self.out == "fp32":
+            return x
+        return round_to(x, self.out)
 
     def round(self, x: np.ndarray) -> np.ndarray:
         """A tensor the layer keeps (in the output dtype)."""

@@ -148,7 +148,8 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
                            zero=opt_cfg.zero, overlap_grad_reduce=w.train.overlap_grad_reduce,
                            ddp=w.train.ddp, prefetch=opt_cfg.prefetch,
                            reshard_after_forward=opt_cfg.reshard_after_forward,
-                           shard_group=opt_cfg.shard_group, experts=edp)
+                           shard_group=opt_cfg.shard_group, experts=edp,
+                           fp8_param_gather=opt_cfg.fp8_param_gather)
     step = PipelineStep(model, grads, pp, w.parallel.schedule, m, ctx.np_dtype)
     opt = ShardedOptimizer(opt_cfg, model.specs, ex, grid.tp_rank, model.P, norm=mp,
                            counted=lambda lp: counted_once(grid, lp, edp is not None,
@@ -166,15 +167,15 @@ def fp8_gemm(w: Workload, amax_comm: Any) -> Fp8Gemm:
     """The layers' GEMMs under the [fp8] recipe, amaxes MAX-reduced over `amax_comm`."""
     recipe = w.fp8.to_recipe()
     assert recipe is not None
-    out = w.run.numeric_dtype
+    out, master = w.run.numeric_dtype, w.optimizer.fp8_param_gather
     if amax_comm.Get_size() == 1:
-        return Fp8Gemm(recipe, out=out)
+        return Fp8Gemm(recipe, out=out, from_master=master)
 
     def reduce(x: np.ndarray) -> np.ndarray:
         out = np.empty_like(x)
         amax_comm.Allreduce(x, out, op=MPI.MAX)
         return out
-    return Fp8Gemm(recipe, reduce, out)
+    return Fp8Gemm(recipe, reduce, out, master)
 
 
 def counted_once(grid: ProcessGrid, lp: LocalParam, experts: bool, sharded: bool) -> bool:

@@ -59,7 +59,8 @@ def reference_precision(w: Workload) -> RefPrecision:
     sets = [np.concatenate([np.arange((r * m + j) * mb, (r * m + j + 1) * mb)
                             for r in range(dp)]) for j in range(m)]
     return RefPrecision(PrecisionGemm(w.run.numeric_dtype),
-                        Fp8Gemm(recipe, out=w.run.numeric_dtype), sets)
+                        Fp8Gemm(recipe, out=w.run.numeric_dtype,
+                                from_master=w.optimizer.fp8_param_gather), sets)
 
 
 def reference_summary(ctx: RankContext, trainer: Trainer, losses: list[float],

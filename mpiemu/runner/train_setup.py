@@ -113,6 +113,9 @@ def _validate_fp8(w: Workload, cfg: ModelConfig) -> None:
     elsewhere; with numerics on, the values in bf16 or fp32 and no full recompute (a layer's
     forward run again would cast again and record its amaxes twice)."""
     if not w.fp8.on:
+        if w.optimizer.fp8_param_gather:
+            raise ConfigError("optimizer.fp8_param_gather", True, "false without an [fp8] "
+                              "recipe (fp8.recipe = 'off')")
         return
     spec = resolve_device(w)
     why = None
@@ -315,7 +318,8 @@ def layout(w: Workload, stage: int, micro: int | None = None) -> Layout:
                   dp=w.optimizer.shard_group or par.dp * par.cp, zero=w.optimizer.zero,
                   prefetch=w.optimizer.prefetch,
                   reshard_after_forward=w.optimizer.reshard_after_forward,
-                  split=par.split, ep=par.ep, fp8_copies=2 if w.fp8.on else 0)
+                  split=par.split, ep=par.ep, fp8_copies=2 if w.fp8.on else 0,
+                  fp8_params=w.optimizer.fp8_param_gather)
 
 
 def stage_memories(w: Workload, capacity_bytes: float, stages: Sequence[int]

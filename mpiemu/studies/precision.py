@@ -1,10 +1,12 @@
-"""`mpiemu report precision`: the same small models trained in fp64, fp32, bf16 and fp16 with
-real numerics, same data and seed (the loss each precision reaches, step by step), and the
-step time of a published configuration in BF16 and under each FP8 recipe on H100s.
+"""`mpiemu report precision`: the same small models trained in fp64, fp32, bf16, fp16 and
+bf16 with each FP8 recipe, with real numerics, same data and seed (the loss each precision
+reaches, step by step), and the step time of a published configuration in BF16 and under
+each FP8 recipe on H100s.
 
-1. For each model of `precision.toml [models]` and each of `[precisions]`: one `mpiemu run`
-   of `[steps]` steps over `workloads/quickstart.toml` with `[layout]`: every step's loss,
-   and under fp16 its loss scale and whether the step was skipped (`losses.csv`).
+1. For each model of `precision.toml [models]` and each of `[precisions]` (a numeric dtype,
+   or bf16 with an FP8 recipe): one `mpiemu run` of `[steps]` steps over
+   `workloads/quickstart.toml` with `[layout]`: every step's loss, and under fp16 its loss
+   scale and whether the step was skipped (`losses.csv`).
 2. The llama study's `[timing_row]` emulated timing only in BF16 and under each FP8 recipe
    (`timing.csv`), its FP8 twin's measured speedup beside ours.
 Golden test: the first `[golden]` steps of one run.
@@ -29,6 +31,14 @@ def figures() -> dict[str, Any]:
     return {k: f.value for k, f in load_figures(STUDY).items()}
 
 
+def precision_sets(name: str) -> list[str]:
+    """A precision's overrides: a numeric dtype, or `fp8-<recipe>` (bf16 tensors, the
+    layers' linear GEMMs in FP8 under the recipe)."""
+    if name.startswith("fp8-"):
+        return ["run.numeric_dtype='bf16'", f"fp8.recipe='{name[4:]}'"]
+    return [f"run.numeric_dtype='{name}'"]
+
+
 def loss_rows(runs: Path, steps: int | None = None,
               only: tuple[str, str] | None = None) -> list[Row]:
     """Every step of every (model, precision) run (`only`: one of them)."""
@@ -41,7 +51,7 @@ def loss_rows(runs: Path, steps: int | None = None,
                 continue
             where = runs / f"{m['name']}-{dtype}"
             launch.run(1, WORKLOAD, [*fig["layout"], *m["sets"], f"run.iterations={steps}",
-                                     f"run.numeric_dtype='{dtype}'"], where)
+                                     *precision_sets(dtype)], where)
             summary = json.loads((where / "manifest.json").read_text())["summary"]
             for r in summary["iterations"]:
                 out.append({"model": m["name"], "precision": dtype,
@@ -67,7 +77,7 @@ def timing_rows(runs: Path) -> list[Row]:
         launch.run(plan.processes, workload, [*plan.sets, f"fp8.recipe='{recipe}'"], where)
         it = json.loads((where / "manifest.json").read_text())["summary"]["iterations"][0]
         out.append({"row": row_id, "gpus": row["gpus"], "precision":
-                    "bf16" if recipe == "off" else f"fp8 {recipe}",
+                    "bf16" if recipe == "off" else f"fp8-{recipe}",
                     "ours_step_s": float(it["t_end"] - it["t_start"]),
                     "measured_step_s": theirs["bf16" if recipe == "off" else "fp8"]
                     if recipe in ("off", llama.fp8_recipe(twin)) else None})

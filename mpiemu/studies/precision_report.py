@@ -55,6 +55,23 @@ def timing_table(rows: Sequence[Row]) -> list[str]:
                      for r in rows], "lrrrrr")
 
 
+def side_by_side(losses: Sequence[Row], timing: Sequence[Row]) -> list[str]:
+    """Each precision with both: what it does to the loss (each model's last quarter
+    against fp64's) and its emulated H100 speedup over BF16 at the published size."""
+    fig = precision.figures()
+    out = []
+    for t in timing:
+        cells = []
+        for m in fig["models"]:
+            exact, c = _curve(losses, m["name"], "fp64"), _curve(losses, m["name"],
+                                                                 t["precision"])
+            q = len(exact) * 3 // 4
+            cells.append(signed_pct(c[q:].mean() / exact[q:].mean() - 1, 3) if len(c) else "-")
+        out.append([t["precision"], *cells, f"{t['ours_speedup']:.3f}x"])
+    return md_table(["precision", *(f"{m['name']}: loss vs fp64" for m in fig["models"]),
+                     "H100 speedup (ours)"], out, "l" + "r" * (len(fig["models"]) + 1))
+
+
 def markdown(losses: Sequence[Row], timing: Sequence[Row], wall_s: float) -> list[str]:
     fig = load_figures("precision")
     return ["# Precision: what each numeric format does to training, and what FP8 saves", "",
@@ -71,20 +88,35 @@ def markdown(losses: Sequence[Row], timing: Sequence[Row], wall_s: float) -> lis
             "## Step time at a published size", "", f"{fig['timing_row'].source}.", "",
             *timing_table(timing), "",
             "The measured FP8 step is its row's recipe (delayed scaling, llama.toml "
-            "[fp8_recipes]); speedup = BF16 step / step.", ""]
+            "[fp8_recipes]); speedup = BF16 step / step.", "",
+            "## Side by side", "",
+            "What each precision does to the small models' loss (last quarter, against fp64) "
+            "beside the step time it would save on H100s at the published size.", "",
+            *side_by_side(losses, timing), ""]
 
 
 def plot(rows: Sequence[Row], path: Path) -> None:
+    """Per model: the loss per step (top) and its difference from fp64's, as a running mean
+    over 20 steps (bottom, symmetric-log: the curves above overlap)."""
     fig_ = precision.figures()
     pyplot = plt()
-    fig, axes = pyplot.subplots(1, len(fig_["models"]), figsize=(12, 4.5))
-    for ax, m in zip(np.atleast_1d(axes), fig_["models"]):
+    models = fig_["models"]
+    fig, axes = pyplot.subplots(2, len(models), figsize=(12, 8), squeeze=False)
+    for j, m in enumerate(models):
+        exact = _curve(rows, m["name"], "fp64")
         for dtype in fig_["precisions"]:
-            ax.plot(_curve(rows, m["name"], dtype), label=dtype, lw=1)
-        ax.set_title(f"{m['name']}: loss per step")
-        ax.set_xlabel("step")
-        ax.set_ylabel("loss")
-        ax.legend(fontsize=8)
+            c = _curve(rows, m["name"], dtype)
+            axes[0][j].plot(c, label=dtype, lw=1)
+            diff = np.convolve(c / exact - 1, np.ones(20) / 20, mode="valid")
+            axes[1][j].plot(np.arange(len(diff)) + 19, 100 * diff, label=dtype, lw=1)
+        axes[0][j].set_title(f"{m['name']}: loss per step")
+        axes[1][j].set_title(f"{m['name']}: loss vs fp64, running mean of 20 steps")
+        axes[1][j].set_ylabel("% difference (linear within +-0.5)")
+        axes[1][j].set_yscale("symlog", linthresh=0.5)   # fp16's early lag beside the rest
+        for ax in axes[:, j]:
+            ax.set_xlabel("step")
+            ax.legend(fontsize=8)
+        axes[0][j].set_ylabel("loss")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     pyplot.close(fig)

@@ -40,6 +40,10 @@ class OptimizerConfig:
     # (PyTorch HSDP): sharded inside each group of that many consecutive ranks (a node's),
     # replicated across the groups, gradients reduce-scattered inside and all-reduced across
     shard_group: int = 0
+    # ZeRO >= 1 under an [fp8] recipe: the layers' linear weights held in FP8 and
+    # all-gathered as FP8 bytes, cast from the fp32 master shards (Megatron-Core's
+    # DistributedDataParallelConfig.fp8_param_gather, TE's quantized_model_init)
+    fp8_param_gather: bool = False
     # FP16 loss scaling (Megatron-Core OptimizerConfig; `precision.loss_scale`), for
     # run.numeric_dtype = "fp16": 0 a dynamic scale from initial_loss_scale, else this one
     loss_scale: float = 0.0
@@ -86,6 +90,9 @@ class OptimizerConfig:
         for key in ("loss_scale_window", "hysteresis"):
             if getattr(self, key) < 1:
                 raise FieldError(f"optimizer.{key}", getattr(self, key), "an integer >= 1")
+        if self.fp8_param_gather and self.zero < 1:
+            raise FieldError("optimizer.fp8_param_gather", True, "false with optimizer.zero "
+                             "= 0 (only the distributed optimizer and FSDP gather parameters)")
         for key in ("prefetch", "reshard_after_forward"):
             if not getattr(self, key) and self.zero != 3:
                 raise FieldError(f"optimizer.{key}", False, "applies to optimizer.zero = 3 "

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..comm.collectives import all_gather
 from .data_parallel import BucketShard, GradBuckets
-from .fully_sharded import ShardedGrads, ShardedParams, fill
+from .fully_sharded import ShardedGrads, ShardedParams, fill, wire_itemsize
 from .config import OptimizerConfig
 from ..model.executor import Executor
 from ..model.block import Params
@@ -137,7 +137,9 @@ class DistributedAdam:
         E, dp = self.E, self.buckets.dp
         t, end = E.t, E.t
         for b, (sh, w) in enumerate(zip(shards, new)):
-            full, span = all_gather(dp, w, total=sh.padded, after=t, wire_itemsize=E.e,
+            wire = wire_itemsize((self.by_name[n] for n in sh.names), E.e,
+                                 self.opt.fp8_param_gather)
+            full, span = all_gather(dp, w, total=sh.padded, after=t, wire_itemsize=wire,
                                     unit=1, label=f"dp.param_gather{b}")
             end = max(end, span.t_end)
             for name in sh.names:

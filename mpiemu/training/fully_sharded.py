@@ -29,7 +29,7 @@ numerics run, so any use of a parameter that was not gathered shows in the resul
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -168,13 +168,33 @@ def fill(P: Params, names: Sequence[str], flat: np.ndarray) -> None:
         offset += p.size
 
 
+def wire_itemsize(params: Iterable[LocalParam], e: int, fp8: bool) -> float:
+    """Bytes per element an all-gather of these parameters' concatenation moves: the
+    emulated dtype's; under `fp8_param_gather` a layer's linear weights travel as FP8, one
+    byte (Megatron-Core keeps them in a uint8 buffer of their own; ASSUMPTION: one gather of
+    the mixed bytes stands for the two buffers' gathers)."""
+    ps = list(params)
+    n = sum(p.size for p in ps)
+    if not fp8 or n == 0:
+        return e
+    return sum(p.size * (1 if fp8_param(p) else e) for p in ps) / n
+
+
+def fp8_param(lp: LocalParam) -> bool:
+    """A transformer layer's linear weight (what an FP8 recipe casts)."""
+    return lp.layer >= 0 and len(lp.shape) == 2 and not lp.expert
+
+
 class ShardedParams:
     """ZeRO-3 parameters: each unit's shard between uses, gathered over DP when a pass
-    needs it (`need`), freed after (`done`)."""
+    needs it (`need`), freed after (`done`); `wire`: each unit's bytes per element on the
+    wire (`wire_itemsize`)."""
 
     def __init__(self, P: Params, units: dict[int, Unit], ex: Executor, dp: TimedComm, *,
-                 prefetch: bool, reshard_after_forward: bool) -> None:
+                 prefetch: bool, reshard_after_forward: bool,
+                 wire: dict[int, float] | None = None) -> None:
         self.P, self.units, self.E, self.dp = P, units, ex, dp
+        self.wire = wire or {}
         self.prefetch, self.reshard_after_forward = prefetch, reshard_after_forward
         self.shards: dict[int, Array] = {}
         for key, u in units.items():
@@ -215,7 +235,8 @@ class ShardedParams:
     def _gather(self, key: int) -> None:
         u = self.units[key]
         full, span = all_gather(self.dp, self.shards[key], total=u.padded, after=self.E.t,
-                                wire_itemsize=self.E.e, unit=1, label=f"dp.param_ag.L{key}")
+                                wire_itemsize=self.wire.get(key, self.E.e), unit=1,
+                                label=f"dp.param_ag.L{key}")
         self.ready[key] = span.t_end
         if full is not None:
             fill(self.P, u.names, full)

@@ -24,7 +24,7 @@ from ..model.ops import Cost
 from ..model.stage import StageModel
 from ..sim.timeline import SimTime
 from .data_parallel import GradBuckets
-from .fully_sharded import ShardedGrads, ShardedParams, hybrid, units
+from .fully_sharded import ShardedGrads, ShardedParams, hybrid, units, wire_itemsize
 from .grad_buffer import GradBuffer
 
 
@@ -36,7 +36,8 @@ class StageGradients:
                  embed: TimedComm | None = None, zero: int = 0,
                  overlap_grad_reduce: bool = True, ddp: str = "core",
                  prefetch: bool = True, reshard_after_forward: bool = True,
-                 shard_group: int = 0, experts: TimedComm | None = None) -> None:
+                 shard_group: int = 0, experts: TimedComm | None = None,
+                 fp8_param_gather: bool = False) -> None:
         self.model, self.E, self.embed, self.grad_buffer = model, ex, embed, grad_buffer
         self.dp = dp
         # gradients travel in the dtype they are kept in: Megatron's buffer's, else the model's
@@ -74,8 +75,11 @@ class StageGradients:
             and "wte" in model.P            # a first or last stage, the table tied
         self.deferred = sp_partial + (["wte"] if self.tied_across_stages else [])
         self.param_ready: dict[int, float] = {}     # layer -> parameters gathered (ZeRO-1)
-        self.params = ShardedParams(model.P, self.buckets.units, ex, shard, prefetch=prefetch,
-                                    reshard_after_forward=reshard_after_forward) \
+        self.params = ShardedParams(
+            model.P, self.buckets.units, ex, shard, prefetch=prefetch,
+            reshard_after_forward=reshard_after_forward,
+            wire={k: wire_itemsize((lp for lp in model.specs if lp.name in u.names), ex.e,
+                                   fp8_param_gather) for k, u in self.buckets.units.items()}) \
             if zero == 3 and isinstance(self.buckets, ShardedGrads) else None
         model.hooks = self
 

@@ -153,6 +153,9 @@ class Layout(NamedTuple):
     # an [fp8] recipe: Transformer Engine's FP8 copies of each layer weight (rowwise for the
     # forward, columnwise for the backward), bytes per parameter; 0 without FP8
     fp8_copies: int = 0
+    # FP8 parameters (optimizer.fp8_param_gather): the layers' weights held in FP8, the
+    # rowwise copy being the parameter itself (1 byte, not the emulated dtype's)
+    fp8_params: bool = False
 
     def layers(self, cfg: ModelConfig, chunk: int | None = None) -> int:
         """Layers of this stage (of one of its chunks)."""
@@ -234,16 +237,17 @@ def memory_report(cfg: ModelConfig, d: Dims, e: int, capacity_bytes: float,
     n = local_param_count(cfg, d.tp, lay)
     g = lay.grad_bytes or e
     unit = layer_param_count(cfg, d.tp, lay.ep, lay.moe_layers(cfg) > 0)
-    params, grads = float(n * e), float(n * g)
+    grads = float(n * g)
     if lay.zero >= 2:
         grads = (n - unit) * g / lay.dp + unit * g
     layers = lay.layers(cfg)
+    edge, le = n - unit * layers, (1 if lay.fp8_params else e)   # the layers' weights: le
     live = layers
     if lay.zero == 3:
-        edge = n - unit * layers
         live = min((2 if lay.prefetch else 1) if lay.reshard_after_forward else layers, layers)
-        params = (unit * (layers - live)) * e / lay.dp + (unit * live + edge) * e
-    params += unit * live * lay.fp8_copies      # of the layers' weights held whole
+    params = unit * (layers - live) * le / lay.dp + unit * live * le + edge * e
+    # TE's FP8 copies of the layers' weights held whole (FP8 parameters are the rowwise one)
+    params += unit * live * (lay.fp8_copies - (1 if lay.fp8_params else 0))
     states = n * state_bytes_per_param(e) / (lay.dp if lay.zero >= 1 else 1)
     acts = stage_activations(cfg, d, e, lay).bytes(e)
     return MemoryReport(params, grads, states, acts, capacity_bytes)

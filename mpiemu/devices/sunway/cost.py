@@ -114,7 +114,7 @@ class SunwayCost:
         body = max(dma, flops / self.spec.vector_flops_per_s)
         return body + (self.spec.kernel_launch_s if launch else 0.0)
 
-    def reduction_s(self, n_elems: int, elem_bytes: int) -> float:
+    def reduction_s(self, n_elems: int, elem_bytes: float) -> float:
         """A ring step's reduction: read two copies, write the sum (no launch)."""
         return self.elementwise_s(2.0 * n_elems * elem_bytes, 1.0 * n_elems * elem_bytes,
                                   float(n_elems), launch=False)
