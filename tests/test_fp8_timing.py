@@ -171,3 +171,33 @@ def test_fp8_param_gather_refused_without_its_needs(sets: list[str], needle: str
     lines = our_lines(res.stderr)
     assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, lines
     assert "optimizer.fp8_param_gather" in lines[0] and needle in lines[0], lines
+
+
+def test_experts_grouped_gemms_run_in_fp8_and_weights_are_cast_once_a_step(
+        tmp_path: Path) -> None:
+    """Timing only, an MoE model: the experts' grouped GEMMs at the FP8 rate with their
+    casts (every expert's weight of the rank in one), and each layer weight cast at the
+    first of the step's micro-batches only (TE's cached FP8 weights)."""
+    def run(recipe: str) -> tuple[dict[str, float], dict[str, int]]:
+        out = tmp_path / recipe
+        res = run_mpi(2, ["run", "workloads/quickstart.toml", "--set", "model.preset='tiny-moe'",
+                          "--set", "parallel.tp=1", "--set", "parallel.ep=2", "--set",
+                          "run.numerics='off'", "--set", "train.check_reference=false",
+                          "--set", "device.preset='h100-sxm5'", "--set",
+                          "network.preset='dgx-h100'", "--set", "run.emulated_dtype='bf16'",
+                          "--set", "optimizer.zero=0", "--set", "train.global_batch=8",
+                          "--set", "train.micro_batch=2", "--set", "run.iterations=2",
+                          "--set", "model.hidden=1024", "--set", "model.seq_len=1024",
+                          "--set", "moe.expert_ffn=2048",
+                          "--set", f"fp8.recipe='{recipe}'", "--out", str(out)])
+        assert res.returncode == 0, res.stderr[-1500:]
+        rt = load(out).ranks[0]
+        names = rt.names.astype(str)
+        dur = rt.events["t_end"] - rt.events["t_start"]
+        return ({n: float(dur[names == n].sum()) for n in np.unique(names)},
+                {n: int((names == n).sum()) for n in np.unique(names)})
+    (off, _), (fp8, count) = run("off"), run("delayed")
+    assert fp8["l0.experts.fc1.fwd"] < 0.75 * off["l0.experts.fc1.fwd"]
+    assert count["l0.experts.fc1.fwd.fp8.cast_x"] == 2 * 2          # 2 micro-batches x 2 steps
+    assert count["l0.experts.fc1.fwd.fp8.cast_w"] == 2              # once a step
+    assert count["l0.qkv.fwd.gemm.fp8.cast_w"] == 2

@@ -60,6 +60,8 @@ class GpuExecutor:
         self.mm = setup.precision           # every GEMM's math (`precision.matmul`)
         self.fp8 = setup.fp8                # [fp8] recipe of the layers' linear GEMMs
         self.fp8_gemm = setup.fp8_gemm      # their math under it (numerics on)
+        self.fp8_params = setup.fp8_params
+        self._weights_cast: dict[str, int] = {}     # layer GEMM -> iteration of its cast
         self._in_layer = False              # inside a transformer layer's pass
         # Megatron's gradient buffer: a weight-gradient GEMM's epilogue adds into it
         self.wgrad_epilogue = setup.wgrad_epilogue
@@ -89,12 +91,18 @@ class GpuExecutor:
             if self.on and self.fp8_gemm is not None:    # the recipe's amax update
                 self.fp8_gemm.end_pass(backward=pass_ == "bwd")
 
-    def _gemm_dtype(self, name: str, role: str, m: int, n: int, k: int) -> str:
+    def _gemm_dtype(self, name: str, role: str, m: int, n: int, k: int,
+                    groups: int = 1) -> str:
         """The dtype a GEMM is charged in; under an FP8 recipe inside a layer, FP8, after
-        the recipe's casts of its operands (`precision.cast_costs`)."""
+        the recipe's casts of its operands (`precision.cast_costs`: a weight once a step)."""
         if self.fp8 == "off" or not self._in_layer:
             return self.dtype
-        for cast in cast_kernels(self.fp8, role, m, n, k) if self._charging else []:
+        key, it = _tensor_key(name), self.tl.labels.iteration
+        weight = role == "fprop" and not self.fp8_params and self._weights_cast.get(key) != it
+        if weight:
+            self._weights_cast[key] = it
+        for cast in cast_kernels(self.fp8, role, m, n, k, weight, groups) \
+                if self._charging else []:
             self.kernel(f"{name}.{cast.tag}", cast)
         return "fp8"
 
@@ -138,7 +146,9 @@ class GpuExecutor:
         busy = [s for s in shapes if min(s) > 0]
         if self._charging and busy:
             m, n, k = (-(-sum(s[i] for s in busy) // len(busy)) for i in range(3))
-            self._t = charge.gemm(self.tl, self.cost, name, m, n, k, dtype=self.dtype,
+            role = "wgrad" if name.endswith(".wgrad") else _role(name)
+            dtype = self._gemm_dtype(name, role, m * len(busy), n, k, len(busy))
+            self._t = charge.gemm(self.tl, self.cost, name, m, n, k, dtype=dtype,
                                   after=self._t, batch=len(busy)).t_end
         return out
 

@@ -53,6 +53,7 @@ class ExecutorSetup:
     fp8: str = "off"
     # numerics on under an [fp8] recipe: those GEMMs' math (casts, scales, amax reduction)
     fp8_gemm: Fp8Gemm | None = None
+    fp8_params: bool = False          # FP8 weights gathered (optimizer.fp8_param_gather)
 
 
 def make_executor(kind: str, setup: ExecutorSetup) -> Executor:

@@ -9,9 +9,11 @@ copies already made. Per element a cast reads the bf16 source (2 bytes) and writ
 1-byte copies. The current recipe reads the source once more for its amax (TE's two
 passes); the block recipe quantizes the rowwise and columnwise 1 x 128 tiles of x and dy
 from the source separately (two reads), a weight's 128 x 128 blocks once (transposed with
-their scales). The delayed recipe's amax is fused into the cast.
-ASSUMPTION: a weight is cast at every GEMM call (TE caches it across the micro-batches of
-a step: with several micro-batches this overstates the weight casts).
+their scales). The delayed recipe's amax is fused into the cast. A weight is cast at the first
+micro-batch of a step only (TE caches its FP8 copies: Megatron's `is_first_microbatch`),
+and not at all under FP8 parameters (cast on the master shards after the optimizer step;
+ASSUMPTION: that cast, of 1/DP of the weights once a step, is not charged). A grouped GEMM
+casts every expert's weight it holds (`groups`).
 """
 from __future__ import annotations
 
@@ -26,13 +28,16 @@ def _cast(elems: int, reads: int, tag: str) -> Kernel:
     return Kernel(0.0, reads * SOURCE_BYTES * elems, 2 * FP8_BYTES * elems, tag)
 
 
-def cast_kernels(recipe: str, role: str, m: int, n: int, k: int) -> list[Kernel]:
-    """The casts before a GEMM C[m, n] = A[m, k] B[k, n] of `role` fprop (A = x, B = W),
-    dgrad (A = dy) or wgrad (none: the copies exist)."""
+def cast_kernels(recipe: str, role: str, m: int, n: int, k: int, weight: bool = True,
+                 groups: int = 1) -> list[Kernel]:
+    """The casts before a GEMM C[m, n] = A[m, k] B[k, n] of `role` fprop (A = x, B = W: the
+    weight's only when `weight`, of `groups` experts), dgrad (A = dy) or wgrad (none: the
+    copies exist)."""
     act_reads = {"delayed": 1, "current": 2, "block": 2}[recipe]
     weight_reads = {"delayed": 1, "current": 2, "block": 1}[recipe]
     if role == "fprop":
-        return [_cast(m * k, act_reads, "fp8.cast_x"), _cast(k * n, weight_reads, "fp8.cast_w")]
+        return [_cast(m * k, act_reads, "fp8.cast_x")] + \
+            ([_cast(groups * k * n, weight_reads, "fp8.cast_w")] if weight else [])
     if role == "dgrad":
         return [_cast(m * k, act_reads, "fp8.cast_dy")]
     return []

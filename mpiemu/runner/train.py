@@ -129,7 +129,8 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
         kernels=w.train.kernel_options(), tp_async=w.train.tp_comm_async,
         wgrad_epilogue=None if buf is None else buf.wgrad_epilogue, cp=cp, ep=ep,
         sunway_scheduler=w.sunway.scheduler, sunway_attention=w.sunway.attention,
-        precision=PrecisionGemm(w.run.numeric_dtype), fp8=w.fp8.recipe, fp8_gemm=fp8))
+        precision=PrecisionGemm(w.run.numeric_dtype), fp8=w.fp8.recipe, fp8_gemm=fp8,
+        fp8_params=w.optimizer.fp8_param_gather))
     m = micro_batches(w)
     opt_cfg = w.optimizer.to_config()
     model = StageModel(cfg, ex, dims, tp_rank=grid.tp_rank, dp_rank=grid.dp_rank,
