@@ -1,5 +1,6 @@
-"""`mpiemu report moe`: published, measured BF16 pre-training of Mixture-of-Experts models on
-H100 GPUs (`moe_measured.toml`) beside the same configurations emulated, timing only.
+"""`mpiemu report moe`: published, measured BF16 and FP8 pre-training of Mixture-of-Experts
+models on H100 GPUs (`moe_measured.toml`) beside the same configurations emulated, timing
+only (an FP8 row with its `[fp8]` recipe, `moe.toml [fp8_recipes]`).
 
 Each `[[run]]` row becomes one `mpiemu run` of its own layout, every parameter taken from the
 row: model preset, TP, PP, CP, interleaved virtual stages, DP, EP, global batch, micro-batch,
@@ -17,6 +18,7 @@ the emulator refuses its layout, or when it needs more processes than `[max_proc
   tokens/s per GPU both ways, MFU (ours by `training.flops.model_flops`, and in the source's
   count where it states one), rank 0's breakdown, memory, what the emulation changes, or why
   the row was not emulated;
+* `fp8.csv`: every FP8 row, the same columns;
 * `runs.csv`: each emulated run's MPI processes and wall seconds (not golden-checked).
 Golden test: the Qwen3-30B-A3B row (8 GPUs, EP 8: one folded process).
 """
@@ -28,9 +30,10 @@ from typing import Any
 
 from .common import Golden, Row
 from .measured_rows import Plan, emulate
-from .moe_rows import (convention, emulated_with, fig, flops_per_token, framework,
-                       has_preset, measured, measured_mfu, measured_tokens, not_expressed,
-                       overrides, routing_label, set_value, write_workload)
+from .moe_rows import (convention, emulated_with, fig, flops_per_token, fp8_recipe,
+                       fp8_rows, framework, has_preset, measured, measured_mfu,
+                       measured_tokens, not_expressed, overrides, routing_label, set_value,
+                       write_workload)
 def plan(row: dict[str, Any], workload: Path) -> Plan:
     """The row's reason not to run first; else validate its layout as the run would, then
     fold it where that is exact."""
@@ -85,6 +88,7 @@ def row_of(p: Plan, workload: Path, summary: dict[str, Any] | None, shared: str)
                 "source_sharding": r["sharding"], "zero": int(set_value(p.sets, "optimizer.zero")),
                 "sequence_parallel": "parallel.sequence_parallel=true" in p.sets,
                 "dispatcher": r["dispatcher"], "routing": routing_label(r),
+                "fp8_recipe": fp8_recipe(r),
                 "tokens": fig("tokens").value, "metric": r["metric"], "measured": float(r["value"]),
                 "ours": None, "difference": None, "measured_tokens_per_s_per_gpu": theirs_tok,
                 "ours_tokens_per_s_per_gpu": None, "tokens_difference": None,
@@ -121,12 +125,13 @@ def row_of(p: Plan, workload: Path, summary: dict[str, Any] | None, shared: str)
     return out
 
 
-def study_rows(runs: Path, ids: tuple[str, ...] = (), reuse: bool = False
+def study_rows(runs: Path, ids: tuple[str, ...] = (), reuse: bool = False, fp8: bool = False
                ) -> tuple[list[Row], list[Row]]:
-    """(rows.csv, runs.csv) rows for every BF16 row (or those of `ids`): each distinct
-    layout emulated once, in its folded form where that is exact."""
+    """(rows.csv, runs.csv) rows for every BF16 row, or every FP8 row (`fp8`), or those of
+    `ids`: each distinct layout emulated once, in its folded form where that is exact."""
     workload = write_workload(runs)
-    return emulate([r for r in measured() if not ids or r["id"] in ids],
+    table = fp8_rows() if fp8 else measured()
+    return emulate([r for r in table if not ids or r["id"] in ids],
                    lambda r: (str(r["gpus"]), str(r["model"]), str(r["etp"]), *overrides(r)),
                    lambda r: plan(r, workload),
                    lambda p, summary, first: row_of(p, workload, summary, first), runs,

@@ -16,7 +16,7 @@ from .common import Row, md_table, pct, plt, signed_pct, write_csv
 UNITS = {"step_time_s": "s / step", "tokens_per_s_per_gpu": "tokens/s/GPU",
          "model_tflops_per_gpu": "model TFLOP/s/GPU"}
 # not-emulated reasons by kind, in the order the README counts them
-KINDS = (("FP8 not modelled", "FP8 not modelled"), ("no preset", "no preset"),
+KINDS = (("no preset", "no preset"),
          ("preset not honest", "DeepSeek-V3's attention not modelled (moe.toml [deepseek])"),
          ("refuses the layout", "the emulator refuses the layout"),
          ("MPI processes", "does not fold; more processes than the study's limit"))
@@ -26,17 +26,17 @@ def _layout(r: Row) -> str:
     vp = f" VP{r['vp']}" if int(r["vp"]) > 1 else ""
     sp = " +SP" if r["sequence_parallel"] else ""
     etp = f" ETP{r['etp']}" if int(r["etp"]) > 1 else ""
+    fp8 = f", FP8 {r['fp8_recipe']}" if r.get("fp8_recipe", "off") != "off" else ""
     return (f"TP{r['tp']} PP{r['pp']} CP{r['cp']}{vp} DP{r['dp']} EP{r['ep']}{etp}{sp}, "
-            f"mb {r['micro_batch']} gb {r['global_batch']} seq {r['seq_len']}")
+            f"mb {r['micro_batch']} gb {r['global_batch']} seq {r['seq_len']}{fp8}")
 
 
 def _kind(reason: str) -> str:
     return next((label for key, label in KINDS if key in reason), "other")
 
 
-def headline(rows: list[Row], fp8: list[dict[str, Any]]) -> str:
-    """How many emulated rows fall in the band and the median |difference|, then why the
-    others were not emulated, by kind."""
+def _count(rows: list[Row], kind: str) -> str:
+    """How many `kind` rows agree within the band, then why the others were not emulated."""
     band = float(moe.fig("band").value)
     em = emulated(rows)
     kinds: dict[str, int] = {}
@@ -44,11 +44,16 @@ def headline(rows: list[Row], fp8: list[dict[str, Any]]) -> str:
         if r["ours"] is None:
             kinds[_kind(r["not_emulated"])] = kinds.get(_kind(r["not_emulated"]), 0) + 1
     why = ", ".join(f"{n} {k}" for k, n in kinds.items())
-    out = (f"Emulated rows, on each row's own metric: {agreement(em, band)}." if em
-           else "No row was emulated.")
-    return (f"{out} {len(rows) - len(em)} of the {len(rows)} BF16 rows are not emulated "
-            f"(first reason: {why}); the {len(fp8)} FP8 rows are listed only (FP8 not "
-            "modelled).")
+    out = (f"{kind} rows emulated, on each row's own metric: {agreement(em, band)}." if em
+           else f"No {kind} row was emulated.")
+    return (f"{out} {len(rows) - len(em)} of the {len(rows)} {kind} rows are not emulated"
+            + (f" (first reason: {why})." if why else "."))
+
+
+def headline(rows: list[Row], fp8: list[Row]) -> str:
+    """Per precision: the emulated rows in the band and the median |difference|, then why
+    the others were not emulated, by kind."""
+    return f"{_count(rows, 'BF16')} {_count(fp8, 'FP8')}"
 
 
 def _by_framework(rows: list[Row]) -> list[str]:
@@ -167,16 +172,22 @@ def framework_of(m: dict[str, Any]) -> str:
     return moe.framework(m)
 
 
-def _not_emulated(rows: list[Row], fp8: list[dict[str, Any]]) -> list[str]:
+def _not_emulated(rows: list[Row]) -> list[str]:
     body = [[f"`{r['id']}`", r["model"], r["gpus"], _layout(r), r["not_emulated"]]
             for r in rows if r["ours"] is None]
-    for f in fp8:
-        lay = (f"TP{f['tp']} PP{f['pp']} CP{f['cp']} VP{f['vp']} DP{f['dp']} EP{f['ep']}"
-               f"{' ETP' + str(f['etp']) if int(f['etp']) > 1 else ''}, mb {f['micro_batch']} "
-               f"gb {f['global_batch']} seq {f['seq_len']}")
-        body.append([f"`{f['id']}`", f["model"], f["gpus"], lay,
-                     f"FP8 not modelled ({f['precision']}; {f['metric']} {f['value']})"])
     return md_table(["row", "model", "GPUs", "layout", "why"], body, "llrll")
+
+
+def _fp8(fp8: list[Row]) -> list[str]:
+    """The FP8 rows: each with its recipe, the same columns as the BF16 rows."""
+    rules = "; ".join(f"`{e['prefix']}*`: {e['recipe']} ({e['why']})"
+                      for e in moe.fig("fp8_recipes").value)
+    return ["## Every FP8 row", "",
+            "Each `[[fp8_run]]` row emulated as the BF16 rows are, with its `[fp8]` recipe "
+            f"(`moe.toml [fp8_recipes]`: {rules}): the layers' linear GEMMs and the experts' "
+            "grouped GEMMs at the FP8 rate with the recipe's casts, a weight cast once a step; "
+            "the attention core, the router and the output layer in BF16 (docs/training.md, "
+            "Precision).", "", *_table(fp8), ""]
 
 
 def _why(rows: list[Row]) -> list[str]:
@@ -200,14 +211,14 @@ def _why(rows: list[Row]) -> list[str]:
     return out
 
 
-def markdown(rows: list[Row], log: list[Row], wall_s: float,
+def markdown(rows: list[Row], fp8: list[Row], log: list[Row], wall_s: float,
              checks: list[Row]) -> list[str]:
-    fp8 = moe_rows.fp8_rows()
     folded = sum(1 for x in log if x["processes"] < x["gpus"])
-    out = ["# Mixture-of-Experts pre-training on H100: emulated vs measured (BF16)", "",
+    out = ["# Mixture-of-Experts pre-training on H100: emulated vs measured (BF16, FP8)", "",
            "Regenerate: `make reports` or `mpiemu report moe` (`--keep-runs DIR --reuse` "
            "rebuilds the tables from runs kept earlier). Every row of "
-           "`mpiemu/studies/moe_measured.toml` in BF16 is emulated with its own layout where "
+           "`mpiemu/studies/moe_measured.toml` (BF16, and FP8 with its recipe) is emulated "
+           "with its own layout where "
            f"the emulator can express it, timing only, on the `{moe.fig('device').value}` "
            f"device preset and the `{moe.fig('network').value}` network, tokens in perfect "
            f"balance (`moe.tokens = '{moe.fig('tokens').value}'`); nothing is fitted per row. "
@@ -221,7 +232,7 @@ def markdown(rows: list[Row], log: list[Row], wall_s: float,
            "sequence / step time / GPUs; from a model TFLOP/s figure through the source's own "
            "FLOP count).", "", _kv_channels_status(), "", *_by_framework(rows), "",
            "![ours vs measured](ours_vs_measured.png)", "",
-           "## Every BF16 row", "", *_table(rows), "",
+           "## Every BF16 row", "", *_table(rows), "", *_fp8(fp8),
            "MFU: as the source states it (or its model TFLOP/s over 989); ours by our own FLOP "
            "count (`training/flops.py`: the experts a token passes, k routed + shared, no "
            "router, attention without the causal halving, the padded vocabulary) over the "
@@ -236,7 +247,7 @@ def markdown(rows: list[Row], log: list[Row], wall_s: float,
            "## What each emulation changes", "",
            "Per emulated row, what differs from what its source ran (generated from the row "
            "and the preset):", "", *_changes(rows), "",
-           "## Not emulated", "", *_not_emulated(rows, fp8), "",
+           "## Not emulated", "", *_not_emulated(rows + fp8), "",
            f"The limit: {moe.fig('max_processes').source}. Folding MoE runs: "
            "docs/folding.md (balanced tokens; EP = TP, or TP = 1 and EP = DP; no CP).", "",
            f"DeepSeek-V3: {moe.fig('deepseek').source}.", "",
@@ -297,13 +308,17 @@ def main(out_dir: Path, argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="mpiemu-moe-") as tmp:
         runs = args.keep_runs or Path(tmp)
         rows, log = moe.study_rows(runs, reuse=args.reuse)
+        fp8, log8 = moe.study_rows(runs, reuse=args.reuse, fp8=True)
+        log += log8
         checks = moe.flop_checks(moe.write_workload(runs))
     wall = time.perf_counter() - t0
     write_csv(out_dir / "rows.csv", rows)
+    write_csv(out_dir / "fp8.csv", fp8)
     if log:
         write_csv(out_dir / "runs.csv", log)
     plot(rows, out_dir / "ours_vs_measured.png")
-    (out_dir / "README.md").write_text("\n".join(markdown(rows, log, wall, checks)) + "\n")
-    print(f"wrote {out_dir}/README.md, rows.csv, runs.csv, ours_vs_measured.png "
+    (out_dir / "README.md").write_text("\n".join(markdown(rows, fp8, log, wall, checks))
+                                       + "\n")
+    print(f"wrote {out_dir}/README.md, rows.csv, fp8.csv, runs.csv, ours_vs_measured.png "
           f"({wall / 60:.1f} min)")
     return 0

@@ -58,8 +58,17 @@ def measured() -> list[dict[str, Any]]:
 
 
 def fp8_rows() -> list[dict[str, Any]]:
-    """The FP8 rows of moe_measured.toml, in file order (listed, not emulated)."""
+    """The FP8 rows of moe_measured.toml, in file order."""
     return list(_data()["fp8_run"])
+
+
+def fp8_recipe(row: dict[str, Any]) -> str:
+    """An FP8 row's recipe (`moe.toml [fp8_recipes]`); "off" for a BF16 row."""
+    if not str(row["precision"]).startswith("fp8"):
+        return "off"
+    for e in _by_prefix("fp8_recipes", row):
+        return str(e["recipe"])
+    raise ValueError(f"{row['id']}: no rule in moe.toml [fp8_recipes]")
 
 
 def framework(row: dict[str, Any]) -> str:
@@ -119,6 +128,8 @@ def overrides(row: dict[str, Any]) -> list[str]:
             f"moe.capacity_factor={float(row['capacity_factor'])}"]
     if vp > 1:
         sets += ["parallel.schedule='interleaved'", f"parallel.virtual_stages={vp}"]
+    if fp8_recipe(row) != "off":
+        sets.append(f"fp8.recipe='{fp8_recipe(row)}'")
     layers, pv = _layers(str(row["model"])), int(row["pp"]) * vp
     if layers % pv and (layers + 2) % pv == 0:
         sets += list(fig("uneven_split").value)
