@@ -37,14 +37,15 @@ def norm_names(cfg: ModelConfig, name: str) -> list[str]:
 
 def norm_forward(E: Executor, cfg: ModelConfig, name: str, label: str, x: Array, P: Params,
                  rows: int) -> tuple[Array, Any]:
-    """LayerNorm or RMSNorm (`model.norm_kind`) of [rows, H] with parameters `name.*`."""
+    """LayerNorm or RMSNorm (`model.norm_kind`) of [rows, H] with parameters `name.*`:
+    computed in fp32, its output stored in the numerics' dtype (`E.round`)."""
     cost = norm_cost(cfg.norm_kind, rows, cfg.hidden, E.e)
     if cfg.norm_kind == "rmsnorm":
         res = E.kernel(f"{label}.fwd", cost, rmsnorm, x, P[name + ".g"], cfg.layernorm_eps)
     else:
         res = E.kernel(f"{label}.fwd", cost, layernorm, x, P[name + ".g"], P[name + ".b"],
                        cfg.layernorm_eps)
-    return res if res is not None else (None, None)
+    return (E.round(res[0]), res[1]) if res is not None else (None, None)
 
 
 def norm_backward(E: Executor, cfg: ModelConfig, name: str, label: str, dy: Array, c: Any,
@@ -58,7 +59,7 @@ def norm_backward(E: Executor, cfg: ModelConfig, name: str, label: str, dy: Arra
     for n, g in zip(names, grads[1:]):
         acc(G, n, g)
     ready(names)
-    return grads[0]
+    return E.round(grads[0])
 
 
 class Block:

@@ -75,9 +75,11 @@ class Layer(Block):
         if cfg.norm == "pre":
             y, c["ln"] = self._norm(ln, x, P)
             a, c["f"] = self._inner(which, y, P, masks)
-            return E.kernel(name, bda, bias_dropout_add, x, a, b, keep, cfg.hidden_dropout), c
+            # the residual stream is a tensor of the numerics' dtype (Megatron: bf16)
+            return E.round(E.kernel(name, bda, bias_dropout_add, x, a, b, keep,
+                                    cfg.hidden_dropout)), c
         a, c["f"] = self._inner(which, x, P, masks)
-        s = E.kernel(name, bda, bias_dropout_add, x, a, b, keep, cfg.hidden_dropout)
+        s = E.round(E.kernel(name, bda, bias_dropout_add, x, a, b, keep, cfg.hidden_dropout))
         out, c["ln"] = self._norm(ln, s, P)
         return out, c
 
@@ -107,8 +109,8 @@ class Layer(Block):
     def _residual(self, name: str, a: Array, b: Array) -> Array:
         d, E = self.d, self.E
         n = d.shard_rows * d.hidden
-        return E.kernel(f"{self.tag}.{name}.residual.bwd", Cost(n, 2 * n * E.e, n * E.e),
-                        np.add, a, b)
+        return E.round(E.kernel(f"{self.tag}.{name}.residual.bwd",
+                                Cost(n, 2 * n * E.e, n * E.e), np.add, a, b))
 
     def _sublayer_back(self, dy: Array, c: Cache, P: Params, G: Params, masks: Masks,
                        which: str, ready: Ready) -> Array:

@@ -27,6 +27,7 @@ class Mlp(Block):
         res = E.kernel(f"{self.tag}.{self.cfg.activation}.fwd", self._act_cost(epi, False),
                        swiglu if self.cfg.gated else bias_gelu, f, P.get(p + "fc1.b"))
         x, g = res if res is not None else (None, None)
+        g = E.round(g)                  # the activation's output, stored in the dtype
         m = E.row_parallel(f"{self.tag}.fc2.fwd", g, P[p + "fc2.w"], d.rows, d.hidden, d.ffn)
         return m, {"h": y, "pre_act": x, "act": g}
 
@@ -42,6 +43,7 @@ class Mlp(Block):
         res = E.kernel(f"{self.tag}.{self.cfg.activation}.bwd", self._act_cost(epi, True),
                        swiglu_back if self.cfg.gated else bias_gelu_back, dg, c["pre_act"])
         df, db = res if res is not None else (None, None)
+        df = E.round(df)
         fc1_b = self.biases("fc1.b")
         if fc1_b:
             acc(G, fc1_b[0], db)

@@ -57,7 +57,7 @@ class SelfAttention(Block):
             qkv = self._own_group(qkv)
         if cfg.qk_norm:
             c["qk_norm"] = self._qk_norm().forward(qkv, P)
-        qkv = self._rope(qkv, backward=False)
+        qkv = E.round(self._rope(qkv, backward=False))     # q, k normed and rotated: stored
         if d.cp > 1:              # the whole sequence's KV, from the other CP ranks
             q, k, v = self._split(qkv) if qkv is not None else (None, None, None)
             o, c["attn"] = self._cp().forward(q, k, v, self._cp_keep(masks))
@@ -99,6 +99,7 @@ class SelfAttention(Block):
         dqkv = self._rope(dqkv, backward=True)
         if self.cfg.qk_norm:
             self._qk_norm().backward(dqkv, c["qk_norm"], P, G, ready)
+        dqkv = E.round(dqkv)
         if dqkv is not None and d.gathered:
             dqkv = self._grouped_grad(dqkv)
         if d.gathered:            # each rank's share of every rank's gradient, summed

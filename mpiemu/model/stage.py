@@ -275,7 +275,7 @@ class StageModel:
                 c["keep"] = keep
             x = E.kernel("embed.dropout", Cost(rows * h, rows * h * E.e,
                                                rows * h * (E.e + MASK_BYTES)), dropout, x, keep, p)
-        return x, c
+        return E.round(x), c           # the embedding's output, a tensor of the dtype
 
     def _add_positions(self, x: np.ndarray) -> np.ndarray:
         wpe = self.P["wpe"]

@@ -146,17 +146,19 @@ class Reference:
         """The norm `name` (LayerNorm or RMSNorm, `cfg.norm_kind`) over the hidden axis."""
         p, eps = self.params, self.cfg.layernorm_eps
         if self.cfg.norm_kind == "rmsnorm":
-            return rms_norm(x, p[name + ".g"], eps)
-        return layer_norm(x, p[name + ".g"], p[name + ".b"], eps)
+            y, c = rms_norm(x, p[name + ".g"], eps)
+        else:
+            y, c = layer_norm(x, p[name + ".g"], p[name + ".b"], eps)
+        return self.mm.round(y), c                # stored in the numerics' dtype
 
     def _norm_back(self, name: str, dy: np.ndarray, c: Cache,
                    g: dict[str, np.ndarray]) -> np.ndarray:
         """Gradients of `_norm`: its gain's (and LayerNorm bias') into g, dx returned."""
         if self.cfg.norm_kind == "rmsnorm":
             dx, g[name + ".g"] = rms_norm_back(dy, c)
-            return dx
-        dx, g[name + ".g"], g[name + ".b"] = layer_norm_back(dy, c)
-        return dx
+        else:
+            dx, g[name + ".g"], g[name + ".b"] = layer_norm_back(dy, c)
+        return self.mm.round(dx)
 
     # -- sub-layers -------------------------------------------------------------------------
     def _attention(self, x: np.ndarray, i: int, it: int) -> tuple[np.ndarray, Cache]:
@@ -179,6 +181,7 @@ class Reference:
         if self.rope is not None:
             cos, sin = self.rope[0][:s], self.rope[1][:s]            # (S, dh)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = (self.mm.round(t) for t in (q, k, v))       # normed, rotated, biased: stored
         k_all, v_all = repeat_kv(k, nh // ng), repeat_kv(v, nh // ng)   # (B, nh, S, dh)
         scores = (q @ k_all.transpose(0, 1, 3, 2)) / float(np.sqrt(dh))        # (B, nh, S, S)
         if cfg.causal:
@@ -215,6 +218,7 @@ class Reference:
         if self.cfg.qk_norm:
             dq, g[f"layers.{i}.q_norm.g"] = rms_norm_back(dq, c["qk"]["q"])
             dk, g[f"layers.{i}.k_norm.g"] = rms_norm_back(dk, c["qk"]["k"])
+        dq, dk = self.mm.round(dq), self.mm.round(dk)
         ds = [d.transpose(0, 2, 1, 3).reshape(bsz, s, -1) for d in (dq, dk, dv)]  # (B, S, n dh)
         return self._fused_back(c["x"], ds, pre + "qkv", self._qkv(i), g)
 
@@ -241,9 +245,9 @@ class Reference:
         c: Cache = {"x": x, "f": f}
         if self.cfg.gated:
             c["up"] = fc1[1]
-            c["act"] = silu(f) * c["up"]
+            c["act"] = self.mm.round(silu(f) * c["up"])      # the activation's output, stored
         else:
-            c["act"] = gelu(f)
+            c["act"] = self.mm.round(gelu(f))
         return self._linear(c["act"], pre + "w2", pre + "b2"), c
 
     def _mlp_back(self, dout: np.ndarray, c: Cache, i: int,
@@ -255,9 +259,9 @@ class Reference:
         dact = self._dgrad(pre + "w2", dout)
         f = c["f"]
         if not self.cfg.gated:
-            ds = [dact * gelu_grad(f)]
+            ds = [self.mm.round(dact * gelu_grad(f))]
         else:
-            ds = [dact * c["up"] * silu_grad(f), dact * silu(f)]       # gate, up
+            ds = [self.mm.round(t) for t in (dact * c["up"] * silu_grad(f), dact * silu(f))]
         return self._fused_back(c["x"], ds, pre + "fc1", self._fc1(i, self.cfg.gated), g)
 
     def _sublayer(self, x: np.ndarray, i: int, it: int, which: str) -> tuple[np.ndarray, Cache]:
@@ -269,9 +273,9 @@ class Reference:
         if self.cfg.norm == "pre":
             y, c["ln"] = self._norm(ln, x)
             out, c["f"] = fn(y, i, it)
-            return x + (out if mask is None else out * mask), c
+            return self.mm.round(x + (out if mask is None else out * mask)), c   # residual
         out, c["f"] = fn(x, i, it)
-        y, c["ln"] = self._norm(ln, x + (out if mask is None else out * mask))
+        y, c["ln"] = self._norm(ln, self.mm.round(x + (out if mask is None else out * mask)))
         return y, c
 
     def _sublayer_back(self, dy: np.ndarray, c: Cache, i: int, which: str,
@@ -281,10 +285,10 @@ class Reference:
         if self.cfg.norm == "pre":
             dout = dy if c["mask"] is None else dy * c["mask"]
             dln = back(dout, c["f"], i, g)
-            return dy + self._norm_back(ln, dln, c["ln"], g)
+            return self.mm.round(dy + self._norm_back(ln, dln, c["ln"], g))
         dsum = self._norm_back(ln, dy, c["ln"], g)
         dout = dsum if c["mask"] is None else dsum * c["mask"]
-        return dsum + back(dout, c["f"], i, g)
+        return self.mm.round(dsum + back(dout, c["f"], i, g))
 
     # -- whole model ------------------------------------------------------------------------
     def loss_and_grads(self, tokens: np.ndarray, targets: np.ndarray, it: int,
@@ -300,7 +304,7 @@ class Reference:
         if cfg.norm == "post":
             x, c_lne = self._norm("lne", x)
         emb_mask = self._hidden_mask(it, -1, "embed")
-        x = x if emb_mask is None else x * emb_mask
+        x = self.mm.round(x if emb_mask is None else x * emb_mask)    # the embedding's output
         caches = []
         for i in range(cfg.layers):
             x, ca = self._sublayer(x, i, it, "attn")
