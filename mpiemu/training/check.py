@@ -64,7 +64,7 @@ class ReferenceCheck:
                     f"{self.grad_iteration}'s gradients "
                     f"({self.worst_grad}, {self.ranks} ranks), {params}; not judged: Adam)")
         return (f"reference check: {what}, {self.loss_rel_err:.2e} in losses; tolerance "
-                f"{self.tolerance:.0e}: {'PASS' if self.passed else 'FAIL'}")
+                f"{self.tolerance:.3g}: {'PASS' if self.passed else 'FAIL'}")
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self) | {"passed": self.passed}
