@@ -201,3 +201,5 @@ def test_experts_grouped_gemms_run_in_fp8_and_weights_are_cast_once_a_step(
     assert count["l0.experts.fc1.fwd.fp8.cast_x"] == 2 * 2          # 2 micro-batches x 2 steps
     assert count["l0.experts.fc1.fwd.fp8.cast_w"] == 2              # once a step
     assert count["l0.qkv.fwd.gemm.fp8.cast_w"] == 2
+    assert not any(n.startswith("l0.router.") and "fp8" in n for n in count)   # bf16
+    assert fp8["l0.router.fwd"] == off["l0.router.fwd"]

@@ -95,8 +95,8 @@ class GpuExecutor:
                     groups: int = 1) -> str:
         """The dtype a GEMM is charged in; under an FP8 recipe inside a layer, FP8, after
         the recipe's casts of its operands (`precision.cast_costs`: a weight once a step)."""
-        if self.fp8 == "off" or not self._in_layer:
-            return self.dtype
+        if self.fp8 == "off" or not self._in_layer or ".router." in name:
+            return self.dtype             # the MoE router: a plain bf16 linear (Megatron-Core)
         key, it = _tensor_key(name), self.tl.labels.iteration
         weight = role == "fprop" and not self.fp8_params and self._weights_cast.get(key) != it
         if weight:
