@@ -142,3 +142,14 @@ def test_fp8_parameters_cast_from_the_master_weights(zero: int, tmp_path: Path) 
     s16 = _run(tmp_path / "bf16", (1, 1, 2), "delayed", "bf16", *base)
     assert s8["reference"]["passed"] and s16["reference"]["passed"]
     assert [i["loss"] for i in s8["iterations"]] != [i["loss"] for i in s16["iterations"]]
+
+
+@pytest.mark.parametrize("extra", [
+    ["parallel.sequence_parallel=true"],                       # inputs all-gathered (SP)
+    ["parallel.tp=1", "parallel.cp=2", "model.attention='flash'"],   # the sequence over CP
+])
+def test_fp8_with_sequence_and_context_parallelism(extra: list[str], tmp_path: Path) -> None:
+    """Under SP a column-parallel GEMM casts the all-gathered input; under CP each rank
+    holds two chunks of every sequence and the amaxes are reduced over CP too."""
+    s = _run(tmp_path, (2, 1, 1), "current", "bf16", "model.seq_len=256", *extra)
+    assert s["reference"]["passed"], s["reference"]
