@@ -26,26 +26,8 @@ from ..precision.cast_costs import cast_kernels
 from ..overlap.api import GemmShape, gather_then_gemm, gemm_then_reduce
 from ..sim import charge
 from ..sim.timeline import COMPUTE, SimTime, Span
+from .gemm_roles import OPERANDS, role as _role, tensor_key as _tensor_key
 from .registry import ExecutorSetup
-
-
-def _role(name: str) -> str:
-    """A data GEMM's role by its name: a backward pass's (`<op>.bwd...`) is the dgrad."""
-    return "dgrad" if ".bwd" in name else "fprop"
-
-
-# the operands of each role of a linear layer's GEMMs (`precision.fp8_gemm`)
-OPERANDS = {"fprop": ("act", "weight"), "dgrad": ("grad", "weight"), "wgrad": ("act", "grad")}
-_PASS_SUFFIXES = ("fwd", "bwd", "wgrad", "gemm")
-
-
-def _tensor_key(name: str) -> str:
-    """The linear layer a GEMM belongs to (`l3.fc1.bwd.gemm` -> `l3.fc1`): one FP8 state
-    for its fprop, dgrad and wgrad."""
-    parts = name.split(".")
-    while parts and parts[-1] in _PASS_SUFFIXES:
-        parts.pop()
-    return ".".join(parts)
 
 
 class GpuExecutor:

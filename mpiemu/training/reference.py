@@ -27,9 +27,9 @@ from ..model.config import ModelConfig
 from ..precision.fp8_gemm import Fp8Gemm
 from ..precision.loss_scale import overflow_expected
 from ..precision.matmul import PrecisionGemm
-from .config import CLIP_EPS, OptimizerConfig
+from .config import OptimizerConfig
 from .reference_moe import ReferenceMoe, TokenLayout
-from .reference_blocks import (Cache, apply_rope, apply_rope_back, gelu, gelu_grad, layer_norm,
+from .reference_blocks import (Cache, adam_or_lamb, apply_rope, apply_rope_back, gelu, gelu_grad, layer_norm,
                                layer_norm_back, repeat_kv, rms_norm, rms_norm_back, rope_tables,
                                silu, silu_grad, sum_kv, wgrad)
 
@@ -366,29 +366,8 @@ class Reference:
 
     def update(self, grads: dict[str, np.ndarray]) -> None:
         """One Adam or LAMB step on every parameter (optionally after global-norm clipping)."""
-        o = self.opt
         self.step_count += 1
-        t = self.step_count
-        if o.needs_global_norm or o.name == "lamb":
-            norm = float(np.sqrt(sum(float((gr * gr).sum()) for gr in grads.values())))
-            if o.clip_grad_norm > 0:
-                coeff = o.clip_grad_norm / (norm + CLIP_EPS)
-                if coeff < 1.0:
-                    grads = {k: gr * coeff for k, gr in grads.items()}
-        for name, w in self.params.items():
-            gr = grads[name]
-            m, v = self.m[name], self.v[name]
-            m *= o.beta1
-            m += (1.0 - o.beta1) * gr
-            v *= o.beta2
-            v += (1.0 - o.beta2) * gr * gr
-            step = (m / (1.0 - o.beta1 ** t)) / (np.sqrt(v / (1.0 - o.beta2 ** t)) + o.eps)
-            if w.ndim == 2 and o.weight_decay > 0:
-                step = step + o.weight_decay * w
-            if o.name == "lamb":
-                wn, sn = float(np.sqrt((w * w).sum())), float(np.sqrt((step * step).sum()))
-                step = step * (wn / sn if wn > 0 and sn > 0 else 1.0)
-            w -= o.lr * step
+        adam_or_lamb(self.params, grads, self.m, self.v, self.opt, self.step_count)
 
     def train_step(self, it: int) -> float:
         """Forward, backward and update on iteration `it`'s global batch; returns the loss."""

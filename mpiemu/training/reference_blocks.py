@@ -1,4 +1,5 @@
-"""Building blocks of the one-process reference: norms, activations, rotary positions.
+"""Building blocks of the one-process reference: norms, activations, rotary positions, Adam
+and LAMB.
 
 Plain numpy, batch-first ([B, S, H] or [B, heads, S, head_dim]), each forward paired with a
 hand-written backward. Written independently of the sharded layers (`mpiemu.model`), like
@@ -13,6 +14,7 @@ import numpy as np
 
 from ..model.config import ModelConfig
 from ..model.special import norm_cdf, norm_pdf
+from .config import CLIP_EPS, OptimizerConfig
 
 Cache = dict[str, Any]
 
@@ -148,3 +150,30 @@ def sum_kv(d: np.ndarray, rep: int) -> np.ndarray:
         return d
     bsz, nh, s, dh = d.shape
     return d.reshape(bsz, nh // rep, rep, s, dh).sum(2)        # (B, g, S, d)
+
+
+def adam_or_lamb(params: dict[str, np.ndarray], grads: dict[str, np.ndarray],
+                 m_: dict[str, np.ndarray], v_: dict[str, np.ndarray], o: OptimizerConfig,
+                 t: int) -> None:
+    """Step t of Adam (decoupled weight decay on matrices) or LAMB on every parameter, in
+    place, after clipping by the global norm where the optimizer asks for it."""
+    if o.needs_global_norm or o.name == "lamb":
+        norm = float(np.sqrt(sum(float((gr * gr).sum()) for gr in grads.values())))
+        if o.clip_grad_norm > 0:
+            coeff = o.clip_grad_norm / (norm + CLIP_EPS)
+            if coeff < 1.0:
+                grads = {k: gr * coeff for k, gr in grads.items()}
+    for name, w in params.items():
+        gr = grads[name]
+        m, v = m_[name], v_[name]
+        m *= o.beta1
+        m += (1.0 - o.beta1) * gr
+        v *= o.beta2
+        v += (1.0 - o.beta2) * gr * gr
+        step = (m / (1.0 - o.beta1 ** t)) / (np.sqrt(v / (1.0 - o.beta2 ** t)) + o.eps)
+        if w.ndim == 2 and o.weight_decay > 0:
+            step = step + o.weight_decay * w
+        if o.name == "lamb":
+            wn, sn = float(np.sqrt((w * w).sum())), float(np.sqrt((step * step).sum()))
+            step = step * (wn / sn if wn > 0 and sn > 0 else 1.0)
+        w -= o.lr * step
