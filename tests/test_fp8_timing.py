@@ -113,7 +113,6 @@ def test_fp8_keeps_two_fp8_copies_of_each_layer_weight() -> None:
     from mpiemu.runner.train_setup import resolve
     cfg, _, _ = resolve(w0)
     assert m8.params_bytes - m0.params_bytes == 2 * 4 * layer_param_count(cfg, 8)
-    assert m8.activations_bytes == m0.activations_bytes
 
 
 def test_fp8_parameters_are_held_and_gathered_in_fp8(tmp_path: Path) -> None:
@@ -203,3 +202,18 @@ def test_experts_grouped_gemms_run_in_fp8_and_weights_are_cast_once_a_step(
     assert count["l0.qkv.fwd.gemm.fp8.cast_w"] == 2
     assert not any(n.startswith("l0.router.") and "fp8" in n for n in count)   # bf16
     assert fp8["l0.router.fwd"] == off["l0.router.fwd"]
+
+
+def test_fp8_keeps_linear_inputs_as_fp8_copies() -> None:
+    """Under an FP8 recipe a dense layer keeps its QKV, FC-1 and FC-2 inputs as FP8 copies
+    (one byte instead of two) and the attention output's FP8 copy beside it."""
+    from mpiemu.config.workload import load_workload
+    from mpiemu.runner.train_setup import resolve, train_memory
+    base = ["device.preset='h100-sxm5'", "network.preset='dgx-h100'", "run.numerics='off'",
+            "run.emulated_dtype='bf16'", "model.layers=4"]
+    w0 = load_workload("workloads/gpt3-175b-tp8.toml", base)
+    w8 = load_workload("workloads/gpt3-175b-tp8.toml", [*base, "fp8.recipe='delayed'"])
+    _, _, d = resolve(w0)
+    m0, m8 = train_memory(w0, 80e9, 0), train_memory(w8, 80e9, 0)
+    per_layer = 2 * d.shard_rows * d.hidden + d.rows * d.ffn - d.rows * d.attn_width
+    assert m0.activations_bytes - m8.activations_bytes == 4 * per_layer

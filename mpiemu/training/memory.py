@@ -28,17 +28,23 @@ GIB = 2.0**30
 
 @dataclass(frozen=True)
 class Stored:
-    """Elements kept for backward: activations (emulated dtype), fp32 statistics, masks."""
+    """Elements kept for backward: activations (emulated dtype), fp32 statistics, masks,
+    FP8 copies (one byte)."""
 
     act: int = 0
     stats: int = 0
     masks: int = 0
+    fp8: int = 0
 
     def __add__(self, o: "Stored") -> "Stored":
-        return Stored(self.act + o.act, self.stats + o.stats, self.masks + o.masks)
+        return Stored(self.act + o.act, self.stats + o.stats, self.masks + o.masks,
+                      self.fp8 + o.fp8)
+
+    def __mul__(self, k: int) -> "Stored":
+        return Stored(self.act * k, self.stats * k, self.masks * k, self.fp8 * k)
 
     def bytes(self, e: int) -> int:
-        return self.act * e + self.stats * STAT_BYTES + self.masks * MASK_BYTES
+        return self.act * e + self.stats * STAT_BYTES + self.masks * MASK_BYTES + self.fp8
 
 
 def norm_stats(cfg: ModelConfig) -> int:
@@ -72,6 +78,17 @@ def layer_stored(cfg: ModelConfig, d: Dims, recompute: str = "none", moe: bool =
     if cfg.moe is not None and moe:
         return s + moe_stored(cfg, d)
     return s + Stored(act=gated * t * d.ffn)   # and the activation's output
+
+
+def fp8_inputs(cfg: ModelConfig, d: Dims, s: Stored) -> Stored:
+    """A dense layer's `s` under an FP8 recipe: Transformer Engine saves the FP8 copy of a
+    linear layer's input for its weight gradient, not the bf16 tensor (`module/linear.py`,
+    `layernorm_linear.py`): the QKV and FC-1 inputs (sequence shards under SP) and FC-2's
+    (the activation's output) are kept in one byte; the attention's output is kept as it is
+    for the attention backward, and its FP8 copy for the projection's added."""
+    ts, t = d.shard_rows, d.rows
+    moved = 2 * ts * d.hidden + t * d.ffn
+    return s + Stored(act=-moved, fp8=moved + t * d.attn_width)
 
 
 def moe_stored(cfg: ModelConfig, d: Dims) -> Stored:
@@ -198,29 +215,29 @@ def stage_activations(cfg: ModelConfig, d: Dims, e: int, lay: Layout = Layout())
     schedule (1F1B stage i: p - i; GPipe: all m), each with its layers (and embedding or
     head on the first or last virtual stage)."""
     per_layer = layer_stored(cfg, d, lay.recompute)
+    if lay.fp8_copies and lay.recompute != "full":
+        per_layer = fp8_inputs(cfg, d, per_layer)
     per_moe = layer_stored(cfg, d, lay.recompute, moe=True)
     chunk = []
     for c in range(lay.chunks):
         k = lay.moe_layers(cfg, c)
-        n = lay.layers(cfg, c) - k
-        s = Stored(n * per_layer.act + k * per_moe.act, n * per_layer.stats + k * per_moe.stats,
-                   n * per_layer.masks + k * per_moe.masks)
+        s = per_layer * (lay.layers(cfg, c) - k) + per_moe * k
         if c == 0 and lay.stage == 0:
             s += embed_stored(cfg, d)
         if c == lay.chunks - 1 and lay.stage == lay.pp - 1:
             s += head_stored(cfg, d)
         chunk.append(s)
     # plain ints in the loop (a 512-micro-batch schedule of 64 stages is 65k steps)
-    sizes = [(x.act, x.stats, x.masks, x.bytes(e)) for x in chunk]
-    act = stats = masks = live = 0
+    sizes = [(x.act, x.stats, x.masks, x.fp8, x.bytes(e)) for x in chunk]
+    act = stats = masks = fp8 = live = 0
     peak, peak_bytes = Stored(), 0
     for ps in order(lay.schedule, lay.pp, lay.stage, lay.micro_batches, lay.chunks):
-        da, ds, dm, db = sizes[ps.chunk]
+        da, ds, dm, df, db = sizes[ps.chunk]
         sign = 1 if ps.kind == "F" else -1
         act, stats, masks = act + sign * da, stats + sign * ds, masks + sign * dm
-        live += sign * db
+        fp8, live = fp8 + sign * df, live + sign * db
         if live > peak_bytes:
-            peak, peak_bytes = Stored(act, stats, masks), live
+            peak, peak_bytes = Stored(act, stats, masks, fp8), live
     return peak
 
 
@@ -228,8 +245,8 @@ def memory_report(cfg: ModelConfig, d: Dims, e: int, capacity_bytes: float,
                   lay: Layout = Layout()) -> MemoryReport:
     """Parameters and gradients in the emulated dtype (plus FP8 copies of the layers'
     weights under an FP8 recipe), fp32 master + Adam/LAMB states, activations at the
-    stage's peak (saved in the emulated dtype; TE's FP8 copies of saved inputs not
-    modelled). ZeRO (Rajbhandari et al. 2020, 5, Fig. 1: (2 + 2 + K)
+    stage's peak (saved in the emulated dtype; under an FP8 recipe a dense layer's linear
+    inputs as FP8 copies, `fp8_inputs`). ZeRO (Rajbhandari et al. 2020, 5, Fig. 1: (2 + 2 + K)
     Psi / N_d at stage 3) shards over DP the states (stage 1), the gradients (2: plus the
     unit being reduce-scattered, whole) and the parameters (3: plus the layers gathered at
     once: the one computing and, prefetched, the next; every layer when none is resharded
