@@ -311,7 +311,12 @@ def fp8_rows(runs: Path, rows: list[Row], reuse: bool = False) -> list[Row]:
             out.append(row)
             continue
         p = plan(meas[twin], workload)
-        p = p._replace(sets=last_wins(p.sets + [f"fp8.recipe='{row['recipe']}'"]))
+        extra = [f"fp8.recipe='{row['recipe']}'"]
+        if str(load_figures("llama")["fp8_params"].value) in str(f["notes"]) and \
+                _zero_of(p.sets) >= 1:
+            extra.append("optimizer.fp8_param_gather=true")
+            row["recipe"] += " + FP8 params"
+        p = p._replace(sets=last_wins(p.sets + extra))
         key = (str(gpus), *p.sets)
         if key not in done:
             where = runs / f"fp8-{f['id']}"

@@ -218,7 +218,8 @@ def fp8_section(fp8: list[Row]) -> list[str]:
            f"{len(fp8)} FP8 rows in llama_measured.toml; {len(em)} have an emulated BF16 "
            "twin (the same configuration in BF16) and are run again with an `[fp8]` recipe "
            "(`llama.toml [fp8_recipes]`: "
-           f"{load_figures('llama')['fp8_recipes'].source}). Speedup = BF16 step / FP8 step, "
+           f"{load_figures('llama')['fp8_recipes'].source}; + FP8 params: "
+           f"{load_figures('llama')['fp8_params'].source}). Speedup = BF16 step / FP8 step, "
            "measured and ours; difference = ours / measured - 1."]
     if em:
         diffs = sorted(abs(r["difference"]) for r in em)
