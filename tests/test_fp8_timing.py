@@ -217,3 +217,28 @@ def test_fp8_keeps_linear_inputs_as_fp8_copies() -> None:
     m0, m8 = train_memory(w0, 80e9, 0), train_memory(w8, 80e9, 0)
     per_layer = 2 * d.shard_rows * d.hidden + d.rows * d.ffn - d.rows * d.attn_width
     assert m0.activations_bytes - m8.activations_bytes == 4 * per_layer
+
+
+def test_sequence_parallel_gathers_move_fp8_bytes(tmp_path: Path) -> None:
+    """Under SP and an FP8 recipe the column-parallel inputs (forward, the backward's
+    re-gather, a row-parallel layer's dy) are cast on the rank's shard and all-gathered in
+    one byte a value, half of bf16's; a row-parallel backward casts dy, not x and W."""
+    def gathers(recipe: str) -> tuple[dict[str, int], set[str]]:
+        out = tmp_path / recipe
+        res = run_mpi(2, ["run", "workloads/quickstart.toml", "--set", "parallel.dp=1",
+                          "--set", "parallel.sequence_parallel=true", "--set",
+                          "run.numerics='off'", "--set", "train.check_reference=false",
+                          "--set", "device.preset='h100-sxm5'", "--set",
+                          "network.preset='dgx-h100'", "--set", "run.emulated_dtype='bf16'",
+                          "--set", f"fp8.recipe='{recipe}'", "--set", "run.iterations=1",
+                          "--out", str(out)])
+        assert res.returncode == 0, res.stderr[-1000:]
+        rt = load(out).ranks[0]
+        names = rt.names.astype(str)
+        return ({n: int(rt.events["bytes"][names == n].sum()) for n in set(names)
+                 if n.startswith("l0.") and n.endswith(".ag")}, set(names))
+    (off, _), (fp8, names) = gathers("off"), gathers("delayed")
+    assert set(off) == set(fp8) == {"l0.qkv.fwd.ag", "l0.qkv.bwd.regather.ag", "l0.fc1.fwd.ag",
+                                    "l0.fc1.bwd.regather.ag", "l0.fc2.bwd.ag", "l0.proj.bwd.ag"}
+    assert all(2 * fp8[n] == off[n] for n in off)
+    assert "l0.fc2.bwd.fp8.cast_dy" in names and "l0.fc2.bwd.fp8.cast_x" not in names

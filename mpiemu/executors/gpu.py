@@ -73,11 +73,15 @@ class GpuExecutor:
             if self.on and self.fp8_gemm is not None:    # the recipe's amax update
                 self.fp8_gemm.end_pass(backward=pass_ == "bwd")
 
+    def _fp8_here(self) -> bool:
+        """A layer's linear GEMMs run in FP8 here (an [fp8] recipe, inside a layer pass)."""
+        return self.fp8 != "off" and self._in_layer
+
     def _gemm_dtype(self, name: str, role: str, m: int, n: int, k: int,
                     groups: int = 1) -> str:
         """The dtype a GEMM is charged in; under an FP8 recipe inside a layer, FP8, after
         the recipe's casts of its operands (`precision.cast_costs`: a weight once a step)."""
-        if self.fp8 == "off" or not self._in_layer or ".router." in name:
+        if not self._fp8_here() or ".router." in name:
             return self.dtype             # the MoE router: a plain bf16 linear (Megatron-Core)
         key, it = _tensor_key(name), self.tl.labels.iteration
         weight = role == "fprop" and not self.fp8_params and self._weights_cast.get(key) != it
@@ -210,9 +214,12 @@ class GpuExecutor:
         if self.tp.size == 1 or not self.sp:
             return self.gemm(f"{name}.gemm", x_s, w, m, n, k, epilogue), x_s
         full = None if x_s is None else np.empty((m, k), x_s.dtype)
-        gemm_dtype = self._gemm_dtype(name, "fprop", m, n, k)
+        # under an FP8 recipe TE casts the rank's shard and all-gathers it quantized: one
+        # byte a value (modern_training.md 7.4; a row-parallel layer's dy in its backward too)
+        gemm_dtype = self._gemm_dtype(name, _role(name), m // self.tp.size, n, k)
         y, span = gather_then_gemm(self.tp, x_s, w, cost=self.cost, shape=GemmShape(m, n, k),
-                                   dtype=self.dtype, after=self._t, overlap=self.overlap,
+                                   dtype="fp8" if gemm_dtype == "fp8" else self.dtype,
+                                   after=self._t, overlap=self.overlap,
                                    name=name, gathered_out=full, matmul=self._matmul(name),
                                    gemm_dtype=gemm_dtype)
         self._t = span.t_end
@@ -235,7 +242,8 @@ class GpuExecutor:
         bwd = f"{name}.bwd"
         x_full, t_gather = x_saved, self._t
         if self.sp and self.tp.size > 1:       # re-gather the input in backward (Megatron SP)
-            x_full, span = self._start_gather(f"{bwd}.regather", x_saved, m, n)
+            x_full, span = self._start_gather(f"{bwd}.regather", x_saved, m, n,
+                                              1 if self._fp8_here() else None)   # FP8 copy
             t_gather = span.t_end
         x_t = None if x_full is None else x_full.T
         if self.tp.size == 1 or not self.tp_async or self.overlap.strategy != "sequential":
