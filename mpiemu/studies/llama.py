@@ -286,6 +286,17 @@ def fp8_recipe(row: dict[str, Any]) -> str:
     raise ValueError(f"{row['id']}: no FP8 recipe rule in llama.toml [fp8_recipes]")
 
 
+def fp8_sets(row: dict[str, Any], sets: list[str], recipe: str) -> list[str]:
+    """What an FP8 row adds to its BF16 twin's overrides `sets`: the recipe, and FP8
+    parameters where its notes state them and the twin runs the distributed optimizer
+    (`llama.toml [fp8_params]`)."""
+    out = [f"fp8.recipe='{recipe}'"]
+    if str(load_figures("llama")["fp8_params"].value) in str(row["notes"]) and \
+            _zero_of(sets) >= 1:
+        out.append("optimizer.fp8_param_gather=true")
+    return out
+
+
 def fp8_rows(runs: Path, rows: list[Row], reuse: bool = False) -> list[Row]:
     """Each [[fp8_run]] whose BF16 twin (its id with bf16 for fp8) was emulated: that run
     again with the row's FP8 recipe, the measured FP8 / BF16 speedup beside ours (a twin
@@ -311,10 +322,8 @@ def fp8_rows(runs: Path, rows: list[Row], reuse: bool = False) -> list[Row]:
             out.append(row)
             continue
         p = plan(meas[twin], workload)
-        extra = [f"fp8.recipe='{row['recipe']}'"]
-        if str(load_figures("llama")["fp8_params"].value) in str(f["notes"]) and \
-                _zero_of(p.sets) >= 1:
-            extra.append("optimizer.fp8_param_gather=true")
+        extra = fp8_sets(f, p.sets, str(row["recipe"]))
+        if "optimizer.fp8_param_gather=true" in extra:
             row["recipe"] += " + FP8 params"
         p = p._replace(sets=last_wins(p.sets + extra))
         key = (str(gpus), *p.sets)

@@ -74,7 +74,8 @@ def timing_rows(runs: Path) -> list[Row]:
     out: list[Row] = []
     for recipe in ("off", *RECIPES):
         where = runs / f"timing-{recipe}"
-        launch.run(plan.processes, workload, [*plan.sets, f"fp8.recipe='{recipe}'"], where)
+        extra = [] if recipe == "off" else llama.fp8_sets(twin, plan.sets, recipe)
+        launch.run(plan.processes, workload, [*plan.sets, *extra], where)
         it = json.loads((where / "manifest.json").read_text())["summary"]["iterations"][0]
         out.append({"row": row_id, "gpus": row["gpus"], "precision":
                     "bf16" if recipe == "off" else f"fp8-{recipe}",
