@@ -120,6 +120,8 @@ def test_a_column_shard_equals_the_unsharded_gemm_bitwise(recipe: str) -> None:
 @pytest.mark.parametrize("extra, needle", [
     (["run.numeric_dtype='fp16'"], "run.numeric_dtype='fp16'"),
     (["train.recompute='full'"], "train.recompute = 'full'"),
+    (["model.preset='tiny-moe'", "parallel.tp=1", "parallel.dp=2", "parallel.ep=2",
+      "optimizer.zero=0", "run.numeric_dtype='fp32'"], "with experts"),
 ])
 def test_fp8_numerics_refused_where_not_modelled(extra: list[str], needle: str,
                                                  tmp_path: Path) -> None:
