@@ -1,6 +1,7 @@
 """Folding with ZeRO-2 and ZeRO-3 / FSDP: every layer's reduce-scatter and, under ZeRO-3,
 its parameter all-gathers (prefetched or not) are rings on the DP group, so a folded run's
-every emulated rank equals the unfolded run's, bit for bit. Hybrid sharding's blocks are
+every emulated rank equals the unfolded run's, bit for bit (experts' units too, over expert
+DP). Hybrid sharding's blocks are
 not shifts of one another: folding refuses it in one line."""
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ CASES = [
     ("zero3-tp2-dp4-two-per-node", ["parallel.pp=1", "parallel.dp=4", "train.global_batch=4",
                                     "optimizer.zero=3", "network.preset=dgx-a100",
                                     "network.devices_per_node=4"], 8, 2),
+    # experts over EP 2 of DP 4: their units sharded over expert DP (two classes of images)
+    ("zero3-experts-ep2-dp4", ["model.preset='tiny-moe'", "parallel.pp=1", "parallel.tp=1",
+                               "parallel.dp=4", "parallel.ep=2", "train.global_batch=8",
+                               "optimizer.zero=3", "moe.tokens='balanced'",
+                               "network.preset=dgx-a100"], 4, 2),
 ]
 
 
@@ -46,6 +52,7 @@ def test_folded_zero_run_equals_the_unfolded_run(tmp_path: Path, name: str, sets
     names = {str(n) for n in runs[full].ranks[0].names}
     assert any(n.startswith("dp.grad_rs.L") for n in names)
     assert any(n.startswith("dp.param_ag.L") for n in names) == ("zero3" in name)
+    assert any(n.startswith("edp.param_ag.L") for n in names) == ("experts" in name)
 
 
 def test_hybrid_sharding_is_not_folded() -> None:

@@ -46,6 +46,11 @@ CASES = [
                               "parallel.sequence_parallel=true", "optimizer.zero=1"]),
     (4, "zero1-tp2-dp2-ep1", ["parallel.tp=2", "parallel.dp=2",
                               "parallel.sequence_parallel=true", "optimizer.zero=1"]),
+    # ZeRO-2 / 3: the experts' units reduce-scattered and gathered over expert DP, the rest
+    # over DP x CP
+    (4, "zero2-ep2-dp4", ["parallel.dp=4", "parallel.ep=2", "optimizer.zero=2"]),
+    (4, "zero3-tp2-dp2-ep2", ["parallel.tp=2", "parallel.dp=2", "parallel.ep=2",
+                              "parallel.sequence_parallel=true", "optimizer.zero=3"]),
     (4, "ep4-capacity-micro2", ["parallel.dp=4", "parallel.ep=4", "moe.capacity_factor=1.25",
                                 "train.global_batch=16", "train.micro_batch=2"]),
     (4, "ep2-tp2-dp2-shared", ["parallel.tp=2", "parallel.dp=2", "parallel.ep=2",

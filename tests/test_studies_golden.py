@@ -137,14 +137,14 @@ def test_moe_rows_cover_every_bf16_measurement() -> None:
 
 
 def test_moe_overrides_follow_each_row() -> None:
-    """Every layout value comes from the row; experts with EP run at most ZeRO-1 (FSDP's
-    ZeRO-3 over experts is not modelled); the notes add what they state; rows without a
-    preset, with ETP > 1 or of DeepSeek-V3 are not run, saying why."""
+    """Every layout value comes from the row (FSDP as ZeRO-3, the experts sharded over
+    expert DP); the notes add what they state; rows without a preset, with ETP > 1 or of
+    DeepSeek-V3 are not run, saying why."""
     from mpiemu.studies.moe import measured, not_expressed, overrides, routing_label
     rows = {r["id"]: r for r in measured()}
     s = overrides(rows["automodel-2025-10-qwen3-30b-a3b-bf16-8gpu"])
     assert {"parallel.dp=8", "parallel.ep=8", "train.micro_batch=4", "train.recompute='full'",
-            "optimizer.zero=1", "optimizer.clip_grad_norm=0.0", "moe.capacity_factor=0.0",
+            "optimizer.zero=3", "optimizer.clip_grad_norm=0.0", "moe.capacity_factor=0.0",
             "parallel.sequence_parallel=false"} <= set(s)
     s = overrides(rows["modelzoo-qwen3-235b-a22b-bf16-256gpu-deepep-ep32"])
     assert {"parallel.tp=2", "parallel.sequence_parallel=true", "parallel.virtual_stages=4",

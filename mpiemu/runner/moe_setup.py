@@ -58,11 +58,12 @@ def validate_moe(w: Workload, cfg: ModelConfig) -> None:
     if resolve_device(w).kind != "gpu":
         raise ConfigError("model.preset", w.model.preset, "experts run on GPU ranks; Sunway "
                           "ranks schedule SwFormer's dense GPT layer")
-    if (ep > 1 or par.tp > 1) and w.optimizer.zero > 1:
-        raise ConfigError("optimizer.zero", w.optimizer.zero, "must be 0 or 1 with experts "
-                          "and parallel.ep or parallel.tp > 1 (the experts' gradients are "
-                          "reduced over expert data parallelism, and sharded there by the "
-                          "distributed optimizer; ZeRO-2 / 3 over it is not modelled)")
+    if (ep > 1 or par.tp > 1) and w.optimizer.zero > 1 and \
+            (par.dp * par.cp == 1 or w.optimizer.shard_group):
+        raise ConfigError("optimizer.zero", w.optimizer.zero, "0 or 1 with experts split "
+                          "over parallel.ep or parallel.tp and parallel.dp x parallel.cp = 1 "
+                          "or an optimizer.shard_group (ZeRO-2 / 3 shards the experts over "
+                          "expert data parallelism and the rest over DP x CP, whole groups)")
     if w.optimizer.name == "lamb":
         raise ConfigError("optimizer.name", "lamb", "experts train with 'adam' (LAMB's "
                           "per-tensor norms are not split by expert)")

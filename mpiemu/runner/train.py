@@ -157,6 +157,7 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
                                                            opt_cfg.zero >= 1),
                            buckets=grads.buckets, params=grads.params,
                            expert_buckets=grads.expert_buckets,
+                           expert_params=grads.expert_params,
                            scaler=opt_cfg.loss_scaler() if numerics and
                            w.run.numeric_dtype == "fp16" else None)
     if opt.zero is not None:       # forwards wait for their layers' parameter gathers
@@ -251,8 +252,9 @@ def run(ctx: RankContext) -> dict[str, Any]:
             "estimate_bytes": host_bytes(cfg, dims, 8 if w.run.numeric_dtype == "fp64" else 4,
                                          layout(w, grid.pp_rank)),
             "peak_bytes": ctx.world.gather(peak, root=0)}
-    if trainer.grads.params is not None and ctx.numerics:    # ZeRO-3: whole again
-        trainer.grads.params.unshard()
+    for params in (trainer.grads.params, trainer.grads.expert_params):
+        if params is not None and ctx.numerics:    # ZeRO-3: whole again
+            params.unshard()
     if drift is not None:
         drift.after_run(w.run.iterations - 1)
     if model.moe is not None:              # what each rank routed (`routing.npz`)

@@ -27,7 +27,8 @@ class RunDrift:
     def __init__(self, ctx: RankContext, trainer: Trainer) -> None:
         self.trainer = trainer
         self.log = DriftLog(ctx.world, (ctx.grid.tp_rank, ctx.grid.ep_rank))
-        self.sharded = trainer.grads.params is not None
+        self.sharded = trainer.grads.params is not None or \
+            trainer.grads.expert_params is not None
 
     def after_step(self, it: int) -> None:
         t = self.trainer

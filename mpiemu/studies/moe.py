@@ -7,8 +7,8 @@ row: model preset, TP, PP, CP, interleaved virtual stages, DP, EP, global batch,
 sequence length, recomputation, the capacity factor, sequence parallelism (required with TP),
 with what its notes add (`moe.toml [note_rules]`, `[layout_overrides]`). Tokens per expert are
 in perfect balance (`moe.tokens = 'balanced'`, what forced-balance benchmarks run; each row
-says what its source used). FSDP (ZeRO-3) over experts is not modelled: such rows run with
-Megatron's distributed optimizer (ZeRO-1) and say so. A run of more GPUs than stages folds (`run.fold`) where that
+says what its source used). An FSDP row runs ZeRO-3 (the experts sharded over expert DP).
+A run of more GPUs than stages folds (`run.fold`) where that
 is exact; a row is listed, not run, with its reason when its model has no preset, when it
 uses expert tensor parallelism (etp > 1), when it is DeepSeek-V3 (`moe.toml [deepseek]`), when
 the emulator refuses its layout, or when it needs more processes than `[max_processes]`.

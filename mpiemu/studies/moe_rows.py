@@ -302,8 +302,8 @@ def emulated_with(row: dict[str, Any], sets: list[str]) -> list[str]:
     out = []
     zero = int(set_value(sets, "optimizer.zero"))
     if zero != source_zero(row):
-        out.append(f"{row['sharding']} emulated with ZeRO-{zero} (ZeRO-2 / 3 over experts is "
-                   "not modelled)")
+        out.append(f"{row['sharding']} emulated with ZeRO-{zero} (moe.toml "
+                   "[zero_with_experts])")
     note = recompute_rule(row)["note"]
     if note:
         out.append(note)

@@ -101,6 +101,7 @@ class ShardedGrads:
     # sums over TP the gradients among `names` that saw the rank's sequence rows only (SP)
     partial: Callable[[list[str]], None] | None = None
     replicas: TimedComm | None = None    # hybrid sharding: the same shard on other groups
+    group: str = "dp"                    # the group's name in event labels (experts: edp)
     spans: list[Span] = field(default_factory=list)
     shards: list[BucketShard] = field(default_factory=list)
     _pending: dict[int, set[str]] = field(default_factory=dict)
@@ -123,7 +124,7 @@ class ShardedGrads:
         g = flat(u, grads)
         out, span = reduce_scatter(self.dp, g, reduce_s=self.reduce_s, after=t,
                                    count=u.padded, wire_itemsize=self.itemsize, unit=1,
-                                   label=f"dp.grad_rs.L{u.key}",
+                                   label=f"{self.group}.grad_rs.L{u.key}",
                                    bidirectional=self.bidirectional)
         if self.replicas is not None:     # hybrid: the shard's sum over the replicas too
             out, span = all_reduce(self.replicas, out, reduce_s=self.reduce_s,
@@ -192,9 +193,9 @@ class ShardedParams:
 
     def __init__(self, P: Params, units: dict[int, Unit], ex: Executor, dp: TimedComm, *,
                  prefetch: bool, reshard_after_forward: bool,
-                 wire: dict[int, float] | None = None) -> None:
+                 wire: dict[int, float] | None = None, group: str = "dp") -> None:
         self.P, self.units, self.E, self.dp = P, units, ex, dp
-        self.wire = wire or {}
+        self.wire, self.group = wire or {}, group
         self.prefetch, self.reshard_after_forward = prefetch, reshard_after_forward
         self.shards: dict[int, Array] = {}
         for key, u in units.items():
@@ -205,7 +206,11 @@ class ShardedParams:
 
     def need(self, key: int, upcoming: int | None) -> None:
         """The pass uses unit `key` now: wait for its gather (issued now if not yet); then
-        start the gather of the unit used next, which runs under this unit's compute."""
+        start the gather of the unit used next, which runs under this unit's compute (a key
+        without a unit here: nothing)."""
+        if key not in self.units:
+            return
+        upcoming = upcoming if upcoming in self.units else None
         if key not in self.ready:
             self._gather(key)
         self.E.wait_until(self.ready[key])
@@ -215,7 +220,7 @@ class ShardedParams:
     def done(self, key: int, backward: bool) -> None:
         """The pass is done with unit `key`: free it after backward, and after forward when
         resharding (never the embedding and head's: it stays for the head and backward)."""
-        if backward or (self.reshard_after_forward and key != -1):
+        if key in self.units and (backward or (self.reshard_after_forward and key != -1)):
             self.ready.pop(key, None)
             self._free(self.units[key])
 
@@ -236,7 +241,7 @@ class ShardedParams:
         u = self.units[key]
         full, span = all_gather(self.dp, self.shards[key], total=u.padded, after=self.E.t,
                                 wire_itemsize=self.wire.get(key, self.E.e), unit=1,
-                                label=f"dp.param_ag.L{key}")
+                                label=f"{self.group}.param_ag.L{key}")
         self.ready[key] = span.t_end
         if full is not None:
             fill(self.P, u.names, full)

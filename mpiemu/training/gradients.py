@@ -47,19 +47,28 @@ class StageGradients:
         scaled = grad_buffer is not None
         self.scale_whole_buffer = scaled and ddp == "local"
         # experts split over EP reduce over expert data parallelism, in buckets of their own
+        # (ZeRO-2 / 3: in units of their own, sharded over expert DP)
         split = experts is not None
-        sizes = {lp.name: lp.size for lp in model.specs if not (split and lp.expert)}
-        self.expert_buckets = GradBuckets(
-            experts, self.grad_bytes, bucket_bytes,
-            {lp.name: lp.size for lp in model.specs if lp.expert}, bidirectional,
-            shard=zero == 1, overlap=overlap_grad_reduce,
-            prescale=self._scale if scaled and ddp == "core" else None,
-            reduce_s=ex.cost.reduction_s) if experts is not None else None
+        dense = [lp for lp in model.specs if not (split and lp.expert)]
+        sizes = {lp.name: lp.size for lp in dense}
+        own = [lp for lp in model.specs if split and lp.expert]
+        layer_of = {lp.name: lp.layer for lp in model.specs}
+        self.expert_buckets: GradBuckets | ShardedGrads | None = None
+        if experts is not None and zero >= 2 and experts.size > 1:
+            self.expert_buckets = ShardedGrads(
+                experts, self.grad_bytes, units(own, experts), layer_of, ex.cost.reduction_s,
+                bidirectional, group="edp")
+        elif experts is not None:
+            self.expert_buckets = GradBuckets(
+                experts, self.grad_bytes, bucket_bytes, {lp.name: lp.size for lp in own},
+                bidirectional, shard=zero == 1, overlap=overlap_grad_reduce,
+                prescale=self._scale if scaled and ddp == "core" else None,
+                reduce_s=ex.cost.reduction_s)
         sharded = zero >= 2 and dp.size > 1       # ZeRO-2 / 3: per unit, per micro-batch
         shard, replicas = hybrid(dp, shard_group) if sharded else (dp, None)
         self.buckets: GradBuckets | ShardedGrads = ShardedGrads(
-            shard, self.grad_bytes, units(model.specs, shard),
-            {lp.name: lp.layer for lp in model.specs}, ex.cost.reduction_s, bidirectional,
+            shard, self.grad_bytes, units(dense, shard), layer_of, ex.cost.reduction_s,
+            bidirectional,
             partial=self._sp_grad_sync if self._tp_partial() else None,
             replicas=replicas) if sharded else GradBuckets(
             dp, self.grad_bytes, math.inf if ddp == "local" else bucket_bytes,
@@ -81,6 +90,13 @@ class StageGradients:
             wire={k: wire_itemsize((lp for lp in model.specs if lp.name in u.names), ex.e,
                                    fp8_param_gather) for k, u in self.buckets.units.items()}) \
             if zero == 3 and isinstance(self.buckets, ShardedGrads) else None
+        self.expert_params = ShardedParams(
+            model.P, self.expert_buckets.units, ex, self.expert_buckets.dp,
+            prefetch=prefetch, reshard_after_forward=reshard_after_forward,
+            wire={k: wire_itemsize((lp for lp in own if lp.name in u.names), ex.e,
+                                   fp8_param_gather)
+                  for k, u in self.expert_buckets.units.items()}, group="edp") \
+            if zero == 3 and isinstance(self.expert_buckets, ShardedGrads) else None
         model.hooks = self
 
     # -- the hooks a stage's passes call ----------------------------------------------------
@@ -88,6 +104,8 @@ class StageGradients:
                       backward: bool = False) -> None:
         """A pass needs its layer's parameters: ZeRO-3 gathers them (and prefetches the
         next unit's); ZeRO-1 / 2 with the overlapped gather waits for the optimizer's."""
+        if self.expert_params is not None:
+            self.expert_params.need(layer, upcoming)
         if self.params is not None:
             self.params.need(layer, upcoming)
         elif self.param_ready and not backward:
@@ -95,8 +113,9 @@ class StageGradients:
 
     def params_done(self, layer: int, backward: bool) -> None:
         """ZeRO-3 frees the layer's gathered parameters."""
-        if self.params is not None:
-            self.params.done(layer, backward)
+        for params in (self.params, self.expert_params):
+            if params is not None:
+                params.done(layer, backward)
 
     def grads_ready(self, names: list[str], micro: int) -> None:
         """One micro-batch's gradients `names` are computed: each into Megatron's buffer
@@ -106,11 +125,13 @@ class StageGradients:
         for n in names:      # a layer's matrix, or the output layer's: a wgrad GEMM's
             lp = by_name[n]
             self._hook(n, from_gemm=lp.decay and (lp.layer >= 0 or n == "lm_head"))
-        if micro == self.model.micro_batches - 1 or isinstance(self.buckets, ShardedGrads):
-            if self.expert_buckets is not None:
+        last = micro == self.model.micro_batches - 1
+        if self.expert_buckets is not None:
+            if last or isinstance(self.expert_buckets, ShardedGrads):
                 self.expert_buckets.ready([n for n in names if by_name[n].expert],
                                           self.model.G, self.E.t)
-                names = [n for n in names if not by_name[n].expert]
+            names = [n for n in names if not by_name[n].expert]
+        if last or isinstance(self.buckets, ShardedGrads):
             self.buckets.ready([n for n in names if n not in self.deferred], self.model.G,
                                self.E.t)
 

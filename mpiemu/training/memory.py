@@ -199,6 +199,13 @@ def layer_param_count(cfg: ModelConfig, tp: int, ep: int = 1, moe: bool = False)
     return sum(lp.size for lp in local_params(one, tp, ep) if lp.layer == 0)
 
 
+def expert_param_count(cfg: ModelConfig, tp: int, ep: int) -> int:
+    """Elements of one MoE layer's routed experts on an EP rank."""
+    one = replace(cfg, layers=1, moe=None if cfg.moe is None else
+                  replace(cfg.moe, dense_layers=0))
+    return sum(lp.size for lp in local_params(one, tp, ep) if lp.layer == 0 and lp.expert)
+
+
 def local_param_count(cfg: ModelConfig, tp: int, lay: Layout = Layout()) -> int:
     """Elements a rank of stage `lay.stage` holds: its dense and MoE layers' counts, plus
     its embedding / head tensors (the cost grows with neither the layers nor the stages)."""
@@ -250,22 +257,29 @@ def memory_report(cfg: ModelConfig, d: Dims, e: int, capacity_bytes: float,
     Psi / N_d at stage 3) shards over DP the states (stage 1), the gradients (2: plus the
     unit being reduce-scattered, whole) and the parameters (3: plus the layers gathered at
     once: the one computing and, prefetched, the next; every layer when none is resharded
-    after forward; the embedding and head unit stays gathered)."""
+    after forward; the embedding and head unit stays gathered). Routed experts shard over
+    expert data parallelism instead (the stage's ranks over EP: `edp`)."""
     n = local_param_count(cfg, d.tp, lay)
     g = lay.grad_bytes or e
-    unit = layer_param_count(cfg, d.tp, lay.ep, lay.moe_layers(cfg) > 0)
+    moe = lay.moe_layers(cfg)
+    xu = expert_param_count(cfg, d.tp, lay.ep) if moe else 0    # one MoE layer's experts
+    ud = layer_param_count(cfg, d.tp, lay.ep, moe > 0) - xu       # the rest of a layer
+    x, edp = xu * moe, max(1, lay.dp * d.tp // lay.ep)
     grads = float(n * g)
     if lay.zero >= 2:
-        grads = (n - unit) * g / lay.dp + unit * g
+        grads = (n - x - ud) * g / lay.dp + ud * g + (x - xu) * g / edp + xu * g
     layers = lay.layers(cfg)
-    edge, le = n - unit * layers, (1 if lay.fp8_params else e)   # the layers' weights: le
+    edge, le = n - x - ud * layers, (1 if lay.fp8_params else e)   # the layers' weights: le
     live = layers
     if lay.zero == 3:
         live = min((2 if lay.prefetch else 1) if lay.reshard_after_forward else layers, layers)
-    params = unit * (layers - live) * le / lay.dp + unit * live * le + edge * e
+    live_moe = min(live, moe)
+    params = ud * (layers - live) * le / lay.dp + ud * live * le + edge * e \
+        + xu * (moe - live_moe) * le / edp + xu * live_moe * le
     # TE's FP8 copies of the layers' weights held whole (FP8 parameters are the rowwise one)
-    params += unit * live * (lay.fp8_copies - (1 if lay.fp8_params else 0))
-    states = n * state_bytes_per_param(e) / (lay.dp if lay.zero >= 1 else 1)
+    params += (ud * live + xu * live_moe) * (lay.fp8_copies - (1 if lay.fp8_params else 0))
+    sb, z = state_bytes_per_param(e), lay.zero >= 1
+    states = (n - x) * sb / (lay.dp if z else 1) + x * sb / (edp if z else 1)
     acts = stage_activations(cfg, d, e, lay).bytes(e)
     return MemoryReport(params, grads, states, acts, capacity_bytes)
 

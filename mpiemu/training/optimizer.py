@@ -54,8 +54,9 @@ class ShardedOptimizer:
                  counted: Callable[[LocalParam], bool] | None = None,
                  buckets: GradBuckets | ShardedGrads | None = None,
                  params: ShardedParams | None = None,
-                 expert_buckets: GradBuckets | None = None,
-                 scaler: DynamicLossScaler | None = None) -> None:
+                 expert_buckets: GradBuckets | ShardedGrads | None = None,
+                 scaler: DynamicLossScaler | None = None,
+                 expert_params: ShardedParams | None = None) -> None:
         self.opt, self.specs, self.E, self.tp_rank = opt, specs, ex, tp_rank
         self.scaler = scaler            # FP16 numerics: the loss scale, skips on overflow
         self.skipped = 0
@@ -74,7 +75,7 @@ class ShardedOptimizer:
             self.experts = [lp for lp in specs if lp.expert]
             if expert_buckets.dp.size > 1:
                 self.experts = DistributedAdam(opt, specs, ex, expert_buckets, self.norm_of,
-                                               self.counted)
+                                               self.counted, expert_params)
                 self.experts.param_ready = self.zero.param_ready    # one map, max over both
         self.m = {n: None if w is None else np.zeros_like(w) for n, w in P.items()}
         self.v = {n: None if w is None else np.zeros_like(w) for n, w in P.items()}
