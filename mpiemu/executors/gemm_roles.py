@@ -5,7 +5,10 @@ from __future__ import annotations
 
 
 def role(name: str) -> str:
-    """A data GEMM's role by its name: a backward pass's (`<op>.bwd...`) is the dgrad."""
+    """A GEMM's role by its name: `<op>.wgrad` the weight gradient, a backward pass's other
+    GEMMs (`<op>.bwd...`) the dgrad, the rest the forward."""
+    if name.endswith(".wgrad"):
+        return "wgrad"
     return "dgrad" if ".bwd" in name else "fprop"
 
 

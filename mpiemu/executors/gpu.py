@@ -132,8 +132,7 @@ class GpuExecutor:
         busy = [s for s in shapes if min(s) > 0]
         if self._charging and busy:
             m, n, k = (-(-sum(s[i] for s in busy) // len(busy)) for i in range(3))
-            role = "wgrad" if name.endswith(".wgrad") else _role(name)
-            dtype = self._gemm_dtype(name, role, m * len(busy), n, k, len(busy))
+            dtype = self._gemm_dtype(name, _role(name), m * len(busy), n, k, len(busy))
             self._t = charge.gemm(self.tl, self.cost, name, m, n, k, dtype=dtype,
                                   after=self._t, batch=len(busy)).t_end
         return out

@@ -109,6 +109,12 @@ def init_full_params(cfg: ModelConfig, seed: int, dtype: type = np.float64
     return {n: init_tensor(cfg, seed, n, s, i, dtype) for n, s, i in full_param_specs(cfg)}
 
 
+def first_sample(dp_rank: int, micro: int, micro_batches: int, batch: int) -> int:
+    """The global index of the first sample of DP rank `dp_rank`'s micro-batch `micro`
+    (each DP rank takes `micro_batches` consecutive micro-batches of `batch` samples)."""
+    return (dp_rank * micro_batches + micro) * batch
+
+
 def batch(cfg: ModelConfig, seed: int, iteration: int, global_batch: int, lo: int = 0,
           hi: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Synthetic tokens and next-token targets of samples [lo, hi), each [n, S] int64.

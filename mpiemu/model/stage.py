@@ -169,7 +169,7 @@ class StageModel:
         self.saved.clear()
 
     def _first_sample(self, micro: int) -> int:
-        return (self.dp_rank * self.micro_batches + micro) * self.d.batch
+        return seeded.first_sample(self.dp_rank, micro, self.micro_batches, self.d.batch)
 
     def _masks(self, micro: int) -> Masks:
         """The dropout masks of micro-batch `micro` of this DP rank (drawn lazily)."""

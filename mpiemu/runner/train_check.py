@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ..model.seeded import first_sample
 from ..precision.fp8_gemm import Fp8Gemm, numerics_label
 from ..precision.matmul import PrecisionGemm
 from ..training.check import RefPrecision, check_against_reference
@@ -50,15 +51,16 @@ def drift_log(ctx: RankContext, trainer: Trainer) -> RunDrift | None:
     return RunDrift(ctx, trainer)
 
 
-def reference_precision(w: Workload) -> RefPrecision:
+def reference_precision(w: Workload, mb: int) -> RefPrecision:
     """The reference in the run's precision; under an [fp8] recipe its layers' GEMMs in
-    FP8 over the step's micro-batches, each DP rank's j-th together (`Reference`)."""
+    FP8 over the step's micro-batches of `mb` samples, each DP rank's j-th together
+    (`Reference`)."""
     recipe = w.fp8.to_recipe()
     if recipe is None:
         return RefPrecision(PrecisionGemm(w.run.numeric_dtype))
-    mb, m, dp = resolve(w)[2].batch, micro_batches(w), w.parallel.dp
-    sets = [np.concatenate([np.arange((r * m + j) * mb, (r * m + j + 1) * mb)
-                            for r in range(dp)]) for j in range(m)]
+    m, dp = micro_batches(w), w.parallel.dp
+    sets = [np.concatenate([np.arange(lo, lo + mb) for lo in
+                            (first_sample(r, j, m, mb) for r in range(dp))]) for j in range(m)]
     return RefPrecision(PrecisionGemm(w.run.numeric_dtype),
                         Fp8Gemm(recipe, out=w.run.numeric_dtype,
                                 from_master=w.optimizer.fp8_param_gather), sets)
@@ -74,7 +76,7 @@ def reference_summary(ctx: RankContext, trainer: Trainer, losses: list[float],
                                   grid.tp, grid.tp_rank, trainer.model.P,  # type: ignore[arg-type]
                                   losses, ctx.np_dtype, reference_tolerance(w), tokens,
                                   grid.shape.ep, grid.ep_rank,
-                                  reference_precision(w), trainer.first_grads,
+                                  reference_precision(w, dims.batch), trainer.first_grads,
                                   trainer.first_grads_iteration)
     ctx.say(chk.line())
     out: dict[str, Any] = {"reference": chk.as_dict()}

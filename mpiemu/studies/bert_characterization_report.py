@@ -2,15 +2,14 @@
 runs it): every number from the rows, the data file or the preset (none typed here)."""
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from ..devices.presets import load_device
 from . import bert_characterization
 from .bert_characterization import CATEGORIES, breakdown_rows, multi_rows
-from .common import (Row, load_figures, md_table, pct, plt, study_args, study_parser,
-                     write_csv)
+from .common import (Row, load_figures, md_table, out_dir_of, pct, plt, runs_dir, study_args,
+                     study_parser, write_csv)
 
 LABELS = {"layers": "transformer layers", "embedding_output": "embedding + output",
           "lamb": "LAMB", "dr_rc_ln": "DR + RC + LN", "attention_linear":
@@ -177,10 +176,8 @@ def plot(rows: list[Row], path: Path) -> None:
 def main(out_dir: Path, argv: list[str]) -> int:
     args = study_args(study_parser("bert_characterization", bert_characterization.__doc__),
                       argv)
-    out_dir = args.out or out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="mpiemu-bert-") as tmp:
-        runs = args.keep_runs or Path(tmp)
+    out_dir = out_dir_of(args, out_dir)
+    with runs_dir(args, "mpiemu-bert-") as runs:
         br, mu = breakdown_rows(runs), multi_rows(runs)
     write_csv(out_dir / "breakdown.csv", br)
     write_csv(out_dir / "multi.csv", mu)

@@ -12,11 +12,13 @@ import csv
 import difflib
 import io
 import math
+import tempfile
 import tomllib
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 Row = dict[str, Any]
 
@@ -36,6 +38,24 @@ def study_args(ap: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
     """The report's options (a `--` that `mpiemu report` passes along left out)."""
     return ap.parse_args([a for a in argv if a != "--"])
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def out_dir_of(args: argparse.Namespace, default: Path) -> Path:
+    """The report's output directory (`--out`, else the study's), made."""
+    out: Path = args.out or default
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+@contextmanager
+def runs_dir(args: argparse.Namespace, prefix: str) -> Iterator[Path]:
+    """Where the study's runs go: `--keep-runs` (kept), else a temporary directory removed
+    after the report."""
+    if args.keep_runs:
+        yield args.keep_runs
+        return
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        yield Path(tmp)
 
 
 class StudyDataError(ValueError):

@@ -3,13 +3,12 @@ sweeps): every number from the rows, the data file or the preset (none typed her
 from __future__ import annotations
 
 import argparse
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ..runner.collective_sweep import bus_factor
 from . import comp_vs_comm
-from .common import Row, md_table, pct, plt, write_csv
+from .common import Row, md_table, out_dir_of, pct, plt, runs_dir, write_csv
 from .comp_vs_comm import dp_busbw, fc_grad_bytes, figures, sweep_network, trend, sweep
 
 
@@ -372,10 +371,8 @@ def main(out_dir: Path, argv: list[str]) -> int:
     ap.add_argument("--keep-runs", type=Path, help="keep the run directories here")
     ap.add_argument("--out", type=Path, help="output directory (as `mpiemu report --out`)")
     args = ap.parse_args([a for a in argv if a != "--"])
-    out_dir = args.out or out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="mpiemu-cvc-") as tmp:
-        runs = args.keep_runs or Path(tmp)
+    out_dir = out_dir_of(args, out_dir)
+    with runs_dir(args, "mpiemu-cvc-") as runs:
         tp_rows = [r for tp in args.tp for r in sweep(tp, 1, runs, extra=args.set)]
         g, cs = f["dp_grid"], f["case_study"]
         dp_rows = [] if args.no_dp else sweep(g["tp"], g["dp"], runs, extra=args.set)

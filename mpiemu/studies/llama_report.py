@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import re
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from . import llama
 from .measured_report import agreement, emulated, num, report_args, sentences
-from .common import Row, load_figures, md_table, pct, plt, signed_pct, write_csv
+from .common import (Row, load_figures, md_table, out_dir_of, pct, plt, runs_dir, signed_pct,
+                     write_csv)
 
 UNITS = {"step_time_s": "s / step", "tokens_per_s_per_gpu": "tokens/s/GPU",
          "model_tflops_per_gpu": "model TFLOP/s/GPU"}
@@ -282,11 +282,9 @@ def plot(rows: list[Row], path: Path) -> None:
 
 def main(out_dir: Path, argv: list[str]) -> int:
     args = report_args("llama", llama.__doc__, argv)
-    out_dir = args.out or out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = out_dir_of(args, out_dir)
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="mpiemu-llama-") as tmp:
-        runs = args.keep_runs or Path(tmp)
+    with runs_dir(args, "mpiemu-llama-") as runs:
         rows, log = llama.study_rows(runs, reuse=args.reuse)
         what_if = llama.what_if_rows(runs, rows, reuse=args.reuse)
         fp8 = llama.fp8_rows(runs, rows, reuse=args.reuse)

@@ -2,15 +2,14 @@
 generated from the rows)."""
 from __future__ import annotations
 
-import tempfile
 import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from . import megatron
 from ..workloads import DIR as WORKLOADS_DIR
-from .common import (ROOT, Row, geomean, load_figures, md_table, pct, read_csv, signed_pct,
-                     study_args, study_parser, write_csv)
+from .common import (ROOT, Row, geomean, load_figures, md_table, out_dir_of, pct, read_csv,
+                     runs_dir, signed_pct, study_args, study_parser, write_csv)
 from .megatron import iteration_rows, layer_rows
 
 if TYPE_CHECKING:
@@ -273,13 +272,11 @@ def main(out_dir: Path, argv: list[str]) -> int:
     ap.add_argument("--skip-175b", action="store_true",
                     help="leave out the runs of more than 8 GPUs (175B, 530B: the slow part)")
     args = study_args(ap, argv)
-    out_dir = args.out or out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = out_dir_of(args, out_dir)
     fig = load_figures("megatron")
     labels = tuple(c["label"] for c in fig["iteration_runs"].value
                    if not (args.skip_175b and c["ranks"] > 8))
-    with tempfile.TemporaryDirectory(prefix="mpiemu-megatron-") as tmp:
-        runs = args.keep_runs or Path(tmp)
+    with runs_dir(args, "mpiemu-megatron-") as runs:
         lay, its = layer_rows(runs, reuse=args.reuse), iteration_rows(runs, labels, args.reuse)
     write_csv(out_dir / "layers.csv", lay)
     write_csv(out_dir / "iterations.csv", its)

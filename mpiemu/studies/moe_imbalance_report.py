@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 import time
 from itertools import combinations
 from pathlib import Path
@@ -15,8 +14,8 @@ import numpy as np
 
 from ..model.seeded import NOISE_FRACTION
 from . import moe_imbalance
-from .common import (Row, load_figures, md_table, pct, plt, signed_pct, study_args,
-                     study_parser, write_csv)
+from .common import (Row, load_figures, md_table, out_dir_of, pct, plt, runs_dir, signed_pct,
+                     study_args, study_parser, write_csv)
 from .moe_imbalance import WORKLOAD, Results, base_sets, figures, job_rows, study
 
 PNG = "imbalance.png"
@@ -394,11 +393,9 @@ def main(out_dir: Path, argv: list[str]) -> int:
                     help="replay every numerics run on its own configuration (default: the "
                     "runs of the toml's replay_check)")
     args = study_args(ap, argv)
-    out_dir = args.out or out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = out_dir_of(args, out_dir)
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="mpiemu-moe-imb-") as tmp:
-        runs = args.keep_runs or Path(tmp)
+    with runs_dir(args, "mpiemu-moe-imb-") as runs:
         res = study(runs, args.steps, replay=_labels() if args.replay_all else None,
                     workers=args.jobs)
         share = expert_share(runs / _labels()[0] / "large-balanced")

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import re
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from . import moe, moe_rows
 from .measured_report import agreement, emulated, num, report_args, sentences
-from .common import Row, md_table, pct, plt, signed_pct, write_csv
+from .common import Row, md_table, out_dir_of, pct, plt, runs_dir, signed_pct, write_csv
 
 UNITS = {"step_time_s": "s / step", "tokens_per_s_per_gpu": "tokens/s/GPU",
          "model_tflops_per_gpu": "model TFLOP/s/GPU"}
@@ -302,11 +301,9 @@ def plot(rows: list[Row], path: Path) -> None:
 
 def main(out_dir: Path, argv: list[str]) -> int:
     args = report_args("moe", moe.__doc__, argv)
-    out_dir = args.out or out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = out_dir_of(args, out_dir)
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="mpiemu-moe-") as tmp:
-        runs = args.keep_runs or Path(tmp)
+    with runs_dir(args, "mpiemu-moe-") as runs:
         rows, log = moe.study_rows(runs, reuse=args.reuse)
         fp8, log8 = moe.study_rows(runs, reuse=args.reuse, fp8=True)
         log += log8

@@ -2,7 +2,6 @@
 number in the prose comes from the rows (none typed here)."""
 from __future__ import annotations
 
-import tempfile
 import time
 from pathlib import Path
 from typing import Sequence
@@ -10,8 +9,8 @@ from typing import Sequence
 import numpy as np
 
 from . import precision
-from .common import (Row, load_figures, md_table, plt, signed_pct, study_args,
-                     study_parser, write_csv)
+from .common import (Row, load_figures, md_table, out_dir_of, plt, runs_dir, signed_pct,
+                     study_args, study_parser, write_csv)
 
 PNG = "losses.png"
 
@@ -126,11 +125,9 @@ def main(out_dir: Path, argv: list[str]) -> int:
     ap = study_parser("precision", precision.__doc__, raw=True)
     ap.add_argument("--steps", type=int, help="steps per run (default: the toml's)")
     args = study_args(ap, argv)
-    out_dir = args.out or out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = out_dir_of(args, out_dir)
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="mpiemu-precision-") as tmp:
-        runs = args.keep_runs or Path(tmp)
+    with runs_dir(args, "mpiemu-precision-") as runs:
         losses = precision.loss_rows(runs, args.steps)
         timing = precision.timing_rows(runs)
     wall = time.perf_counter() - t0
