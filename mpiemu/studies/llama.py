@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import Golden, Row, load_figures
-from .measured_rows import Plan, emulate, last_wins, run
+from .measured_rows import Plan, by_prefix, emulate, fp8_recipe_rule, last_wins, run
 from .measured_rows import measured_tokens as tokens_per_gpu
 
 MEASURED = Path(__file__).with_name("llama_measured.toml")
@@ -79,7 +79,7 @@ def framework(row: dict[str, Any]) -> str:
 
 
 def _by_prefix(table: str, row: dict[str, Any]) -> list[dict[str, Any]]:
-    return [e for e in load_figures("llama")[table].value if row["id"].startswith(e["prefix"])]
+    return by_prefix("llama", table, row)
 
 
 def zero_stage(row: dict[str, Any]) -> int:
@@ -281,9 +281,7 @@ def what_if_rows(runs: Path, rows: list[Row], reuse: bool = False) -> list[Row]:
 
 def fp8_recipe(row: dict[str, Any]) -> str:
     """The row's FP8 recipe (`llama.toml [fp8_recipes]`)."""
-    for e in _by_prefix("fp8_recipes", row):
-        return str(e["recipe"])
-    raise ValueError(f"{row['id']}: no FP8 recipe rule in llama.toml [fp8_recipes]")
+    return fp8_recipe_rule("llama", row)
 
 
 def fp8_sets(row: dict[str, Any], sets: list[str], recipe: str) -> list[str]:

@@ -11,7 +11,19 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, NamedTuple
 
 from . import runs as launch
-from .common import Row
+from .common import Row, load_figures
+
+
+def by_prefix(study: str, table: str, row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rules of `study`.toml [table] whose `prefix` starts the row's id, in order."""
+    return [e for e in load_figures(study)[table].value if row["id"].startswith(e["prefix"])]
+
+
+def fp8_recipe_rule(study: str, row: dict[str, Any]) -> str:
+    """An FP8 row's recipe: the first `study`.toml [fp8_recipes] rule matching its id."""
+    for e in by_prefix(study, "fp8_recipes", row):
+        return str(e["recipe"])
+    raise ValueError(f"{row['id']}: no FP8 recipe rule in {study}.toml [fp8_recipes]")
 
 
 class Plan(NamedTuple):

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import Figure, load_figures
-from .measured_rows import last_wins
+from .measured_rows import by_prefix, fp8_recipe_rule, last_wins
 from .measured_rows import measured_tokens as tokens_per_gpu
 
 MEASURED = Path(__file__).with_name("moe_measured.toml")
@@ -66,9 +66,7 @@ def fp8_recipe(row: dict[str, Any]) -> str:
     """An FP8 row's recipe (`moe.toml [fp8_recipes]`); "off" for a BF16 row."""
     if not str(row["precision"]).startswith("fp8"):
         return "off"
-    for e in _by_prefix("fp8_recipes", row):
-        return str(e["recipe"])
-    raise ValueError(f"{row['id']}: no rule in moe.toml [fp8_recipes]")
+    return fp8_recipe_rule("moe", row)
 
 
 def framework(row: dict[str, Any]) -> str:
@@ -79,7 +77,7 @@ def framework(row: dict[str, Any]) -> str:
 
 
 def _by_prefix(table: str, row: dict[str, Any]) -> list[dict[str, Any]]:
-    return [e for e in fig(table).value if row["id"].startswith(e["prefix"])]
+    return by_prefix("moe", table, row)
 
 
 def has_preset(model: str) -> bool:
