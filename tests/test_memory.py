@@ -236,3 +236,20 @@ def test_zero_stages_match_the_zero_paper(zero: int, dp: int) -> None:
                3: 2 * unit * (1 - 1 / dp) + (2 * unit + edge) * 2 * (1 - 1 / dp)}[zero]
     ours = rep.params_bytes + rep.grads_bytes + rep.optimizer_bytes
     assert ours - buffers == pytest.approx(paper, rel=1e-12)
+
+
+def test_expert_tensor_parallelism_splits_the_experts_and_keeps_gathered_rows() -> None:
+    """With ETP 2 a rank holds half of each of its experts' FFN (parameters, gradients and,
+    sharded over an expert DP half as large, optimizer states the same) and keeps its
+    expert-TP peers' rows it gathered: one more hidden-wide row per routed copy."""
+    from mpiemu.training.memory import expert_param_count, moe_stored
+    cfg = load_model_preset("tiny-moe").config
+    d = make_dims(cfg, 1, 1, False)
+    assert expert_param_count(cfg, 1, 2, etp=2) * 2 == expert_param_count(cfg, 1, 2)
+    one, two = (memory_report(cfg, d, 2, 80e9, Layout(dp=4, ep=2, etp=etp, zero=1))
+                for etp in (1, 2))
+    x = expert_param_count(cfg, 1, 2) * (cfg.layers - cfg.moe.dense_layers)
+    assert one.params_bytes - two.params_bytes == 2 * x / 2
+    assert one.optimizer_bytes == pytest.approx(two.optimizer_bytes)  # half over half the EDP
+    copies = d.shard_rows * cfg.moe.top_k
+    assert moe_stored(cfg, d, 2).act - moe_stored(cfg, d).act == copies * cfg.hidden

@@ -6,6 +6,7 @@ the recording run's counts and times; a hand-made skewed trace makes every rank 
 the busiest one; perfect balance folds bit for bit; bad input is refused in one line."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -57,9 +58,14 @@ def test_balanced_all_to_alls_move_equal_bytes_in_the_closed_form_time(tmp_path:
     assert np.allclose(first.duration_s, all_to_all_s(tc, rows * 64 * 2), rtol=1e-9, atol=0)
 
 
-def test_a_replayed_trace_gives_the_recorded_counts_and_times(tmp_path: Path) -> None:
-    grid = ["parallel.tp=2", "parallel.dp=2", "parallel.ep=2",
-            "parallel.sequence_parallel=true"]
+@pytest.mark.parametrize("grid", [
+    ["parallel.tp=2", "parallel.dp=2", "parallel.ep=2", "parallel.sequence_parallel=true"],
+    # expert TP: peers' uneven received rows padded alike in both runs
+    ["parallel.tp=2", "parallel.dp=2", "parallel.ep=2", "parallel.etp=2",
+     "parallel.sequence_parallel=true"],
+], ids=["ep2-tp2", "etp2-ep2-tp2"])
+def test_a_replayed_trace_gives_the_recorded_counts_and_times(tmp_path: Path,
+                                                              grid: list[str]) -> None:
     rec = run(tmp_path / "rec", 4, "run.numerics='on'", *grid)
     trace = rec / "routing.npz"
     rep = run(tmp_path / "rep", 4, *TIMING, *grid, "moe.tokens='trace'",
@@ -129,6 +135,12 @@ def test_shared_experts_run_under_the_all_to_alls_when_overlapped(tmp_path: Path
     ("ep-over-tp-and-dp", ["parallel.tp=2", "parallel.dp=2", "parallel.ep=4",
                            "parallel.sequence_parallel=true"], 2),
     ("ep2-dp4", ["parallel.dp=4", "parallel.ep=2"], 2),     # EP groups {0, 1}, {2, 3}
+    # expert TP: groups {0, 1}, {2, 3} (a DP shift of 1 splits them); ETP = TP; ETP over DP
+    ("etp2-ep2-dp4", ["parallel.dp=4", "parallel.ep=2", "parallel.etp=2"], 2),
+    ("etp-eq-tp", ["parallel.tp=2", "parallel.dp=2", "parallel.etp=2",
+                   "parallel.sequence_parallel=true"], 1),
+    ("etp4-dp4-allgather", ["parallel.dp=4", "parallel.etp=4", "moe.dispatcher='allgather'"],
+     1),
 ])
 def test_balanced_experts_fold_exactly(tmp_path: Path, name: str, grid: list[str],
                                        launch: int) -> None:
@@ -150,10 +162,16 @@ def test_balanced_experts_fold_exactly(tmp_path: Path, name: str, grid: list[str
     (2, ["model.preset='tiny-llama'", "parallel.dp=2", "parallel.ep=2"],
      "parallel.ep=2: needs a model with experts"),
     (1, ["moe.groups=3"], "moe.groups=3: must divide moe.experts=8"),
+    (4, ["parallel.dp=4", "parallel.ep=4", "parallel.etp=2"],
+     "parallel.ep*parallel.etp='4*2=8': does not divide a stage's tp*cp*dp = 4 ranks"),
+    (2, ["parallel.dp=2", "parallel.etp=2", "moe.expert_ffn=33"],
+     "parallel.etp=2: does not divide the experts' FFN width moe.expert_ffn=33"),
+    (2, ["model.preset='tiny-llama'", "parallel.dp=2", "parallel.etp=2"],
+     "parallel.etp=2: needs a model with experts"),
 ])
 def test_bad_expert_settings_are_refused_in_one_line(ranks: int, extra: list[str],
                                                       field: str) -> None:
-    with pytest.raises(ConfigError, match=field.replace("(", r"\(")) as exc:
+    with pytest.raises(ConfigError, match=re.escape(field)) as exc:
         validate(WORKLOAD, [*BASE, *extra], ranks)
     assert "\n" not in str(exc.value)
 

@@ -1,5 +1,6 @@
 """Mixture of Experts sharded equals the one-process reference (float64, 3 steps, 1e-10):
-expert parallelism over 2 and 4 ranks with DP, TP (+SP), PP and CP; top-1 and top-2;
+expert parallelism over 2 and 4 ranks with DP, TP (+SP), PP and CP, expert tensor
+parallelism; top-1 and top-2;
 dropless and with a capacity factor; shared experts; softmax and sigmoid routing with
 group-limited choice and the expert bias; the auxiliary and z losses on. The reference
 routes each rank's tokens as that rank does (capacity is per rank) and computes the
@@ -61,6 +62,21 @@ CASES = [
                                  "moe.capacity_factor=1.0", "moe.top_k=1"]),
     (4, "ep4-cp2-dp2", ["parallel.cp=2", "parallel.dp=2", "parallel.ep=4",
                         "model.attention='flash'"]),
+    # expert tensor parallelism: each expert's FFN over ETP ranks (rows gathered before,
+    # partial outputs reduce-scattered after), as TP, across TP and EP, over DP and PP
+    (2, "etp2-eq-tp2-sp-shared", ["parallel.tp=2", "parallel.sequence_parallel=true",
+                                  "parallel.etp=2", "moe.shared_ffn=32"]),
+    (2, "etp2-dp2-allgather-top1-capacity", ["parallel.dp=2", "parallel.etp=2",
+                                             "moe.dispatcher='allgather'", "moe.top_k=1",
+                                             "moe.capacity_factor=1.0"]),
+    (4, "etp2-ep2-tp2-dp2", ["parallel.tp=2", "parallel.dp=2", "parallel.ep=2",
+                             "parallel.etp=2", "parallel.sequence_parallel=true"]),
+    (4, "etp2-dp4-zero2-capacity", ["parallel.dp=4", "parallel.etp=2", "optimizer.zero=2",
+                                    "moe.capacity_factor=1.25"]),
+    (4, "etp2-ep2-dp4-allgather-shared", ["parallel.dp=4", "parallel.ep=2", "parallel.etp=2",
+                                          "moe.dispatcher='allgather'", "moe.shared_ffn=32"]),
+    (4, "etp2-pp2-dp2-top1", ["parallel.pp=2", "parallel.dp=2", "parallel.etp=2",
+                              "moe.top_k=1"]),
     (4, "ep4-sigmoid-bias-groups-shared", ["parallel.dp=4", "parallel.ep=4", *SIGMOID,
                                            "moe.shared_ffn=32", "train.recompute='full'"]),
 ]

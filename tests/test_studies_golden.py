@@ -138,8 +138,8 @@ def test_moe_rows_cover_every_bf16_measurement() -> None:
 
 def test_moe_overrides_follow_each_row() -> None:
     """Every layout value comes from the row (FSDP as ZeRO-3, the experts sharded over
-    expert DP); the notes add what they state; rows without a preset, with ETP > 1 or of
-    DeepSeek-V3 are not run, saying why."""
+    expert DP), expert TP where the row has it; the notes add what they state; rows without
+    a preset or of DeepSeek-V3 are not run, saying why."""
     from mpiemu.studies.moe import measured, not_expressed, overrides, routing_label
     rows = {r["id"]: r for r in measured()}
     s = overrides(rows["automodel-2025-10-qwen3-30b-a3b-bf16-8gpu"])
@@ -154,7 +154,7 @@ def test_moe_overrides_follow_each_row() -> None:
     assert routing_label(drop).startswith("token drop")
     assert routing_label(rows["dgxc-v25.05-nemo2-deepseek-v3-bf16-1024gpu"]) != "forced balance"
     assert not_expressed(rows["dgxc-v24.11.1-nemo-grok1-314b-bf16-512gpu"]).startswith("no preset")
-    assert "etp 4" in not_expressed(rows["dgxc-v24.11.1-nemo-grok1-314b-bf16-512gpu"])
+    assert "parallel.etp=4" in overrides(rows["dgxc-v24.11.1-nemo-grok1-314b-bf16-512gpu"])
     deepseek = rows["automodel-2025-10-deepseek-v3-bf16-256gpu"]
     assert "multi-head latent attention" in not_expressed(deepseek)
     assert not_expressed(rows["automodel-2025-10-qwen3-30b-a3b-bf16-8gpu"]) == ""

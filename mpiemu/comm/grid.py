@@ -73,23 +73,30 @@ class ProcessGrid:
         self._embed(world, t + tp * (c + cp * d))
 
     def _experts(self, world: MPI.Comm, shape: GridShape) -> None:
-        """Expert parallelism: the EP group (the stage's ranks of one expert-DP rank, in EP
-        order) and the expert-DP group (of one EP rank), which reduces the experts'
-        gradients. It is the DP x CP group when EP equals TP, the TP group without EP and
-        DP x CP, the whole stage without EP when TP splits the tokens (SP)."""
-        self.ep_rank, self.edp_rank = shape.expert_place(self.rank)
+        """Expert parallelism (Megatron-Core's MoE parallel folding): the expert-TP group
+        (ranks splitting each expert's FFN), the EP group (ranks splitting the experts), both
+        together (`etp_ep`: the all-gather dispatcher's and the routed counts' group) and the
+        expert-DP group (ranks holding the same expert slices), which reduces the experts'
+        gradients. Expert DP is the DP x CP group when etp x ep equals TP, the TP group
+        without EP, ETP and DP x CP."""
+        self.etp_rank, self.ep_rank, self.edp_rank = shape.expert_place(self.rank)
+        j, e, k = self.etp_rank, self.ep_rank, self.edp_rank
+        base, em = self.pp_rank * shape.tp * shape.cp * shape.dp, shape.etp * shape.ep
         self.ep_comm: Any = None
-        self.edp_comm: Any = self.dp_cp_comm
+        self.etp_comm: Any = None
         if shape.ep > 1:
-            stage = self.pp_rank * shape.tp * shape.cp * shape.dp // shape.ep
-            self.ep_comm = world.Split(color=stage + self.edp_rank, key=self.ep_rank)
-        if shape.ep == shape.tp or (shape.ep == 1 and shape.tp == 1):
+            self.ep_comm = world.Split(color=base + j + shape.etp * k, key=e)
+        if shape.etp > 1:
+            self.etp_comm = world.Split(color=base + e + shape.ep * k, key=j)
+        self.etp_ep_comm: Any = self.ep_comm if shape.etp == 1 else \
+            world.Split(color=base + k, key=j + shape.etp * e)
+        self.edp_comm: Any = self.dp_cp_comm
+        if em == shape.tp:
             return
-        if shape.ep == 1 and shape.cp * shape.dp == 1:
+        if em == 1 and shape.cp * shape.dp == 1:
             self.edp_comm = self.tp_comm
             return
-        self.edp_comm = world.Split(color=self.pp_rank * shape.ep + self.ep_rank,
-                                    key=self.edp_rank)
+        self.edp_comm = world.Split(color=base + j + shape.etp * e, key=k)
 
     def _embed(self, world: MPI.Comm, color: int) -> None:
         ends = self.pp_rank in (0, self.shape.pp - 1)
@@ -103,7 +110,7 @@ class ProcessGrid:
         self.rank = fold.rep(world.Get_rank())
         self.tp_rank, self.dp_rank, self.pp_rank = shape.coords(self.rank)
         self.cp_rank = shape.cp_rank(self.rank)
-        self.ep_rank, self.edp_rank = shape.expert_place(self.rank)
+        self.etp_rank, self.ep_rank, self.edp_rank = shape.expert_place(self.rank)
         members = shape.groups(self.rank)
 
         def group(name: str, mixed: bool = False) -> Any:
@@ -122,6 +129,8 @@ class ProcessGrid:
         t, c, d = self.tp_rank, self.cp_rank, self.dp_rank
         self._embed(world, t + shape.tp * (c + shape.cp * d))
         self.ep_comm = group("ep") if shape.ep > 1 else None
+        self.etp_comm = group("etp") if shape.etp > 1 else None
+        self.etp_ep_comm = group("etp_ep") if shape.etp > 1 else self.ep_comm
         self.edp_comm = self._folded_edp(members, group)
 
     def _folded_edp(self, members: dict[str, list[int]], group: Callable[[str], Any]
@@ -162,8 +171,9 @@ class ProcessGrid:
         groups = [self.tp_comm, self.dp_comm, self.pp_comm, self.mp_comm, self.embed_comm]
         if self.cp > 1:
             groups += [self.cp_comm, self.dp_cp_comm]
-        if self.ep_comm is not None:
-            groups += [self.ep_comm]
+        groups += [c for c in (self.ep_comm, self.etp_comm) if c is not None]
+        if self.etp_comm is not None:
+            groups += [self.etp_ep_comm]
         if self.edp_comm not in (self.dp_cp_comm, self.tp_comm):
             groups += [self.edp_comm]
         for c in groups:

@@ -25,12 +25,12 @@ class GridShape:
     pp: int = 1
     cp: int = 1
     ep: int = 1          # expert parallelism: regroups a stage's tp x cp x dp ranks
-
+    etp: int = 1         # expert tensor parallelism: each expert's FFN split over etp ranks
 
     def __post_init__(self) -> None:
         for name, v in (("parallel.tp", self.tp), ("parallel.dp", self.dp),
                         ("parallel.pp", self.pp), ("parallel.cp", self.cp),
-                        ("parallel.ep", self.ep)):
+                        ("parallel.ep", self.ep), ("parallel.etp", self.etp)):
             if v < 1:
                 raise ValueError(f"{name}={v} must be >= 1")
 
@@ -47,12 +47,12 @@ class GridShape:
         """The context-parallel rank of a world rank."""
         return rank // self.tp % self.cp
 
-    def expert_place(self, rank: int) -> tuple[int, int]:
-        """(EP rank, expert-DP rank) of a world rank: a stage's tp x cp x dp ranks regrouped
-        EP fastest, then expert DP (Megatron-Core's MoE parallel folding, expert tensor
-        parallelism 1: its expert RankGenerator "tp-ep-dp-pp" with etp = 1)."""
+    def expert_place(self, rank: int) -> tuple[int, int, int]:
+        """(expert TP rank, EP rank, expert-DP rank) of a world rank: a stage's tp x cp x dp
+        ranks regrouped expert TP fastest, then EP, then expert DP (Megatron-Core's MoE
+        parallel folding: its expert RankGenerator "tp-ep-dp-pp" with tp = etp)."""
         inner = rank % (self.tp * self.cp * self.dp)
-        return inner % self.ep, inner // self.ep
+        return inner % self.etp, inner // self.etp % self.ep, inner // (self.etp * self.ep)
 
     def rank_of(self, tp_rank: int, dp_rank: int, pp_rank: int, cp_rank: int = 0) -> int:
         return tp_rank + self.tp * (cp_rank + self.cp * (dp_rank + self.dp * pp_rank))
@@ -74,8 +74,9 @@ class GridShape:
 
     def groups(self, rank: int) -> dict[str, list[int]]:
         """The members of each group of `rank`, in group-rank order (`comm.grid` splits the
-        same): tp, cp, dp, dp_cp (gradients), pp, mp (model-parallel), ep and edp (expert
-        data parallel: the stage's ranks of one EP rank)."""
+        same): tp, cp, dp, dp_cp (gradients), pp, mp (model-parallel), etp (expert tensor
+        parallel), ep, etp_ep (both: Megatron-Core's expert tensor-and-model-parallel group)
+        and edp (expert data parallel: the stage's ranks holding the same expert slices)."""
         return {k: self.group(k, rank) for k in GROUPS}
 
     def group(self, kind: str, rank: int) -> list[int]:
@@ -95,19 +96,24 @@ class GridShape:
             return [self.rank_of(t, d, k, c) for k in range(self.pp)]
         if kind == "mp":
             return [self.rank_of(i, d, k, c) for k in range(self.pp) for i in range(self.tp)]
-        ep_rank, edp_rank = self.expert_place(rank)
+        j, e, k = self.expert_place(rank)
+        base, em = p * n, self.etp * self.ep
+        if kind == "etp":
+            return [base + i + self.etp * (e + self.ep * k) for i in range(self.etp)]
         if kind == "ep":
-            return [p * n + edp_rank * self.ep + i for i in range(self.ep)]
-        return [p * n + ep_rank + self.ep * k for k in range(n // self.ep)]      # edp
+            return [base + j + self.etp * (i + self.ep * k) for i in range(self.ep)]
+        if kind == "etp_ep":
+            return [base + em * k + i for i in range(em)]
+        return [base + j + self.etp * e + em * i for i in range(n // em)]       # edp
 
     def group_key(self, kind: str, rank: int) -> tuple[int, ...]:
         """What names `rank`'s group of this kind among the others (no member listed)."""
         t, d, p = self.coords(rank)
         c = self.cp_rank(rank)
-        ep_rank, edp_rank = self.expert_place(rank)
+        j, e, k = self.expert_place(rank)
         return {"tp": (c, d, p), "cp": (t, d, p), "dp": (t, c, p), "dp_cp": (t, p),
-                "pp": (t, c, d), "mp": (c, d), "ep": (p, edp_rank),
-                "edp": (p, ep_rank)}[kind]
+                "pp": (t, c, d), "mp": (c, d), "etp": (p, e, k), "ep": (p, j, k),
+                "etp_ep": (p, k), "edp": (p, j, e)}[kind]
 
     def every_group(self, kind: str) -> list[list[int]]:
         """Every group of this kind in the world, each once."""
@@ -120,7 +126,7 @@ class GridShape:
         return out
 
 
-GROUPS = ("tp", "cp", "dp", "dp_cp", "pp", "mp", "ep", "edp")
+GROUPS = ("tp", "cp", "dp", "dp_cp", "pp", "mp", "etp", "ep", "etp_ep", "edp")
 
 
 class Fold(NamedTuple):

@@ -26,6 +26,9 @@ class ParallelSection:
     pp: int = 1
     cp: int = 1
     ep: int = 1                      # expert parallelism: experts split over ep ranks of a stage
+    # expert tensor parallelism: each expert's FFN split over etp ranks (Megatron-Core
+    # --expert-tensor-parallel-size; Megatron-LM defaults it to tp, here it is stated)
+    etp: int = 1
     cp_comm: str = "p2p"
     sequence_parallel: bool = False  # RS after row-parallel, AG before column-parallel GEMMs
     schedule: str = "1f1b"
@@ -39,18 +42,14 @@ class ParallelSection:
     loss_in_split: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("tp", "dp", "pp", "cp", "ep", "virtual_stages"):
+        for name in ("tp", "dp", "pp", "cp", "ep", "etp", "virtual_stages"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"parallel.{name}", getattr(self, name), "an integer >= 1")
         for name in ("first_stage_layers", "last_stage_layers"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"parallel.{name}", getattr(self, name),
                                   "an integer >= 0 (0: as the other stages)")
-        stage = self.tp * self.cp * self.dp
-        if stage % self.ep:
-            raise ConfigError("parallel.ep", self.ep, f"does not divide a stage's tp*cp*dp = "
-                              f"{stage} ranks (expert parallel x expert data parallel); "
-                              f"choose ep in {braces(divisors(stage))}")
+        self._check_experts()
         if self.devices > MAX_DEVICES:
             raise ConfigError(self.grid_field, self.grid_value,
                               f"at most {MAX_DEVICES} emulated devices (a folded job still "
@@ -65,6 +64,20 @@ class ParallelSection:
         if self.schedule != "interleaved" and self.virtual_stages != 1:
             raise ConfigError("parallel.virtual_stages", self.virtual_stages,
                               "1 unless parallel.schedule = 'interleaved'")
+
+    def _check_experts(self) -> None:
+        """EP x ETP regroups a stage's ranks: it must divide them (Megatron-Core's expert
+        RankGenerator: tp*cp*dp = etp*ep*edp)."""
+        stage = self.tp * self.cp * self.dp
+        if self.etp == 1 and stage % self.ep:
+            raise ConfigError("parallel.ep", self.ep, f"does not divide a stage's tp*cp*dp = "
+                              f"{stage} ranks (expert parallel x expert data parallel); "
+                              f"choose ep in {braces(divisors(stage))}")
+        if stage % (self.ep * self.etp):
+            raise ConfigError("parallel.ep*parallel.etp", f"{self.ep}*{self.etp}="
+                              f"{self.ep * self.etp}", f"does not divide a stage's tp*cp*dp = "
+                              f"{stage} ranks (expert TP x expert parallel x expert data "
+                              f"parallel); choose ep*etp in {braces(divisors(stage))}")
 
     @property
     def split(self) -> LayerSplit:

@@ -63,6 +63,8 @@ class Executor(Protocol):
     tp: TimedComm                  # the TP group
     cp: TimedComm | None           # the context-parallel group, if any
     ep: TimedComm | None           # the expert-parallel group, if the model has experts
+    etp: TimedComm | None          # the expert tensor-parallel group (parallel.etp > 1)
+    etp_ep: TimedComm | None       # both together: expert TP x EP (the ep group at etp 1)
 
     @property
     def t(self) -> SimTime:

@@ -29,7 +29,7 @@ from .ops import (MASK_BYTES, Cost, bias_grad_cost, ce_back, ce_combine, ce_cost
                   ce_local_stats, dropout, embed_cost, embed_lookup, embed_scatter)
 from .pipeline_schedules import Pass
 from .pipeline_split import LayerSplit, chunk_layers
-from .tensor_parallel import LocalParam, cut, local_params
+from .tensor_parallel import ExpertPlace, LocalParam, cut, expert_place, local_params
 
 RECOMPUTE = ("none", "selective", "full")
 EMBED_SIDE = ("wte", "wpe", "lne.g", "lne.b")      # parameters of the first virtual stage
@@ -44,13 +44,14 @@ def edge_names(cfg: ModelConfig, pp: int, stage: int) -> set[str]:
 
 
 def stage_params(cfg: ModelConfig, tp: int, pp: int, chunks: int, stage: int,
-                 split: LayerSplit = LayerSplit(), ep: int = 1, ep_rank: int = 0
+                 split: LayerSplit = LayerSplit(), place: ExpertPlace = ExpertPlace()
                  ) -> list[LocalParam]:
-    """The local parameters a (TP rank, EP rank, pipeline stage) holds, in forward order."""
+    """The local parameters a (TP rank, expert place, pipeline stage) holds, in forward
+    order."""
     mine = {i for c in range(chunks)
             for i in chunk_layers(cfg.layers, pp, chunks, stage, c, split)}
     edge = edge_names(cfg, pp, stage)
-    return [lp for lp in local_params(cfg, tp, ep, ep_rank)
+    return [lp for lp in local_params(cfg, tp, place)
             if (lp.layer in mine) or (lp.layer == -1 and lp.name in edge)]
 
 
@@ -111,9 +112,9 @@ class StageModel:
             recompute
         self.moe = moe                  # the MoE layers' shared state (None: dense)
         self.loss_scale = 1.0           # FP16: the step's loss scale (the optimizer's scaler)
-        ep = (1, 0) if ex.ep is None else (ex.ep.size, ex.ep.rank)
+        self.place = expert_place(ex)
         self.specs: list[LocalParam] = stage_params(cfg, dims.tp, pp, chunks, pp_rank, split,
-                                                    *ep)
+                                                    self.place)
         self.by_name = {lp.name: lp for lp in self.specs}
         self.P: Params = {lp.name: self._init(lp, np_dtype) for lp in self.specs}
         self.G: Params = {lp.name: None for lp in self.specs}
@@ -142,7 +143,7 @@ class StageModel:
             return None
         full = [seeded.init_tensor(self.cfg, self.seed, n, s, i, np_dtype)
                 for n, s, i in seeded.full_param_specs(self.cfg) if n in lp.full]
-        return cut(lp, full, self.tp_rank, self.cfg)
+        return cut(lp, full, self.place.etp_rank if lp.expert else self.tp_rank, self.cfg)
 
     def units(self, chunk: int, backward: bool = False) -> list[int]:
         """The parameter units a pass of chunk `chunk` uses, in order: its layers, and the

@@ -10,9 +10,10 @@ replicated as activations by an all-gather of the QKV output (megatron/core/tran
 attention.py, `get_query_key_value_tensors`), "col" a column slice (FC-1), "glu" the rank's
 columns of the gate and of the up projection side by side (Megatron-Core's fused gated
 `linear_fc1`: [gate_r | up_r]), "row" a row slice (output projection, FC-2), "vocab" a
-row slice of the embedding table or the output layer, "expert" a routed expert's whole
-tensors ([gate | up] for FC-1), held by the expert-parallel rank its expert belongs to
-(experts split contiguously over EP; expert tensor parallelism 1). Under sequence parallelism a
+row slice of the embedding table or the output layer, "expert_glu" / "expert_row" a routed
+expert's FC-1 ([gate_r | up_r], as "glu") and FC-2 (as "row") sliced over expert tensor
+parallelism, held by the expert-parallel rank its expert belongs to (experts split
+contiguously over EP; `ExpertPlace`). Under sequence parallelism a
 replicated parameter sees only the rank's sequence rows, so its gradient is a partial sum
 that must be all-reduced over TP (Megatron's layernorm grads). QK-norm's gains (Qwen3) are
 replicated too but applied to every head: a TP rank holds its own heads, so its gradient
@@ -23,11 +24,28 @@ configuration_qwen3_moe.py @008e5743 `base_model_tp_plan`).
 from __future__ import annotations
 
 import math
-from typing import Iterator, NamedTuple, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
 from .config import ModelConfig
+
+
+class ExpertPlace(NamedTuple):
+    """Which routed experts a rank holds and which slice of each: EP splits the experts
+    contiguously, expert TP each expert's FFN (Megatron-Core's MoE parallel folding)."""
+
+    ep: int = 1
+    ep_rank: int = 0
+    etp: int = 1
+    etp_rank: int = 0
+
+
+def expert_place(ex: Any) -> ExpertPlace:
+    """An executor's place among the experts, from its EP and expert-TP groups (None: 1)."""
+    ep, etp = getattr(ex, "ep", None), getattr(ex, "etp", None)
+    return ExpertPlace(1 if ep is None else ep.size, 0 if ep is None else ep.rank,
+                       1 if etp is None else etp.size, 0 if etp is None else etp.rank)
 
 
 class LocalParam(NamedTuple):
@@ -48,7 +66,7 @@ class LocalParam(NamedTuple):
     @property
     def expert(self) -> bool:
         """A routed expert's: reduced over expert data parallelism, not DP."""
-        return self.kind == "expert"
+        return self.kind.startswith("expert")
 
     @property
     def sp_partial(self) -> bool:
@@ -75,9 +93,9 @@ def qkv_replicated(cfg: ModelConfig, tp: int) -> bool:
     return cfg.groups < tp
 
 
-def local_params(cfg: ModelConfig, tp: int, ep: int = 1, ep_rank: int = 0
+def local_params(cfg: ModelConfig, tp: int, place: ExpertPlace = ExpertPlace()
                  ) -> Iterator[LocalParam]:
-    """Every parameter a (TP rank, EP rank) holds, in forward order."""
+    """Every parameter a (TP rank, expert place) holds, in forward order."""
     h, vl = cfg.hidden, cfg.padded_vocab // tp
     fl = cfg.ffn_hidden // tp
     yield LocalParam("wte", ("wte",), "vocab", (vl, h), -1)
@@ -97,7 +115,7 @@ def local_params(cfg: ModelConfig, tp: int, ep: int = 1, ep_rank: int = 0
             yield LocalParam(p + "proj.b", (p + "attn.bo",), "rep", (h,), i)
         yield from _norm(cfg, p + "ln2", i)
         if cfg.moe is not None and cfg.moe.is_moe(i):
-            yield from _experts(cfg, tp, ep, ep_rank, i)
+            yield from _experts(cfg, tp, place, i)
             continue
         kind, parts = ("glu", ("1", "3")) if cfg.gated else ("col", ("1",))
         split = (fl,) * len(parts) if cfg.gated else ()
@@ -115,18 +133,20 @@ def local_params(cfg: ModelConfig, tp: int, ep: int = 1, ep_rank: int = 0
         yield LocalParam("lm_head", ("lm_head",), "vocab", (vl, h), -1)
 
 
-def _experts(cfg: ModelConfig, tp: int, ep: int, ep_rank: int, i: int
+def _experts(cfg: ModelConfig, tp: int, place: ExpertPlace, i: int
              ) -> Iterator[LocalParam]:
-    """An MoE layer's router (replicated), this EP rank's experts, the shared experts
-    (TP-sharded like a dense MLP)."""
+    """An MoE layer's router (replicated), this EP rank's experts (their expert-TP slices),
+    the shared experts (TP-sharded like a dense MLP)."""
     assert cfg.moe is not None
-    h, f, n, p = cfg.hidden, cfg.moe.expert_ffn, cfg.moe.experts, f"layers.{i}."
+    h, n, p = cfg.hidden, cfg.moe.experts, f"layers.{i}."
+    f = cfg.moe.expert_ffn // place.etp
     yield LocalParam(p + "router.w", (p + "moe.router",), "rep", (h, n), i)
-    per = n // ep
-    for e in range(ep_rank * per, (ep_rank + 1) * per):
+    per = n // place.ep
+    for e in range(place.ep_rank * per, (place.ep_rank + 1) * per):
         yield LocalParam(p + f"experts.{e}.fc1.w", (p + f"moe.{e}.w1", p + f"moe.{e}.w3"),
-                         "expert", (h, 2 * f), i)
-        yield LocalParam(p + f"experts.{e}.fc2.w", (p + f"moe.{e}.w2",), "expert", (f, h), i)
+                         "expert_glu", (h, 2 * f), i, (f, f))
+        yield LocalParam(p + f"experts.{e}.fc2.w", (p + f"moe.{e}.w2",), "expert_row", (f, h),
+                         i)
     sf = cfg.moe.shared_ffn // tp
     if sf:
         yield LocalParam(p + "shared.fc1.w", (p + "shared.w1", p + "shared.w3"), "glu",
@@ -181,8 +201,6 @@ def cut(lp: LocalParam, full: Sequence[np.ndarray], rank: int,
     (`cfg`: the model, for the grouped QKV order)."""
     if lp.kind == "rep":
         return full[0].copy()
-    if lp.kind == "expert":
-        return np.concatenate(full, axis=-1)
     if lp.split:                                          # "qkv", "glu": a slice of each
         return np.concatenate([f[..., rank * w:(rank + 1) * w]
                                for f, w in zip(full, lp.split)], axis=-1)
@@ -193,28 +211,30 @@ def cut(lp: LocalParam, full: Sequence[np.ndarray], rank: int,
     if lp.kind == "col":
         w = lp.shape[-1]
         return full[0][..., rank * w:(rank + 1) * w].copy()
-    rows = lp.shape[0]                                   # "row" and "vocab"
+    rows = lp.shape[0]                                   # "row", "expert_row", "vocab"
     return full[0][rank * rows:(rank + 1) * rows].copy()
 
 
 def shard_params(full: dict[str, np.ndarray], cfg: ModelConfig, tp: int, rank: int,
-                 ep: int = 1, ep_rank: int = 0) -> dict[str, np.ndarray]:
-    """The local tensors of TP rank `rank` (and EP rank `ep_rank`), cut from the full
-    (reference) parameters."""
-    return {lp.name: cut(lp, [full[n] for n in lp.full], rank, cfg)
-            for lp in local_params(cfg, tp, ep, ep_rank)}
+                 place: ExpertPlace = ExpertPlace()) -> dict[str, np.ndarray]:
+    """The local tensors of TP rank `rank` (and expert place `place`), cut from the full
+    (reference) parameters: an expert's by its expert-TP rank."""
+    return {lp.name: cut(lp, [full[n] for n in lp.full],
+                         place.etp_rank if lp.expert else rank, cfg)
+            for lp in local_params(cfg, tp, place)}
 
 
 def unshard_params(by_rank: Sequence[dict[str, np.ndarray]], cfg: ModelConfig
                    ) -> dict[str, np.ndarray]:
-    """Full (reference-named) parameters from every TP rank's local tensors, in rank order."""
+    """Full (reference-named) parameters from every TP rank's local tensors, in rank order
+    (every expert on each rank: EP and expert TP 1)."""
     tp = len(by_rank)
     out: dict[str, np.ndarray] = {}
     for lp in local_params(cfg, tp):
         parts = [r[lp.name] for r in by_rank]
         if lp.kind == "rep":
             out[lp.full[0]] = parts[0].copy()
-        elif lp.kind == "expert":
+        elif lp.expert:
             out.update(zip(lp.full, np.split(parts[0], len(lp.full), axis=-1)))
         elif lp.split:
             edges = np.cumsum(lp.split)[:-1]

@@ -64,7 +64,8 @@ def classes_obstacle(w: Workload, net: Network, fold: Fold) -> str | None:
 def _kinds(s: GridShape) -> list[str]:
     """The groups a run builds (`comm.grid`)."""
     out = ["tp", "dp", "pp"] + (["cp", "dp_cp"] if s.cp > 1 else [])
-    return out + (["ep", "edp"] if s.ep > 1 else [])
+    experts = (["ep"] if s.ep > 1 else []) + (["etp", "etp_ep"] if s.etp > 1 else [])
+    return out + (experts + ["edp"] if experts else [])
 
 
 def _images_here(fold: Fold, kinds: list[str]) -> dict[str, bool]:
@@ -218,7 +219,7 @@ def _tree_pairs(groups: list[list[int]], members: list[int]) -> list[tuple[int, 
 def _pairs(w: Workload, net: Network, kind: str, members: list[int]
            ) -> list[tuple[int, int]]:
     """The routes a group of this kind may take."""
-    if kind in ("tp", "cp", "ep"):
+    if kind in ("tp", "cp", "ep", "etp", "etp_ep"):
         return _all_pairs(members)
     if kind in ("pp", "mp"):
         return _ring_pairs(net, members)

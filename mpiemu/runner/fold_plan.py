@@ -51,7 +51,7 @@ def obstacle(w: Workload) -> str | None:
 
 def shape_of(w: Workload) -> GridShape:
     par = w.parallel
-    return GridShape(par.tp, par.dp, par.pp, par.cp, par.ep)
+    return GridShape(par.tp, par.dp, par.pp, par.cp, par.ep, par.etp)
 
 
 def _experts_obstacle(w: Workload) -> str | None:

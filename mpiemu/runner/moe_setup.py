@@ -42,13 +42,19 @@ def validate_moe(w: Workload, cfg: ModelConfig) -> None:
     source matching the numerics, and what expert parallelism does not combine with yet."""
     par, ep = w.parallel, w.parallel.ep
     if cfg.moe is None:
-        if ep > 1:
-            raise ConfigError("parallel.ep", ep, f"needs a model with experts; model.preset="
-                              f"{w.model.preset!r} has none (try tiny-moe or mixtral-8x7b)")
+        for name in ("ep", "etp"):
+            if getattr(par, name) > 1:
+                raise ConfigError(f"parallel.{name}", getattr(par, name), "needs a model with "
+                                  f"experts; model.preset={w.model.preset!r} has none (try "
+                                  "tiny-moe or mixtral-8x7b)")
         return
     if cfg.moe.experts % ep:
         raise ConfigError("parallel.ep", ep, f"does not divide moe.experts={cfg.moe.experts}; "
                           f"choose ep in {braces(divisors(cfg.moe.experts))}")
+    if cfg.moe.expert_ffn % par.etp:
+        raise ConfigError("parallel.etp", par.etp, f"does not divide the experts' FFN width "
+                          f"moe.expert_ffn={cfg.moe.expert_ffn}; choose etp in "
+                          f"{braces(divisors(cfg.moe.expert_ffn))}")
     if par.tp > 1 and not par.sequence_parallel:
         raise ConfigError("parallel.sequence_parallel", False, "must be true with experts and "
                           "parallel.tp > 1 (Megatron-Core requires it: each TP rank routes its "
@@ -58,7 +64,7 @@ def validate_moe(w: Workload, cfg: ModelConfig) -> None:
     if resolve_device(w).kind != "gpu":
         raise ConfigError("model.preset", w.model.preset, "experts run on GPU ranks; Sunway "
                           "ranks schedule SwFormer's dense GPT layer")
-    if (ep > 1 or par.tp > 1) and w.optimizer.zero > 1 and \
+    if (ep > 1 or par.tp > 1 or par.etp > 1) and w.optimizer.zero > 1 and \
             (par.dp * par.cp == 1 or w.optimizer.shard_group):
         raise ConfigError("optimizer.zero", w.optimizer.zero, "0 or 1 with experts split "
                           "over parallel.ep or parallel.tp and parallel.dp x parallel.cp = 1 "

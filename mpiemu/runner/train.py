@@ -112,6 +112,8 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
     dp = comm(grid.dp_cp_comm, "dp") if grid.cp > 1 else comm(grid.dp_comm, "dp")
     embed = comm(grid.embed_comm, "embed") if grid.pp > 1 else None
     ep = comm(grid.ep_comm, "ep") if grid.shape.ep > 1 else None
+    etp = comm(grid.etp_comm, "etp") if grid.shape.etp > 1 else None
+    etp_ep = comm(grid.etp_ep_comm, "etp_ep") if grid.shape.etp > 1 else ep
     # the experts' gradients: over expert DP (the stage's ranks sharing them), when that is
     # not DP x CP (EP, or TP ranks routing their own sequence shards)
     edp = comm(grid.edp_comm, "edp") if cfg.moe is not None and \
@@ -128,7 +130,8 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
         tl, ctx.cost, tp, dims, w.run.emulated_dtype, numerics, overlap,
         kernels=w.train.kernel_options(), tp_async=w.train.tp_comm_async,
         wgrad_epilogue=None if buf is None else buf.wgrad_epilogue, cp=cp, ep=ep,
-        sunway_scheduler=w.sunway.scheduler, sunway_attention=w.sunway.attention,
+        etp=etp, etp_ep=etp_ep, sunway_scheduler=w.sunway.scheduler,
+        sunway_attention=w.sunway.attention,
         precision=PrecisionGemm(w.run.numeric_dtype), fp8=w.fp8.recipe, fp8_gemm=fp8,
         fp8_params=w.optimizer.fp8_param_gather))
     m = micro_batches(w)

@@ -27,7 +27,7 @@ class RunDrift:
 
     def __init__(self, ctx: RankContext, trainer: Trainer) -> None:
         self.trainer = trainer
-        self.log = DriftLog(ctx.world, (ctx.grid.tp_rank, ctx.grid.ep_rank))
+        self.log = DriftLog(ctx.world, (ctx.grid.tp_rank, trainer.model.place))
         self.sharded = trainer.grads.params is not None or \
             trainer.grads.expert_params is not None
 
@@ -73,9 +73,9 @@ def reference_summary(ctx: RankContext, trainer: Trainer, losses: list[float],
     cfg, gb, dims = resolve(w)
     tokens = token_layout(w, dims.batch)
     chk = check_against_reference(ctx.world, cfg, w.optimizer.to_config(), w.run.seed, gb,
-                                  grid.tp, grid.tp_rank, trainer.model.P,  # type: ignore[arg-type]
+                                  grid.tp, (grid.tp_rank, trainer.model.place),
+                                  trainer.model.P,  # type: ignore[arg-type]
                                   losses, ctx.np_dtype, reference_tolerance(w), tokens,
-                                  grid.shape.ep, grid.ep_rank,
                                   reference_precision(w, dims.batch), trainer.first_grads,
                                   trainer.first_grads_iteration)
     ctx.say(chk.line())
@@ -84,7 +84,7 @@ def reference_summary(ctx: RankContext, trainer: Trainer, losses: list[float],
         report = None
         if ctx.rank == 0:
             report = drift_from_fp64(cfg, w.optimizer.to_config(), w.run.seed, gb, tokens,
-                                     losses, drift.log, grid.tp, grid.shape.ep)
+                                     losses, drift.log, grid.tp)
         out["drift"] = ctx.world.bcast(report, root=0)
         ctx.say(drift_line(numerics_label(w.run.numeric_dtype, w.fp8.recipe), out["drift"]))
     return out

@@ -319,7 +319,7 @@ def layout(w: Workload, stage: int, micro: int | None = None) -> Layout:
                   dp=w.optimizer.shard_group or par.dp * par.cp, zero=w.optimizer.zero,
                   prefetch=w.optimizer.prefetch,
                   reshard_after_forward=w.optimizer.reshard_after_forward,
-                  split=par.split, ep=par.ep, fp8_copies=2 if w.fp8.on else 0,
+                  split=par.split, ep=par.ep, etp=par.etp, fp8_copies=2 if w.fp8.on else 0,
                   fp8_params=w.optimizer.fp8_param_gather)
 
 

@@ -115,8 +115,9 @@ def overrides(row: dict[str, Any]) -> list[str]:
     """`--set` items that emulate one measured row (every value from the row or its notes)."""
     tp, vp, ep = int(row["tp"]), int(row["vp"]), int(row["ep"])
     sp = str(fig("sequence_parallel").value) == "tp > 1" and tp > 1
-    zero = min(source_zero(row), int(fig("zero_with_experts").value)) if ep > 1 or tp > 1 \
-        else source_zero(row)
+    etp = int(row["etp"])
+    zero = min(source_zero(row), int(fig("zero_with_experts").value)) \
+        if ep > 1 or tp > 1 or etp > 1 else source_zero(row)
     sets = [f"model.preset='{row['model']}'", f"model.seq_len={row['seq_len']}",
             f"parallel.tp={tp}", f"parallel.pp={row['pp']}", f"parallel.cp={row['cp']}",
             f"parallel.dp={row['dp']}", f"parallel.ep={ep}",
@@ -124,6 +125,8 @@ def overrides(row: dict[str, Any]) -> list[str]:
             f"train.global_batch={row['global_batch']}", f"train.micro_batch={row['micro_batch']}",
             f"train.recompute='{recompute_rule(row)['recompute']}'", f"optimizer.zero={zero}",
             f"moe.capacity_factor={float(row['capacity_factor'])}"]
+    if etp > 1:
+        sets.append(f"parallel.etp={etp}")
     if vp > 1:
         sets += ["parallel.schedule='interleaved'", f"parallel.virtual_stages={vp}"]
     if fp8_recipe(row) != "off":
@@ -204,10 +207,6 @@ def not_expressed(row: dict[str, Any]) -> str:
         arch = next((e["architecture"] for e in fig("no_preset").value if e["model"] == model),
                     "not described")
         why.append(f"no preset (its architecture: {arch})")
-    etp = int(fig("expert_tensor_parallel").value)
-    if int(row["etp"]) > etp:
-        why.append(f"expert tensor parallelism etp {row['etp']} is not modelled (experts run "
-                   f"whole, etp {etp})")
     if not_modelled(model).get("attention_kind") == "mla" and fig("deepseek").value != "emulated":
         why.append(deepseek_reason(model, int(row["seq_len"])))
     return "; ".join(why)

@@ -27,7 +27,7 @@ from ..precision.matmul import PrecisionGemm
 from .config import OptimizerConfig
 from .reference import Reference
 from .reference_moe import TokenLayout
-from ..model.tensor_parallel import shard_params
+from ..model.tensor_parallel import ExpertPlace, shard_params
 
 
 def judges_gradients(numeric_dtype: str) -> bool:
@@ -80,15 +80,15 @@ def rel_err(ours: np.ndarray, ref: np.ndarray) -> float:
     return diff / scale if scale > 0 else diff
 
 
-Place = tuple[int, int]                                 # (TP rank, EP rank)
+Place = tuple[int, ExpertPlace]                         # (TP rank, expert place)
 Shards = list[tuple[Place, dict[str, np.ndarray]]]      # every rank's tensors, by place
 
 
-def tensor_errors(ours: Shards, whole: dict[str, np.ndarray], cfg: ModelConfig, tp: int,
-                  ep: int) -> list[tuple[float, str]]:
+def tensor_errors(ours: Shards, whole: dict[str, np.ndarray], cfg: ModelConfig, tp: int
+                  ) -> list[tuple[float, str]]:
     """(relative error, name) of each rank's tensor against the whole tensors cut as that
     rank holds them."""
-    cuts = {(r, e): shard_params(whole, cfg, tp, r, ep, e) for r in range(tp) for e in range(ep)}
+    cuts = {place: shard_params(whole, cfg, tp, *place) for place in {p for p, _ in ours}}
     return [(rel_err(t, cuts[place][n]), n) for place, tensors in ours for n, t in tensors.items()]
 
 
@@ -103,19 +103,19 @@ class RefPrecision(NamedTuple):
 
 
 def check_against_reference(world: MPI.Comm, cfg: ModelConfig, opt: OptimizerConfig,
-                            seed: int, global_batch: int, tp: int, tp_rank: int,
+                            seed: int, global_batch: int, tp: int, place: Place,
                             params: dict[str, np.ndarray], losses: list[float],
                             np_dtype: type, tolerance: float,
-                            tokens: TokenLayout | None = None, ep: int = 1,
-                            ep_rank: int = 0,
+                            tokens: TokenLayout | None = None,
                             precision: RefPrecision = RefPrecision(),
                             first_grads: dict[str, np.ndarray] | None = None,
                             first_grads_iteration: int = 0) -> ReferenceCheck:
     """Collective over `world`: every rank's result is rank 0's verdict (`tokens`: how
-    the run splits tokens among routing ranks; `ep`: experts split over EP; `first_grads`:
+    the run splits tokens among routing ranks; `place`: this rank's TP rank and expert
+    place; `first_grads`:
     this rank's reduced gradients of iteration `first_grads_iteration` (0, or FP16's first
     step not skipped), judged instead of the parameters)."""
-    shards = world.gather(((tp_rank, ep_rank), params, first_grads), root=0)
+    shards = world.gather((place, params, first_grads), root=0)
     result = None
     if world.Get_rank() == 0:
         assert shards is not None
@@ -126,10 +126,10 @@ def check_against_reference(world: MPI.Comm, cfg: ModelConfig, opt: OptimizerCon
             if it == first_grads_iteration:
                 ref_grads = ref.last_grads
         worst, where = max(tensor_errors([(pl, p) for pl, p, _ in shards], ref.params, cfg,
-                                         tp, ep), default=(0.0, "-"))
+                                         tp), default=(0.0, "-"))
         g_worst, g_where, g_median = None, "-", None
         if first_grads is not None:
-            errs = tensor_errors([(pl, g) for pl, _, g in shards], ref_grads, cfg, tp, ep)
+            errs = tensor_errors([(pl, g) for pl, _, g in shards], ref_grads, cfg, tp)
             g_worst, g_where = max(errs, default=(float("inf"), "no gradients"))
             g_median = float(np.median([e for e, _ in errs])) if errs else None
         loss_err = max((abs(a - b) / abs(b) if np.isfinite(a) and np.isfinite(b) and b

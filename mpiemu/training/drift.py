@@ -57,8 +57,8 @@ def _stats(errs: list[tuple[float, str]]) -> dict[str, Any]:
 
 
 def drift_from_fp64(cfg: ModelConfig, opt: OptimizerConfig, seed: int, global_batch: int,
-                    tokens: TokenLayout | None, losses: list[float], log: DriftLog, tp: int,
-                    ep: int) -> dict[str, Any]:
+                    tokens: TokenLayout | None, losses: list[float], log: DriftLog, tp: int
+                    ) -> dict[str, Any]:
     """Rank 0: the float64 reference run beside the run's losses, parameters and iteration
     0's gradients."""
     ref = Reference(cfg, seed, opt, global_batch, np.float64, tokens)
@@ -66,8 +66,8 @@ def drift_from_fp64(cfg: ModelConfig, opt: OptimizerConfig, seed: int, global_ba
     for it, loss in enumerate(losses):
         exact = ref.train_step(it)
         if it == log.first_grads_iteration and log.first_grads is not None:
-            grads = _stats(tensor_errors(log.first_grads, ref.last_grads, cfg, tp, ep))
-        p = _stats(tensor_errors(log.per_iteration[it], ref.params, cfg, tp, ep)) \
+            grads = _stats(tensor_errors(log.first_grads, ref.last_grads, cfg, tp))
+        p = _stats(tensor_errors(log.per_iteration[it], ref.params, cfg, tp)) \
             if it in log.per_iteration else _stats([])
         rows.append({"iteration": it, "loss": loss, "loss_fp64": exact,
                      "loss_rel_diff": abs(loss - exact) / abs(exact) if exact else None,

@@ -21,7 +21,7 @@ from .optimizer import state_bytes_per_param
 from ..model.pipeline_schedules import order
 from ..model.pipeline_split import LayerSplit, chunk_layers, stage_layer_count
 from ..model.stage import edge_names
-from ..model.tensor_parallel import local_params
+from ..model.tensor_parallel import ExpertPlace, local_params
 
 GIB = 2.0**30
 
@@ -52,8 +52,8 @@ def norm_stats(cfg: ModelConfig) -> int:
     return 2 if cfg.norm_kind == "layernorm" else 1
 
 
-def layer_stored(cfg: ModelConfig, d: Dims, recompute: str = "none", moe: bool = False
-                 ) -> Stored:
+def layer_stored(cfg: ModelConfig, d: Dims, recompute: str = "none", moe: bool = False,
+                 etp: int = 1) -> Stored:
     """What one layer keeps (pre- or post-norm alike): per sub-layer the norm's input and
     statistics, the input of the column-parallel GEMM (a sequence shard under SP), and the
     sub-layer's own tensors (q, the KV heads once each, the context, heads x head_dim wide
@@ -76,7 +76,7 @@ def layer_stored(cfg: ModelConfig, d: Dims, recompute: str = "none", moe: bool =
         s += Stored(act=scores * (2 if pdrop else 1), masks=scores if pdrop else 0)
     gated = 3 if cfg.gated else 2              # SwiGLU's [gate | up] input; GeLU's input
     if cfg.moe is not None and moe:
-        return s + moe_stored(cfg, d)
+        return s + moe_stored(cfg, d, etp)
     return s + Stored(act=gated * t * d.ffn)   # and the activation's output
 
 
@@ -91,15 +91,17 @@ def fp8_inputs(cfg: ModelConfig, d: Dims, s: Stored) -> Stored:
     return s + Stored(act=-moved, fp8=moved + t * d.attn_width)
 
 
-def moe_stored(cfg: ModelConfig, d: Dims) -> Stored:
-    """An MoE layer's MLP side under perfect balance (each rank computes as many token
-    copies as it routes, ts x k): the router's scores, each copy's expert input, [gate | up],
-    activation and output, and the shared experts' [gate | up] and activation."""
+def moe_stored(cfg: ModelConfig, d: Dims, etp: int = 1) -> Stored:
+    """An MoE layer's MLP side under perfect balance (each rank receives as many token
+    copies as it routes, ts x k): the router's scores, the copies' expert inputs as gathered
+    over expert TP (etp x theirs), their [gate | up] and activation (the rank's 1 / etp of
+    the FFN), the combined output, and the shared experts' [gate | up] and activation."""
     assert cfg.moe is not None
     m, ts = cfg.moe, d.shard_rows
     copies = ts * m.top_k
     shared = 3 * d.rows * (m.shared_ffn // d.tp)
-    return Stored(act=ts * m.experts + copies * (2 * d.hidden + 3 * m.expert_ffn) + shared)
+    routed = copies * ((1 + etp) * d.hidden + 3 * m.expert_ffn)
+    return Stored(act=ts * m.experts + routed + shared)
 
 
 def embed_stored(cfg: ModelConfig, d: Dims) -> Stored:
@@ -167,6 +169,7 @@ class Layout(NamedTuple):
     reshard_after_forward: bool = True   # ZeRO-3: a layer's parameters freed after forward
     split: LayerSplit = LayerSplit()     # which layers each stage holds
     ep: int = 1                     # expert parallelism: experts split over ep ranks
+    etp: int = 1                    # expert tensor parallelism: each expert over etp ranks
     # an [fp8] recipe: Transformer Engine's FP8 copies of each layer weight (rowwise for the
     # forward, columnwise for the backward), bytes per parameter; 0 without FP8
     fp8_copies: int = 0
@@ -191,19 +194,22 @@ class Layout(NamedTuple):
                                          self.split))
 
 
-def layer_param_count(cfg: ModelConfig, tp: int, ep: int = 1, moe: bool = False) -> int:
+def layer_param_count(cfg: ModelConfig, tp: int, ep: int = 1, moe: bool = False,
+                      etp: int = 1) -> int:
     """Elements of one transformer layer on a TP rank (an MoE layer's: this EP rank's
-    experts)."""
+    experts, their expert-TP slices)."""
     one = replace(cfg, layers=1, moe=None if cfg.moe is None else
                   replace(cfg.moe, dense_layers=0 if moe else 1))
-    return sum(lp.size for lp in local_params(one, tp, ep) if lp.layer == 0)
+    return sum(lp.size for lp in local_params(one, tp, ExpertPlace(ep, 0, etp))
+               if lp.layer == 0)
 
 
-def expert_param_count(cfg: ModelConfig, tp: int, ep: int) -> int:
-    """Elements of one MoE layer's routed experts on an EP rank."""
+def expert_param_count(cfg: ModelConfig, tp: int, ep: int, etp: int = 1) -> int:
+    """Elements of one MoE layer's routed experts on an EP rank (their expert-TP slices)."""
     one = replace(cfg, layers=1, moe=None if cfg.moe is None else
                   replace(cfg.moe, dense_layers=0))
-    return sum(lp.size for lp in local_params(one, tp, ep) if lp.layer == 0 and lp.expert)
+    return sum(lp.size for lp in local_params(one, tp, ExpertPlace(ep, 0, etp))
+               if lp.layer == 0 and lp.expert)
 
 
 def local_param_count(cfg: ModelConfig, tp: int, lay: Layout = Layout()) -> int:
@@ -214,7 +220,8 @@ def local_param_count(cfg: ModelConfig, tp: int, lay: Layout = Layout()) -> int:
                 if lp.layer == -1 and lp.name in edge)
     moe = lay.moe_layers(cfg)
     dense = layer_param_count(cfg, tp) * (lay.layers(cfg) - moe)
-    return edges + dense + (layer_param_count(cfg, tp, lay.ep, True) * moe if moe else 0)
+    return edges + dense + (layer_param_count(cfg, tp, lay.ep, True, lay.etp) * moe
+                            if moe else 0)
 
 
 def stage_activations(cfg: ModelConfig, d: Dims, e: int, lay: Layout = Layout()) -> Stored:
@@ -224,7 +231,7 @@ def stage_activations(cfg: ModelConfig, d: Dims, e: int, lay: Layout = Layout())
     per_layer = layer_stored(cfg, d, lay.recompute)
     if lay.fp8_copies and lay.recompute != "full":
         per_layer = fp8_inputs(cfg, d, per_layer)
-    per_moe = layer_stored(cfg, d, lay.recompute, moe=True)
+    per_moe = layer_stored(cfg, d, lay.recompute, moe=True, etp=lay.etp)
     chunk = []
     for c in range(lay.chunks):
         k = lay.moe_layers(cfg, c)
@@ -258,13 +265,13 @@ def memory_report(cfg: ModelConfig, d: Dims, e: int, capacity_bytes: float,
     unit being reduce-scattered, whole) and the parameters (3: plus the layers gathered at
     once: the one computing and, prefetched, the next; every layer when none is resharded
     after forward; the embedding and head unit stays gathered). Routed experts shard over
-    expert data parallelism instead (the stage's ranks over EP: `edp`)."""
+    expert data parallelism instead (the stage's ranks over EP x ETP: `edp`)."""
     n = local_param_count(cfg, d.tp, lay)
     g = lay.grad_bytes or e
     moe = lay.moe_layers(cfg)
-    xu = expert_param_count(cfg, d.tp, lay.ep) if moe else 0    # one MoE layer's experts
-    ud = layer_param_count(cfg, d.tp, lay.ep, moe > 0) - xu       # the rest of a layer
-    x, edp = xu * moe, max(1, lay.dp * d.tp // lay.ep)
+    xu = expert_param_count(cfg, d.tp, lay.ep, lay.etp) if moe else 0   # one layer's experts
+    ud = layer_param_count(cfg, d.tp, lay.ep, moe > 0, lay.etp) - xu    # the rest of a layer
+    x, edp = xu * moe, max(1, lay.dp * d.tp // (lay.ep * lay.etp))
     grads = float(n * g)
     if lay.zero >= 2:
         grads = (n - x - ud) * g / lay.dp + ud * g + (x - xu) * g / edp + xu * g

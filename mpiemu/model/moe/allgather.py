@@ -1,9 +1,10 @@
 """The all-gather dispatcher's side of an MoE layer (Megatron-Core `token_dispatcher.py`
-`MoEAllGatherTokenDispatcher`): every EP rank's tokens and routing gathered, each rank runs
-its experts on the gathered tokens routed to them, weights them, and a reduce-scatter sums
-the partial outputs back to the tokens' owners. Moves ep x n x H rows whatever the routing;
-no counts need exchanging first. Backward: the output gradient gathered, the input and
-weight gradients reduce-scattered."""
+`MoEAllGatherTokenDispatcher`): every expert-TP x EP rank's tokens and routing gathered (its
+tp_ep_group; the EP group without expert TP), each rank runs its experts (their expert-TP
+slices) on the gathered tokens routed to them, weights them, and a reduce-scatter sums the
+partial outputs back to the tokens' owners. Moves etp x ep x n x H rows whatever the
+routing; no counts need exchanging first. Backward: the output gradient gathered, the
+input and weight gradients reduce-scattered."""
 from __future__ import annotations
 
 import numpy as np
@@ -19,7 +20,7 @@ IDS = 8
 def gather_forward(lay: ExpertLayer, y: Array, r: Routing | None, plan: Plan, P: Params,
                    c: Cache) -> Array:
     """[n, H]: this rank's tokens' routed output."""
-    E, ep, n, h, k = lay.E, lay.ep, lay.d.shard_rows, lay.d.hidden, lay.moe.top_k
+    E, ep, n, h, k = lay.E, lay.gather_group, lay.d.shard_rows, lay.d.hidden, lay.moe.top_k
     size = 1 if ep is None else ep.size
     xg, chosen, w = y, None, None
     if ep is not None and size > 1:
@@ -35,7 +36,7 @@ def gather_forward(lay: ExpertLayer, y: Array, r: Routing | None, plan: Plan, P:
         w = np.concatenate([p[1] for p in pairs])
         xg = np.asarray(xg).reshape(size * n, h)
     picks = _picks(lay, chosen)
-    rows = int(plan.local_counts().sum())
+    rows = sum(plan.expert_rows())
     xs = E.kernel(f"{lay.tag}.permute.fwd", lay._move_cost(rows),
                   lambda: [xg[t] for t, _ in picks])          # type: ignore[index]
     os = lay.experts_forward(xs, plan.expert_rows(), P, c)
@@ -48,14 +49,14 @@ def gather_forward(lay: ExpertLayer, y: Array, r: Routing | None, plan: Plan, P:
 def gather_backward(lay: ExpertLayer, dm: Array, c: Cache, P: Params, G: Params,
                     ready: Ready) -> tuple[Array, Array]:
     """(d tokens [n, H], d weights [n, k])."""
-    E, ep, n, h, k = lay.E, lay.ep, lay.d.shard_rows, lay.d.hidden, lay.moe.top_k
+    E, ep, n, h, k = lay.E, lay.gather_group, lay.d.shard_rows, lay.d.hidden, lay.moe.top_k
     size, picks, w = c["size"], c["picks"], c["w"]
     dg = dm
     if ep is not None and size > 1:
         dg = E.all_gather(ep, f"{lay.tag}.combine.bwd", None if dm is None else dm.reshape(-1),
                           n * h, E.e)
     dg = None if dg is None else np.asarray(dg).reshape(size * n, h)
-    rows = int(c["plan"].local_counts().sum())
+    rows = sum(c["plan"].expert_rows())
     both = E.kernel(f"{lay.tag}.unpermute.bwd", lay._move_cost(rows, weights=True),
                     _weighted_sum_back, dg, c["yo"], picks, w)
     dos, dwg = both if both is not None else (None, None)
@@ -111,10 +112,10 @@ def _scatter_rows(dxs: list[np.ndarray], picks: list[tuple[np.ndarray, np.ndarra
 
 
 def _scatter(lay: ExpertLayer, name: str, x: Array, size: int) -> Array:
-    """Sum [size n, H] partials over EP, each rank keeping its own n rows."""
+    """Sum [size n, H] partials over expert TP x EP, each rank keeping its own n rows."""
     n, h = lay.d.shard_rows, lay.d.hidden
-    if lay.ep is None or size == 1:
+    if lay.gather_group is None or size == 1:
         return x
-    out = lay.E.reduce_scatter(lay.ep, f"{lay.tag}.{name}",
+    out = lay.E.reduce_scatter(lay.gather_group, f"{lay.tag}.{name}",
                                None if x is None else x.reshape(-1), size * n * h, lay.E.e)
     return None if out is None else np.asarray(out).reshape(n, h)

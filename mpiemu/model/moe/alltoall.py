@@ -1,7 +1,8 @@
 """The all-to-all dispatcher's side of an MoE layer (Megatron-Core `token_dispatcher.py`
 `MoEAlltoAllTokenDispatcher`): the rank's kept choices permuted expert-major, sent to the
-ranks holding their experts in one all-to-all-v, regrouped per local expert; the outputs
-back the same way and summed per token with their weights. Backward runs the conjugates."""
+ranks holding their experts in one all-to-all-v, regrouped per local expert (and gathered
+over expert TP, `expert_tp`); the outputs back the same way and summed per token with their
+weights. Backward runs the conjugates."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -11,6 +12,7 @@ import numpy as np
 from ..block import Cache, Params
 from ..executor import Array, Ready
 from .dispatch import ExpertLayer, Plan, by_expert, by_source, permute, split_rows, unpermute
+from .expert_tp import gather_rows, scatter_rows
 from .router import Routing
 
 
@@ -23,7 +25,9 @@ def alltoall_forward(lay: ExpertLayer, y: Array, r: Routing | None, plan: Plan, 
                   None if r is None else plan.order, k)
     xs = exchange(lay, "dispatch", xp, plan.send_rows(), plan.recv_rows(), plan,
                   side=c.get("side"))
+    xs = gather_rows(lay, "dispatch.etp", xs, plan)
     os = lay.experts_forward(xs, plan.expert_rows(), P, c)
+    os = scatter_rows(lay, "combine.etp", os, plan)
     yp = exchange(lay, "combine", os, plan.recv_rows(), plan.send_rows(), plan, groups=True)
     c["yp"] = yp
     return E.kernel(f"{lay.tag}.unpermute.fwd", lay._move_cost(rows, weights=True), unpermute,
@@ -40,7 +44,9 @@ def alltoall_backward(lay: ExpertLayer, dm: Array, c: Cache, P: Params, G: Param
     dyp, dweights = both if both is not None else (None, None)
     dos = exchange(lay, "combine.bwd", dyp, plan.send_rows(), plan.recv_rows(), plan,
                    side=c.get("side"))
+    dos = gather_rows(lay, "combine.bwd.etp", dos, plan)
     dxs = lay.experts_backward(dos, c, P, G, ready)
+    dxs = scatter_rows(lay, "dispatch.bwd.etp", dxs, plan)
     dxp = exchange(lay, "dispatch.bwd", dxs, plan.recv_rows(), plan.send_rows(), plan,
                    groups=True)
     dx = E.kernel(f"{lay.tag}.permute.bwd", lay._move_cost(rows), _permute_back, dxp, plan, n,

@@ -25,6 +25,8 @@ class ExpertLayer(Protocol):
 
     E: Executor
     ep: Any                     # the EP group (`comm.p2p.TimedComm`), None without EP
+    etp: Any                    # the expert-TP group, None without expert TP
+    gather_group: Any           # expert TP x EP (the all-gather dispatcher's), or None
     d: Dims
     moe: MoeConfig
     tag: str
@@ -40,12 +42,15 @@ class ExpertLayer(Protocol):
 
 
 class Plan(NamedTuple):
-    """Who sends what to whom for one MoE layer's pass on one rank (EP group of size ep)."""
+    """Who sends what to whom for one MoE layer's pass on one rank (EP group of size ep;
+    with expert TP, the counts of every expert-TP peer's EP group too)."""
 
     order: np.ndarray           # kept choices (flat [n k] indices), expert-major, token order
     counts: np.ndarray          # [ep, E]: every EP rank's tokens per expert
     rank: int                   # this rank in the EP group
     per_rank: int               # experts per EP rank
+    peers: np.ndarray | None = None    # [etp, ep, E]: each expert-TP peer's `counts`
+    etp_rank: int = 0           # this rank in the expert-TP group
 
     @property
     def ep(self) -> int:
@@ -66,8 +71,17 @@ class Plan(NamedTuple):
         return self.counts[:, lo:lo + self.per_rank]
 
     def expert_rows(self) -> list[int]:
-        """Rows each of this rank's experts computes (the grouped GEMM's M per group)."""
-        return [int(x) for x in self.local_counts().sum(0)]
+        """Rows each of this rank's experts computes (the grouped GEMM's M per group): its
+        own received rows, and under expert TP every peer's (gathered)."""
+        if self.peers is None:
+            return [int(x) for x in self.local_counts().sum(0)]
+        return [int(x) for x in self.peer_expert_rows().sum(0)]
+
+    def peer_expert_rows(self) -> np.ndarray:
+        """[etp, per_rank]: rows each expert-TP peer received for each local expert."""
+        assert self.peers is not None
+        lo = self.rank * self.per_rank
+        return self.peers[:, :, lo:lo + self.per_rank].sum(1)
 
 
 def permute(x: np.ndarray, order: np.ndarray, top_k: int) -> np.ndarray:

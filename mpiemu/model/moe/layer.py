@@ -4,8 +4,11 @@ shared experts (Megatron-Core `moe/moe_layer.py` `MoELayer` with the all-to-all 
 The rank routes its own tokens (its sequence shard under SP: Megatron-Core requires SP with
 TP and experts), exchanges them with its expert-parallel group (`dispatch`), runs the
 experts it holds as grouped GEMMs (each expert its own M), sends the outputs back and sums
-each token's k outputs times their weights. Shared experts (DeepSeek) are a dense,
-TP-sharded MLP every token passes, added to the routed output. Activations are [rows, H].
+each token's k outputs times their weights. Under expert tensor parallelism each expert's
+FFN is split over the expert-TP group, which gathers its members' received rows before the
+experts and reduce-scatters the partial outputs after (`expert_tp`). Shared experts
+(DeepSeek) are a dense, TP-sharded MLP every token passes, added to the routed output.
+Activations are [rows, H].
 """
 from __future__ import annotations
 
@@ -35,9 +38,13 @@ class MoeMlp(Block):
         super().__init__(ex, cfg, dims, index, positions=positions)
         assert cfg.moe is not None
         self.moe, self.run, self.ep = cfg.moe, run, ex.ep      # ep None: every expert here
+        self.etp = ex.etp                                      # None: experts whole
+        # the all-gather dispatcher's group: expert TP x EP (Megatron-Core's tp_ep_group)
+        self.gather_group = ex.etp_ep if ex.etp is not None else ex.ep
         ep_size, ep_rank = (1, 0) if ex.ep is None else (ex.ep.size, ex.ep.rank)
         self.per_rank = self.moe.experts // ep_size
         self.mine = range(ep_rank * self.per_rank, (ep_rank + 1) * self.per_rank)
+        self.fl = self.moe.expert_ffn // (1 if ex.etp is None else ex.etp.size)  # FFN slice
         self.shared: Mlp | None = None
         if self.moe.shared_ffn:
             self.shared = Mlp(ex, cfg, dims._replace(ffn=self.moe.shared_ffn // dims.tp), index)
@@ -96,21 +103,27 @@ class MoeMlp(Block):
         return self.E.tp.rank + self.d.tp * (0 if self.E.cp is None else self.E.cp.rank)
 
     def _plan(self, local: np.ndarray, r: Routing | None) -> Plan:
-        """Every EP rank's counts (all-gathered, Megatron's `preprocess`) and this rank's
-        permutation: kept choices expert-major in token order."""
+        """Every EP rank's counts (all-gathered over expert TP x EP, Megatron's
+        `preprocess`) and this rank's permutation: kept choices expert-major in token
+        order."""
         from ...comm.folded import FoldedComm  # noqa: PLC0415  (MPI: only where a run has EP)
-        E, ep = self.E, self.ep
+        E, g = self.E, self.gather_group
         every = local[None]
-        if ep is not None and ep.size > 1:
-            E.all_gather(ep, f"{self.tag}.dispatch.counts", None, self.moe.experts, IDS)
-            every = np.tile(local, (ep.size, 1)) if isinstance(ep.comm, FoldedComm) else \
-                np.stack(ep.comm.allgather(local))     # the counts' values, host-side (folded:
+        if g is not None and g.size > 1:
+            E.all_gather(g, f"{self.tag}.dispatch.counts", None, self.moe.experts, IDS)
+            every = np.tile(local, (g.size, 1)) if isinstance(g.comm, FoldedComm) else \
+                np.stack(g.comm.allgather(local))      # the counts' values, host-side (folded:
                                                        # balanced, every image's the same)
         order = np.zeros(0, np.int64)
         if r is not None:
             flat = np.flatnonzero(r.kept.reshape(-1))
             order = flat[np.argsort(r.chosen.reshape(-1)[flat], kind="stable")]
-        return Plan(order, every, 0 if ep is None else ep.rank, self.per_rank)
+        ep = 0 if self.ep is None else self.ep.rank
+        if self.etp is None:
+            return Plan(order, every, ep, self.per_rank)
+        j = self.etp.rank
+        peers = every.reshape(-1, self.etp.size, self.moe.experts).transpose(1, 0, 2)
+        return Plan(order, peers[j], ep, self.per_rank, peers, j)   # group order: j + etp e
 
     def _group_sum(self, name: str, x: np.ndarray | None, groups: int) -> np.ndarray | None:
         """Sum a per-expert vector over the ranks holding one micro-batch's tokens (TP
@@ -156,9 +169,10 @@ class MoeMlp(Block):
 
     def experts_forward(self, xs: list[Array] | None, ms: list[int], P: Params, c: Cache
                         ) -> list[Array] | None:
-        """The rank's experts on their rows (one grouped GEMM per projection), kept in
-        `c` for backward: the outputs per local expert."""
-        E, h, f = self.E, self.d.hidden, self.moe.expert_ffn
+        """The rank's experts (their expert-TP slices) on their rows (one grouped GEMM per
+        projection), kept in `c` for backward: the outputs per local expert (partial sums
+        over expert TP)."""
+        E, h, f = self.E, self.d.hidden, self.fl
         hs = E.grouped_gemm(f"{self.tag}.experts.fc1.fwd", xs, self._w(P, "fc1"),
                             [(m, 2 * f, h) for m in ms])
         acts = E.kernel(f"{self.tag}.experts.swiglu.fwd",
@@ -171,7 +185,7 @@ class MoeMlp(Block):
     def experts_backward(self, dos: list[Array] | None, c: Cache, P: Params, G: Params,
                          ready: Ready) -> list[Array] | None:
         """The experts' input gradients per local expert; their weights' into G."""
-        E, h, f, ms = self.E, self.d.hidden, self.moe.expert_ffn, c["ms"]
+        E, h, f, ms = self.E, self.d.hidden, self.fl, c["ms"]
         dacts = E.grouped_gemm(f"{self.tag}.experts.fc2.bwd", dos,
                                [transposed(w) for w in self._w(P, "fc2")],
                                [(m, f, h) for m in ms])
