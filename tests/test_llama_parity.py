@@ -3,7 +3,8 @@ RMSNorm, SwiGLU, RoPE with Llama 3.1's scaling, no biases, untied embeddings, an
 query attention with fewer KV heads than TP ranks (replicated through the gathered QKV
 output, as Megatron-Core), as many, and more; with SP, pipeline stages, DP, each
 recomputation mode and flash attention; Qwen3's attention (heads of `kv_channels`, QK-norm)
-under TP, SP, CP, PP, ZeRO-3 and experts. Grids whose size equals the MPI world run
+under TP, SP, CP, PP, ZeRO-3 and experts; DeepSeek-V3's multi-head latent attention under TP,
+SP, PP, DP, ZeRO-3, recomputation and experts. Grids whose size equals the MPI world run
 in-process (`make test` runs them at 2 and 4 ranks)."""
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from mpiemu.runner.job import run_workload
 from tests.test_train_parity import assert_matches_reference
 
 QWEN = ["model.kv_channels=16", "model.qk_norm=true"]
+# MLA on the tiny Llama: query latent 24, KV latent 16, heads of 8 + 8 rotated, values of 12
+MLA = ["model.kv_heads=0", "model.q_lora_rank=24", "model.kv_lora_rank=16",
+       "model.qk_rope_dim=8", "model.v_head_dim=12"]
 # (ranks, id, overrides): kv_heads < tp, = tp, > tp on the tiny Llama (8 heads, 2 KV heads)
 CASES = [
     (2, "kv-eq-tp", ["parallel.tp=2"]),
@@ -80,6 +84,24 @@ CASES = [
     (4, "qwen-tp4-mqa-sp", ["parallel.tp=4", "model.kv_heads=1",
                             "parallel.sequence_parallel=true", *QWEN]),
     (4, "qwen-tp2-dp2-zero3", ["parallel.tp=2", "parallel.dp=2", "optimizer.zero=3", *QWEN]),
+    # MLA: replicated down projections and latent norms (partial gradients under SP), heads
+    # split over TP, the shared rotated key gathered over SP and its gradient reduced
+    (2, "mla-tp2", ["parallel.tp=2", *MLA]),
+    (2, "mla-tp2-sp-flash", ["parallel.tp=2", "parallel.sequence_parallel=true",
+                             "model.attention='flash'", *MLA]),
+    (2, "mla-dp2-no-q-latent-dropout", ["parallel.dp=2", *MLA, "model.q_lora_rank=0",
+                                        "model.hidden_dropout=0.1",
+                                        "model.attention_dropout=0.1"]),
+    (2, "mla-moe-ep2-tp2-sp", ["model.preset='tiny-moe'", "optimizer.zero=0", "parallel.tp=2",
+                               "parallel.sequence_parallel=true", "parallel.ep=2", *MLA]),
+    (4, "mla-tp2-dp2-sp-selective", ["parallel.tp=2", "parallel.dp=2", "train.recompute="
+                                     "'selective'", "parallel.sequence_parallel=true", *MLA]),
+    (4, "mla-tp2-pp2-full", ["parallel.tp=2", "parallel.pp=2", "train.recompute='full'",
+                             *MLA]),
+    (4, "mla-tp4-sp-zero3", ["parallel.tp=4", "parallel.sequence_parallel=true", *MLA,
+                             "model.attention='flash'"]),
+    (4, "mla-dp4-zero3-sdf", ["parallel.dp=4", "optimizer.zero=3", "model.attention='sdf'",
+                              *MLA]),
 ]
 
 

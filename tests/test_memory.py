@@ -96,6 +96,32 @@ def test_qwen3_attention_accounting_matches_sharded_steps(sp: bool) -> None:
     assert_accounting_matches(one_step(QWEN, comm, sp))
 
 
+# DeepSeek-V3's multi-head latent attention on the tiny Llama: query latent 24, KV latent 16,
+# heads of 16 + 8 rotated dims, values of 12
+MLA = dataclasses.replace(load_model_preset("tiny-llama").config, kv_heads=0, q_lora_rank=24,
+                          kv_lora_rank=16, qk_rope_dim=8, v_head_dim=12)
+
+
+@pytest.mark.parametrize("attention", ["baseline", "flash"])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+@pytest.mark.parametrize("q_lora", [24, 0])
+def test_latent_attention_accounting_equals_what_a_step_stores(attention: str, recompute: str,
+                                                               q_lora: int) -> None:
+    cfg = dataclasses.replace(MLA, attention=attention, q_lora_rank=q_lora)
+    assert_accounting_matches(one_step(cfg, MPI.COMM_SELF, sp=False, recompute=recompute))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("sp", [False, True])
+def test_latent_attention_accounting_matches_sharded_steps(sp: bool) -> None:
+    """The latents and their norms on the rank's rows (its sequence shard under SP), the
+    heads split over TP."""
+    comm = MPI.COMM_WORLD
+    if MLA.heads % comm.size or MLA.seq_len % comm.size:
+        pytest.skip(f"tiny-llama does not split {comm.size} ways")
+    assert_accounting_matches(one_step(MLA, comm, sp))
+
+
 def korthikanti_bytes(s: int, b: int, h: int, a: int, t: int, sp: bool, mode: str) -> float:
     """Activation bytes per layer, Korthikanti et al. 2022 Table 2 (2-byte values, 1-byte
     dropout masks)."""

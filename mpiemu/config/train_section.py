@@ -16,6 +16,9 @@ from .errors import ConfigError
 MEMORY_CHECKS = ("error", "warn")
 
 
+LATENT = ("q_lora_rank", "kv_lora_rank", "qk_rope_dim", "v_head_dim")   # MLA's sizes
+
+
 @dataclass(frozen=True)
 class ModelSection:
     """Which transformer: a preset name (mpiemu/model/presets) plus optional overrides.
@@ -46,6 +49,11 @@ class ModelSection:
     rope_scaling: float = -1.0       # 0: no scaling; -1: the preset's
     kv_channels: int = -1            # a head's width; 0: hidden // heads; -1: the preset's
     qk_norm: bool | None = None      # RMSNorm of each head's q and k (Qwen3)
+    # multi-head latent attention (DeepSeek-V3; docs/training.md); -1: the preset's
+    q_lora_rank: int = -1
+    kv_lora_rank: int = -1           # > 0: MLA; 0: none
+    qk_rope_dim: int = -1
+    v_head_dim: int = -1
 
     def __post_init__(self) -> None:
         if not Path(self.preset).suffix.endswith("toml") \
@@ -69,6 +77,10 @@ class ModelSection:
         if self.kv_channels < -1:
             raise ConfigError("model.kv_channels", self.kv_channels, "an integer >= 1 (0: "
                               "hidden // heads, -1: the preset's)")
+        for key in LATENT:
+            if getattr(self, key) < -1:
+                raise ConfigError(f"model.{key}", getattr(self, key), "an integer >= 0 (-1: "
+                                  "the preset's)")
 
     def resolve(self) -> ModelConfig:
         """The preset's model with this section's overrides applied (unpadded vocabulary)."""
@@ -84,7 +96,7 @@ class ModelSection:
                         if getattr(self, k)})
         changes.update({k: getattr(self, k) for k in ("hidden_dropout", "attention_dropout",
                                                       "rope_scaling", "kv_heads",
-                                                      "kv_channels")
+                                                      "kv_channels", *LATENT)
                         if getattr(self, k) != -1})
         changes.update({k: getattr(self, k) for k in ("bias", "tied_embeddings", "qk_norm")
                         if getattr(self, k) is not None})

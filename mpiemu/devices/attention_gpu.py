@@ -49,6 +49,12 @@ class AttnShape(NamedTuple):
     training: bool = False   # forward keeps what backward needs (flash: the row LSE)
     triangle: bool = False   # causal rows through Megatron's fused kernel: it loads only
                              # the unmasked lower triangle (`kernels.softmax`, `loaded`)
+    v_dim: int = 0           # a value head's width where it differs from q and k's (MLA)
+
+    @property
+    def dv(self) -> int:
+        """A value (and output) head's width: v_dim, or head_dim."""
+        return self.v_dim or self.head_dim
 
     @property
     def scores(self) -> int:
@@ -116,15 +122,15 @@ def steps(cost: DeviceCost, a: AttnShape, variant: str, mode: str, dtype: str,
         return [FlashStep("flash.bwd" if backward else "flash", a, backward)]
     batch, rows = a.groups
     if backward:
-        return [GemmStep("dprobs", rows, a.keys, a.head_dim, batch),
-                GemmStep("dv", a.keys, a.head_dim, rows, batch),
+        return [GemmStep("dprobs", rows, a.keys, a.dv, batch),
+                GemmStep("dv", a.keys, a.dv, rows, batch),
                 *[KernelStep(k.tag, k) for k in K.softmax(a.scores, a.e, mode, a.dropout,
                                                           a.causal, backward=True,
                                                           loaded=a.loaded)],
                 GemmStep("dq", rows, a.head_dim, a.keys, batch),
                 GemmStep("dk", a.keys, a.head_dim, rows, batch)]
     score = GemmStep("score", rows, a.keys, a.head_dim, batch)
-    context = GemmStep("context", rows, a.head_dim, a.keys, batch)
+    context = GemmStep("context", rows, a.dv, a.keys, batch)
     drop = [KernelStep(k.tag, k) for k in K.softmax(a.scores, a.e, mode, a.dropout, a.causal)
             if k.tag == "dropout"]
     if variant == "baseline":
@@ -143,7 +149,7 @@ def steps(cost: DeviceCost, a: AttnShape, variant: str, mode: str, dtype: str,
     ls_epi = Epilogue(out_flops=LS_FLOPS, out_sfu=1.0, extra_write_bytes=2 * st)
     gs_pro = Epilogue(a_flops=GS_FLOPS, extra_read_bytes=st)
     return [GemmStep("score+ls", rows, a.keys, a.head_dim, batch, ls_epi), ir, *drop,
-            GemmStep("gs+context", rows, a.head_dim, a.keys, batch, gs_pro)]
+            GemmStep("gs+context", rows, a.dv, a.keys, batch, gs_pro)]
 
 
 class FlashCost(NamedTuple):
@@ -179,25 +185,29 @@ def flash_cost(spec: DeviceSpec, a: AttnShape, dtype: str, backward: bool = Fals
     kb = spec.kernels
     frac = 0.5 if a.causal and not a.local_block else 1.0
     pairs = a.heads * a.seq * a.keys * frac                     # scores computed
-    mma = (10.0 if backward else 4.0) * pairs * a.head_dim
+    # flops per score: forward QK^T and PV (2 d + 2 dv); backward QK^T again, dP = dO V^T,
+    # dV, dQ and dK (6 d + 4 dv); 4 d and 10 d when dv = d
+    width = (6.0 * a.head_dim + 4.0 * a.dv) if backward else (2.0 * a.head_dim + 2.0 * a.dv)
+    mma = pairs * width
     cus = spec.compute_units
     sm_math = spec.peak(dtype) * (kb.mma_sync_efficiency or spec.gemm.efficiency) / cus
     sm_vec, sm_sfu = spec.vector_flops_per_s / cus, spec.sfu_ops_per_s / cus
     ops = FLASH_SOFTMAX_FLOPS + (FLASH_BWD_FLOPS if backward else 0)
-    per_score = (10.0 if backward else 4.0) * a.head_dim / sm_math + 1 / sm_sfu + ops / sm_vec
+    per_score = width / sm_math + 1 / sm_sfu + ops / sm_vec
     bq, bk = (kb.flash_bwd_block_q, kb.flash_bwd_block_k) if backward else \
         (kb.flash_block_q, kb.flash_block_k)
     pair_s = bq * bk * per_score
     if backward and kb.l2_atomic_bytes_per_s:       # the pair's dQ partial, added in fp32
         pair_s += bq * a.head_dim * K.STAT_BYTES / (kb.l2_atomic_bytes_per_s / cus)
     compute = _makespan(_block_pairs(a, bq, bk, backward), a.heads, cus) * pair_s
-    io = a.heads * a.seq * a.head_dim * a.e                      # one of Q, K, V, O, dO
+    io = a.heads * a.seq * a.head_dim * a.e                      # one of Q, K
+    io_v = a.heads * a.seq * a.dv * a.e                         # one of V, O, dO
     lse = a.heads * a.seq * K.STAT_BYTES
     if backward:
         dq_acc = a.heads * a.seq * a.head_dim * K.STAT_BYTES
-        dram = 5 * io + 2 * lse + 3 * io + 2 * dq_acc
+        dram = (2 * io + 3 * io_v) + 2 * lse + (2 * io + io_v) + 2 * dq_acc
     else:
-        dram = 4 * io + (lse if a.training else 0)
+        dram = 2 * io + 2 * io_v + (lse if a.training else 0)
     memory = dram / spec.dram_stream_bw
     return FlashCost(spec.kernel_launch_s + max(compute, memory), mma, dram)
 

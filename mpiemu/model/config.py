@@ -55,6 +55,13 @@ class ModelConfig:
     RMSNorm over each head's q and k (one gain of kv_channels each, shared by the heads)
     after the QKV GEMM and before RoPE (Megatron-Core `qk_layernorm`; HF Qwen3Attention
     q_norm / k_norm; Qwen3 report, arXiv 2505.09388, 2).
+
+    Multi-head latent attention (DeepSeek-V2 / V3, arXiv 2412.19437 2.1.1; Megatron-Core
+    `MLASelfAttention`) when `kv_lora_rank` > 0: the query from a `q_lora_rank` latent (0:
+    straight from the hidden state), keys and values from a shared `kv_lora_rank` latent,
+    each latent RMSNormed; a query or key head is `head_dim` (kv_channels: qk_head_dim)
+    values plus `qk_rope_dim` rotated ones, the key's rotated part one for all heads; a value
+    head is `v_head_dim` wide.
     """
 
     name: str
@@ -88,6 +95,10 @@ class ModelConfig:
     moe: MoeConfig | None = None     # experts in place of the MLP (`model/moe/`)
     kv_channels: int = 0             # a head's width; 0: hidden // heads (Megatron-Core)
     qk_norm: bool = False            # RMSNorm of each head's q and k (Qwen3)
+    q_lora_rank: int = 0             # MLA: the query's latent width (0: no query latent)
+    kv_lora_rank: int = 0            # MLA: the keys' and values' latent width (0: no MLA)
+    qk_rope_dim: int = 0             # MLA: rotated dims per query / key head (decoupled RoPE)
+    v_head_dim: int = 0              # MLA: a value head's width (0: head_dim)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attention",
@@ -119,6 +130,7 @@ class ModelConfig:
                 raise FieldError(f"model.{key}", getattr(self, key),
                                  f"choose one of {braces(allowed)}")
         self._check_attention_heads()
+        self._check_latent()
         self._check_rope()
         if self.qk_norm and self.norm_kind != "rmsnorm":
             raise FieldError("model.qk_norm", True, "needs model.norm_kind='rmsnorm' (Megatron-"
@@ -146,12 +158,53 @@ class ModelConfig:
             raise FieldError("model.kv_heads", self.kv_heads, f"does not divide model.heads="
                              f"{self.heads}; choose kv_heads in {braces(divisors(self.heads))}")
 
+    def _check_latent(self) -> None:
+        """MLA's latents and head widths in range; its keys and values are per head."""
+        for key in ("q_lora_rank", "kv_lora_rank", "qk_rope_dim", "v_head_dim"):
+            if not 0 <= getattr(self, key) <= MAX_SIZE["kv_channels"]:
+                raise FieldError(f"model.{key}", getattr(self, key),
+                                 f"must be in 0..{MAX_SIZE['kv_channels']}")
+        if not self.mla:
+            for key in ("q_lora_rank", "qk_rope_dim", "v_head_dim"):
+                if getattr(self, key):
+                    raise FieldError(f"model.{key}", getattr(self, key), "needs multi-head "
+                                     "latent attention: set model.kv_lora_rank > 0 (or 0)")
+            return
+        why = ("model.position", self.position, "must be 'rope' with model.kv_lora_rank > 0 "
+               "(MLA rotates its decoupled qk_rope_dim part)") if self.position != "rope" else \
+            ("model.qk_rope_dim", self.qk_rope_dim, "must be even and > 0 with "
+             "model.kv_lora_rank > 0") if not self.qk_rope_dim or self.qk_rope_dim % 2 else \
+            ("model.kv_heads", self.kv_heads, "must be 0 or model.heads with "
+             "model.kv_lora_rank > 0 (MLA's keys and values are per head)") \
+            if self.kv_heads not in (0, self.heads) else \
+            ("model.qk_norm", True, "must be false with model.kv_lora_rank > 0 (MLA norms its "
+             "latents)") if self.qk_norm else \
+            ("model.bias", True, "must be false with model.kv_lora_rank > 0") if self.bias \
+            else None
+        if why is not None:
+            raise FieldError(*why)
+
+    @property
+    def mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V3)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def qk_head_dim(self) -> int:
+        """A query or key head's width: head_dim, plus the rotated part under MLA."""
+        return self.head_dim + self.qk_rope_dim
+
+    @property
+    def v_dim(self) -> int:
+        """A value head's width: v_head_dim, or head_dim."""
+        return self.v_head_dim or self.head_dim
+
     def _check_rope(self) -> None:
         """Rotary positions rotate pairs of a head's dimensions; Llama 3.1's scaling needs
         a factor >= 1 and its low-frequency band below its high one."""
         if self.position != "rope":
             return
-        if self.head_dim % 2:
+        if self.head_dim % 2 and not self.mla:
             key = "kv_channels" if self.kv_channels else "heads"
             raise FieldError(f"model.{key}", getattr(self, key), f"gives an odd head size "
                              f"{self.head_dim}; rotary positions need an even one")
@@ -176,10 +229,11 @@ class ModelConfig:
 
     @property
     def attn_width(self) -> int:
-        """Columns of the query projection and rows of the output projection: heads x
-        head_dim (= hidden unless kv_channels says otherwise; Megatron-Core
-        `query_projection_size = kv_channels * num_attention_heads`)."""
-        return self.heads * self.head_dim
+        """Rows of the output projection: heads x head_dim (= hidden unless kv_channels says
+        otherwise; Megatron-Core `query_projection_size = kv_channels *
+        num_attention_heads`), the columns of the query projection too; under MLA heads x
+        v_head_dim."""
+        return self.heads * self.v_dim
 
     @property
     def causal(self) -> bool:
@@ -217,10 +271,21 @@ class ModelConfig:
         norm = (2 if self.norm_kind == "layernorm" else 1) * h
         qk = 2 * dh if self.qk_norm else 0          # the q and k gains, shared by the heads
         attn = 2 * norm + h * (q + 2 * kv) + b * (q + 2 * kv) + q * h + b * h + qk
+        if self.mla:
+            attn = 2 * norm + self.latent_attention_params()
         edge = self.padded_vocab * h * (1 if self.tied_embeddings else 2) + norm
         edge += self.seq_len * h if self.position == "learned" else 0
         return self.layers * attn + edge + sum(self.mlp_params(i, active)
                                                for i in range(self.layers))
+
+    def latent_attention_params(self) -> int:
+        """MLA's weights and latent norms: q down (or q), its norm, q up; kv down (with the
+        shared rotated key), its norm, kv up; the output projection."""
+        h, n, ql, kvl = self.hidden, self.heads, self.q_lora_rank, self.kv_lora_rank
+        q_out = n * self.qk_head_dim
+        q = (h * ql + ql + ql * q_out) if ql else h * q_out
+        kv = h * (kvl + self.qk_rope_dim) + kvl + kvl * n * (self.head_dim + self.v_dim)
+        return q + kv + n * self.v_dim * h
 
     def mlp_params(self, layer: int, active: bool = False) -> int:
         """Parameters of a layer's MLP: dense, or its router, experts (the top_k a token

@@ -42,13 +42,13 @@ def flash_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool, kee
     """Same o as dense attention, one (query block, key block) at a time, online softmax."""
     scale = 1.0 / float(np.sqrt(q.shape[-1]))
     mask = keep() if p > 0 else None
-    o = np.empty_like(q)
+    o = np.empty(q.shape[:-1] + v.shape[-1:], q.dtype)      # a value head may be narrower
     lse = np.empty(q.shape[:-1], q.dtype)
     seq = q.shape[-2]
     for q0, q1 in _blocks(seq, block):
         m = np.full(q.shape[:-2] + (q1 - q0, 1), -np.inf, q.dtype)
         denom = np.zeros_like(m)
-        acc = np.zeros(q.shape[:-2] + (q1 - q0, q.shape[-1]), q.dtype)
+        acc = np.zeros(q.shape[:-2] + (q1 - q0, v.shape[-1]), q.dtype)
         for k0, k1 in _blocks(seq, block):
             if causal and k0 >= q1:
                 break

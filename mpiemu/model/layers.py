@@ -25,6 +25,7 @@ from .mlp import Mlp
 from .moe.layer import MoeMlp
 from .moe.state import MoeRun
 from .ops import Cost, bias_dropout_add, dropout, dropout_add_cost
+from .latent_attention import LatentAttention
 from .self_attention import SelfAttention
 
 
@@ -41,7 +42,9 @@ class Layer(Block):
                  recompute: str = "none", positions: np.ndarray | None = None,
                  cp_comm: str = "p2p", moe: MoeRun | None = None) -> None:
         super().__init__(ex, cfg, dims, index, recompute, positions, cp_comm)
-        self.attention = SelfAttention(ex, cfg, dims, index, recompute, positions, cp_comm)
+        kind = LatentAttention if cfg.mla else SelfAttention          # MLA (DeepSeek-V3)
+        self.attention: SelfAttention | LatentAttention = kind(ex, cfg, dims, index, recompute,
+                                                                positions, cp_comm)
         self.mlp: Mlp | MoeMlp = Mlp(ex, cfg, dims, index, recompute)
         if cfg.moe is not None and cfg.moe.is_moe(index):     # experts in place of the MLP
             assert moe is not None

@@ -43,7 +43,9 @@ def full_param_specs(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...], s
     for i in range(cfg.layers):
         p = f"layers.{i}."
         yield from _norm(cfg, p + "ln1")
-        for x, width in (("q", q), ("k", kv), ("v", kv)):
+        if cfg.mla:
+            yield from _latent(cfg, p)
+        for x, width in () if cfg.mla else (("q", q), ("k", kv), ("v", kv)):
             yield p + f"attn.w{x}", (h, width), "normal"
             yield from _bias(cfg, p + f"attn.b{x}", width)
         if cfg.qk_norm:
@@ -64,6 +66,24 @@ def full_param_specs(cfg: ModelConfig) -> Iterator[tuple[str, tuple[int, ...], s
         yield from _norm(cfg, "lnf")
     if not cfg.tied_embeddings:
         yield "lm_head", (cfg.padded_vocab, h), "normal"
+
+
+def _latent(cfg: ModelConfig, p: str) -> Iterator[tuple[str, tuple[int, ...], str]]:
+    """MLA's weights before the output projection: the query's down projection [H, q_lora],
+    its latent's norm gain and up projection [q_lora, heads x (dh + rope)] (or one [H, heads
+    x (dh + rope)] without a query latent); the keys' and values' down projection [H,
+    kv_lora + rope] (the latent, then the shared rotated key), its norm gain and up
+    projection [kv_lora, heads x (dh + dv)], per head its key part then its value."""
+    h, n, ql, kvl = cfg.hidden, cfg.heads, cfg.q_lora_rank, cfg.kv_lora_rank
+    if ql:
+        yield p + "attn.wq_down", (h, ql), "normal"
+        yield p + "attn.q_ln.g", (ql,), "ones"
+        yield p + "attn.wq_up", (ql, n * cfg.qk_head_dim), "normal"
+    else:
+        yield p + "attn.wq", (h, n * cfg.qk_head_dim), "normal"
+    yield p + "attn.wkv_down", (h, kvl + cfg.qk_rope_dim), "normal"
+    yield p + "attn.kv_ln.g", (kvl,), "ones"
+    yield p + "attn.wkv_up", (kvl, n * (cfg.head_dim + cfg.v_dim)), "normal"
 
 
 def _experts(cfg: ModelConfig, p: str) -> Iterator[tuple[str, tuple[int, ...], str]]:

@@ -106,7 +106,7 @@ def local_params(cfg: ModelConfig, tp: int, place: ExpertPlace = ExpertPlace()
     for i in range(cfg.layers):
         p = f"layers.{i}."
         yield from _norm(cfg, p + "ln1", i)
-        yield from _qkv(cfg, tp, p, i)
+        yield from _latent(cfg, tp, p, i) if cfg.mla else _qkv(cfg, tp, p, i)
         if cfg.qk_norm:          # one RMSNorm gain of head_dim for q and one for k
             for x in ("q_norm.g", "k_norm.g"):
                 yield LocalParam(p + x, (p + x,), "rep", (cfg.head_dim,), i, (), True)
@@ -157,6 +157,25 @@ def _experts(cfg: ModelConfig, tp: int, place: ExpertPlace, i: int
 def _norm(cfg: ModelConfig, name: str, layer: int) -> Iterator[LocalParam]:
     for x in "gb" if cfg.norm_kind == "layernorm" else "g":
         yield LocalParam(f"{name}.{x}", (f"{name}.{x}",), "rep", (cfg.hidden,), layer)
+
+
+def _latent(cfg: ModelConfig, tp: int, p: str, i: int) -> Iterator[LocalParam]:
+    """MLA (Megatron-Core `MLASelfAttention`): the down projections and the latents' norms
+    replicated (TELinear "duplicated"; under SP their gradients are partial sums over TP),
+    the up projections column-parallel by heads (each head's columns contiguous)."""
+    h, n, ql, kvl = cfg.hidden, cfg.heads // tp, cfg.q_lora_rank, cfg.kv_lora_rank
+    q_cols = n * cfg.qk_head_dim
+    if ql:
+        yield LocalParam(p + "q_down.w", (p + "attn.wq_down",), "rep", (h, ql), i)
+        yield LocalParam(p + "q_ln.g", (p + "attn.q_ln.g",), "rep", (ql,), i)
+        yield LocalParam(p + "q_up.w", (p + "attn.wq_up",), "col", (ql, q_cols), i)
+    else:
+        yield LocalParam(p + "q.w", (p + "attn.wq",), "col", (h, q_cols), i)
+    yield LocalParam(p + "kv_down.w", (p + "attn.wkv_down",), "rep",
+                     (h, kvl + cfg.qk_rope_dim), i)
+    yield LocalParam(p + "kv_ln.g", (p + "attn.kv_ln.g",), "rep", (kvl,), i)
+    yield LocalParam(p + "kv_up.w", (p + "attn.wkv_up",), "col",
+                     (kvl, n * (cfg.head_dim + cfg.v_dim)), i)
 
 
 def _qkv(cfg: ModelConfig, tp: int, p: str, i: int) -> Iterator[LocalParam]:

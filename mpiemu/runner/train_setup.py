@@ -19,6 +19,7 @@ from ..config.errors import ConfigError
 from ..config.parallel_section import ParallelSection
 from ..model.pipeline_split import problem
 from ..config.overlap_check import check_overlap_devices
+from .attention_setup import validate_latent
 from .moe_setup import model_of, validate_moe
 
 HOST_MEMORY_SHARE = 0.8    # a numerics run may use this share of the host's memory
@@ -81,6 +82,7 @@ def validate(w: Workload, world_size: int) -> None:
     _validate_zero(w, cfg)
     _validate_precision(w, cfg)
     _validate_fp8(w, cfg)
+    validate_latent(w, cfg)
     validate_moe(w, cfg)
     if resolve_device(w).kind == "gpu":
         check_overlap_devices(w, [w.overlap.strategy], "overlap.strategy")

@@ -9,9 +9,8 @@ with what its notes add (`moe.toml [note_rules]`, `[layout_overrides]`). Tokens 
 in perfect balance (`moe.tokens = 'balanced'`, what forced-balance benchmarks run; each row
 says what its source used). An FSDP row runs ZeRO-3 (the experts sharded over expert DP).
 A run of more GPUs than stages folds (`run.fold`) where that
-is exact; a row is listed, not run, with its reason when its model has no preset, when it is
-DeepSeek-V3 (`moe.toml [deepseek]`), when the emulator refuses its layout, or when it needs
-more processes than `[max_processes]`.
+is exact; a row is listed, not run, with its reason when its model has no preset, when the
+emulator refuses its layout, or when it needs more processes than `[max_processes]`.
 
 * `rows.csv`: every BF16 row: measured and ours in the row's metric (step time, tokens/s per
   GPU or model TFLOP/s per GPU in its source's count), the difference ours / theirs - 1,

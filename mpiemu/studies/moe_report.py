@@ -16,7 +16,6 @@ UNITS = {"step_time_s": "s / step", "tokens_per_s_per_gpu": "tokens/s/GPU",
          "model_tflops_per_gpu": "model TFLOP/s/GPU"}
 # not-emulated reasons by kind, in the order the README counts them
 KINDS = (("no preset", "no preset"),
-         ("preset not honest", "DeepSeek-V3's attention not modelled (moe.toml [deepseek])"),
          ("refuses the layout", "the emulator refuses the layout"),
          ("MPI processes", "does not fold; more processes than the study's limit"))
 
@@ -249,7 +248,6 @@ def markdown(rows: list[Row], fp8: list[Row], log: list[Row], wall_s: float,
            "## Not emulated", "", *_not_emulated(rows + fp8), "",
            f"The limit: {moe.fig('max_processes').source}. Folding MoE runs: "
            "docs/folding.md (balanced tokens; EP = TP, or TP = 1 and EP = DP; no CP).", "",
-           f"DeepSeek-V3: {moe.fig('deepseek').source}.", "",
            "## What each source leaves out, and what we assume", "",
            "From each row's `notes` in moe_measured.toml (quoted) and this study's rules "
            "(`moe.toml`).", "", *_sources(rows), "",

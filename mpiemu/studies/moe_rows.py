@@ -3,7 +3,6 @@ each row's overrides, why a row cannot be expressed, the sources' FLOP counts an
 what an emulation changes from what its source ran. `moe.py` plans and runs the rows."""
 from __future__ import annotations
 
-import dataclasses
 import re
 import tomllib
 from pathlib import Path
@@ -163,42 +162,6 @@ def write_workload(where: Path) -> Path:
     return path
 
 
-def mla_gap(model: str, seq_len: int) -> tuple[float, float, float, float]:
-    """(the preset's attention, MLA's attention, the preset's MoE layer, MLA's MoE layer):
-    forward GEMM FLOPs per token at `seq_len` in our count (`training.flops`, no causal
-    halving), MLA's from the preset's `[not_modelled]` ranks and head widths."""
-    from ..model.presets import load_model_preset  # noqa: PLC0415
-    from ..training.flops import layer_forward_flops  # noqa: PLC0415
-    cfg = dataclasses.replace(load_model_preset(model).config, seq_len=seq_len)
-    nm, m = not_modelled(model), cfg.moe
-    assert m is not None, f"{model}: no experts"
-    h, n, s = cfg.hidden, cfg.heads, seq_len
-    qk, v = int(nm["qk_nope_head_dim"]) + int(nm["qk_rope_head_dim"]), int(nm["v_head_dim"])
-    q_r, kv_r, rope = int(nm["q_lora_rank"]), int(nm["kv_lora_rank"]), int(nm["qk_rope_head_dim"])
-    mla = 2.0 * (q_r * h + q_r * n * qk + h * (kv_r + rope)
-                 + kv_r * n * (int(nm["qk_nope_head_dim"]) + v) + n * v * h) \
-        + 2.0 * s * n * qk + 2.0 * s * n * v
-    layer = layer_forward_flops(cfg, 1, m.dense_layers)[0]
-    mlp = 2.0 * (3 if cfg.gated else 2) * h * (m.top_k * m.expert_ffn + m.shared_ffn)
-    return layer - mlp, mla, layer, mla + mlp
-
-
-def deepseek_reason(model: str, seq_len: int) -> str:
-    """Why a model with multi-head latent attention is not emulated (`moe.toml [deepseek]`)."""
-    from ..model.presets import load_model_preset  # noqa: PLC0415
-    cfg = load_model_preset(model).config
-    nm = not_modelled(model)
-    ours_attn, mla_attn, ours_layer, mla_layer = mla_gap(model, seq_len)
-    mtp = int(nm.get("mtp_depth", 0))
-    return (f"preset not honest for timing (moe.toml [deepseek]): it runs plain multi-head "
-            f"attention, {cfg.heads} heads of {cfg.head_dim}, for DeepSeek-V3's multi-head "
-            f"latent attention (q / kv ranks {nm['q_lora_rank']} / {nm['kv_lora_rank']}, "
-            f"QK^T {int(nm['qk_nope_head_dim']) + int(nm['qk_rope_head_dim'])} and PV "
-            f"{nm['v_head_dim']} wide per head): {ours_attn / mla_attn:.0%} of MLA's attention "
-            f"FLOPs, an MoE layer {ours_layer / mla_layer - 1:+.1%} at sequence {seq_len}"
-            + (f", and its {mtp} multi-token-prediction block is not modelled" if mtp else ""))
-
-
 def not_expressed(row: dict[str, Any]) -> str:
     """Why the emulator cannot express the row's model or layout ("" when it can)."""
     why = []
@@ -207,8 +170,6 @@ def not_expressed(row: dict[str, Any]) -> str:
         arch = next((e["architecture"] for e in fig("no_preset").value if e["model"] == model),
                     "not described")
         why.append(f"no preset (its architecture: {arch})")
-    if not_modelled(model).get("attention_kind") == "mla" and fig("deepseek").value != "emulated":
-        why.append(deepseek_reason(model, int(row["seq_len"])))
     return "; ".join(why)
 
 
@@ -227,8 +188,9 @@ def convention(row: dict[str, Any]) -> dict[str, Any] | None:
 def flops_per_token(row: dict[str, Any], workload: Path, convention: str) -> float:
     """Model FLOPs per token of the row's model in a source's count (`[flop_conventions]`):
     'ours' (`training.flops.model_flops`), 'megatron' (Megatron-LM's
-    num_floating_point_operations with the causal halving, MLA and MTP where the preset's
-    `[not_modelled]` lists them) or 'automodel_qwen3' (AutoModel's qwen3_flops)."""
+    num_floating_point_operations with the causal halving, MLA where the model has it, MTP
+    where the preset's `[not_modelled]` lists it) or 'automodel_qwen3' (AutoModel's
+    qwen3_flops)."""
     from ..config.workload import load_workload  # noqa: PLC0415
     from ..runner.train_setup import resolve  # noqa: PLC0415
     from ..training.flops import model_flops  # noqa: PLC0415
@@ -248,10 +210,9 @@ def flops_per_token(row: dict[str, Any], workload: Path, convention: str) -> flo
     mtp = int(nm.get("mtp_depth", 0))
     layers = L + mtp
     moe_layers = L - m.dense_layers + mtp                     # the MTP block copies the last
-    if nm.get("attention_kind") == "mla":
-        nope, rope, v = (int(nm[k]) for k in ("qk_nope_head_dim", "qk_rope_head_dim",
-                                              "v_head_dim"))
-        q_r, kv_r = int(nm["q_lora_rank"]), int(nm["kv_lora_rank"])
+    if cfg.mla:
+        nope, rope, v = cfg.head_dim, cfg.qk_rope_dim, cfg.v_dim
+        q_r, kv_r = cfg.q_lora_rank, cfg.kv_lora_rank
         attn = 6.0 * (q_r * (h + n * (nope + rope) + 1) + kv_r * (h + n * (nope + v) + 1)
                       + h * rope + n * v * h + s * n * (nope + rope) / 2 + s * n * v / 2)
     else:
@@ -317,4 +278,7 @@ def emulated_with(row: dict[str, Any], sets: list[str]) -> list[str]:
                    f"{nm['head_dim']} (model.kv_channels not in the preset yet)")
     if "qk_norm" in nm:
         out.append("QK-norm not modelled")
+    if int(nm.get("mtp_depth", 0)):
+        out.append(f"its {nm['mtp_depth']} multi-token-prediction block not modelled (one "
+                   "more MoE layer and output head per step)")
     return out

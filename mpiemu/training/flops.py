@@ -18,6 +18,11 @@ Heads of their own width (`kv_channels`, Qwen3) count as there too: its
 GEMM, 2 h (a d + 2 g d) with g KV heads, the output projection, 2 a d h, and the attention
 core, 2 x 2 s a d per token (a d = h otherwise, so every other model counts as before);
 QK-norm is not a GEMM and is not counted.
+Multi-head latent attention (DeepSeek-V3) counts its GEMMs' weights, 2 x (the query's down
+and up projections, or its one projection; the KV latent's down projection with the shared
+rotated key, its up projection; the output projection), and the attention core as
+2 s a (d_qk + d_v) per token (QK^T over query / key heads of d_qk = head_dim + rotated
+dims, PV over value heads of d_v), without a causal discount as above.
 An MoE layer's MLP counts the experts a token passes, 2 h g (k f_e + f_shared), the router
 not counted (as there: routed experts x moe_ffn_hidden_size, plus the shared experts).
 """
@@ -36,8 +41,19 @@ def layer_forward_flops(cfg: ModelConfig, tokens: int, layer: int = 0
     if m is not None and m.is_moe(layer):
         f = m.top_k * m.expert_ffn + m.shared_ffn
     mlp = (3 if cfg.gated else 2) * h * f
+    if cfg.mla:
+        core = 2.0 * s * cfg.heads * (cfg.qk_head_dim + cfg.v_dim) * tokens
+        return 2.0 * (latent_weights(cfg) + mlp) * tokens + core, core
     core = 2.0 * 2 * s * q * tokens
     return 2.0 * (h * (q + 2 * kv) + q * h + mlp) * tokens + core, core
+
+
+def latent_weights(cfg: ModelConfig) -> int:
+    """Elements of MLA's GEMM weights (a token's multiply-adds through them)."""
+    h, n, ql, kvl = cfg.hidden, cfg.heads, cfg.q_lora_rank, cfg.kv_lora_rank
+    q = ql * (h + n * cfg.qk_head_dim) if ql else h * n * cfg.qk_head_dim
+    kv = h * (kvl + cfg.qk_rope_dim) + kvl * n * (cfg.head_dim + cfg.v_dim)
+    return q + kv + n * cfg.v_dim * h
 
 
 def model_flops(cfg: ModelConfig, global_batch: int) -> float:

@@ -66,7 +66,10 @@ def layer_stored(cfg: ModelConfig, d: Dims, recompute: str = "none", moe: bool =
     scores = d.batch * d.heads * d.seq * d.seq
     drop = cfg.hidden_dropout > 0
     s = Stored(act=4 * ts * h, stats=2 * norm_stats(cfg) * ts, masks=2 * ts * h if drop else 0)
-    s += Stored(act=2 * t * w + 2 * t * d.kv_heads * d.head_dim)   # q, k, v, the context
+    if cfg.mla:
+        s += latent_stored(cfg, d)
+    else:
+        s += Stored(act=2 * t * w + 2 * t * d.kv_heads * d.head_dim)   # q, k, v, the context
     if cfg.qk_norm:                             # the norms' inputs and rstd (`qk_norm`)
         s += Stored(act=t * (w + d.kv_heads * d.head_dim), stats=t * (d.heads + d.kv_heads))
     if cfg.attention == "flash":
@@ -89,6 +92,15 @@ def fp8_inputs(cfg: ModelConfig, d: Dims, s: Stored) -> Stored:
     ts, t = d.shard_rows, d.rows
     moved = 2 * ts * d.hidden + t * d.ffn
     return s + Stored(act=-moved, fp8=moved + t * d.attn_width)
+
+
+def latent_stored(cfg: ModelConfig, d: Dims) -> Stored:
+    """MLA's tensors (`model.latent_attention`): the normed query and KV latents and their
+    norms' inputs and rstd (the rank's rows), q and k of head_dim + rotated dims, v and the
+    context of v_head_dim, per head of the rank."""
+    t, ts, ql = d.rows, d.shard_rows, cfg.q_lora_rank
+    heads = t * d.heads * (2 * cfg.qk_head_dim + 2 * cfg.v_dim)
+    return Stored(act=heads + 2 * ts * (ql + cfg.kv_lora_rank), stats=ts * (2 if ql else 1))
 
 
 def moe_stored(cfg: ModelConfig, d: Dims, etp: int = 1) -> Stored:

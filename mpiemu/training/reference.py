@@ -28,6 +28,7 @@ from ..precision.fp8_gemm import Fp8Gemm
 from ..precision.loss_scale import overflow_expected
 from ..precision.matmul import PrecisionGemm
 from .config import OptimizerConfig
+from .reference_mla import mla_backward, mla_forward
 from .reference_moe import ReferenceMoe, TokenLayout
 from .reference_blocks import (Cache, adam_or_lamb, apply_rope, apply_rope_back, gelu, gelu_grad, layer_norm,
                                layer_norm_back, repeat_kv, rms_norm, rms_norm_back, rope_tables,
@@ -58,7 +59,9 @@ class Reference:
         self.step_count = 0
         self.last_grads: dict[str, np.ndarray] = {}      # the last step's, before the update
         # rotary cos / sin [S, head_dim] of every position, shared by all layers and heads
-        self.rope = rope_tables(cfg, cfg.seq_len, dtype) if cfg.position == "rope" else None
+        # (MLA: over the decoupled rotated dims)
+        self.rope = rope_tables(cfg, cfg.seq_len, dtype, cfg.qk_rope_dim) \
+            if cfg.position == "rope" else None
         # experts in place of MLPs (`reference_moe`), routed per rank as the sharded run
         self.moe = None if cfg.moe is None else ReferenceMoe(
             cfg, tokens or TokenLayout(global_batch, 1, 1), global_batch)
@@ -163,8 +166,10 @@ class Reference:
     # -- sub-layers -------------------------------------------------------------------------
     def _attention(self, x: np.ndarray, i: int, it: int) -> tuple[np.ndarray, Cache]:
         """Softmax attention; query head j reads KV head j // (heads // groups) (GQA), q and
-        k rotated by their positions under rotary embeddings."""
+        k rotated by their positions under rotary embeddings; or MLA (`reference_mla`)."""
         cfg = self.cfg
+        if cfg.mla:
+            return mla_forward(self, x, i, it)
         pre = f"layers.{i}.attn."
         bsz, s, _ = x.shape
         nh, ng, dh = cfg.heads, cfg.groups, cfg.head_dim
@@ -198,6 +203,8 @@ class Reference:
 
     def _attention_back(self, dout: np.ndarray, c: Cache, i: int,
                         g: dict[str, np.ndarray]) -> np.ndarray:
+        if self.cfg.mla:
+            return mla_backward(self, dout, c, i, g)
         pre = f"layers.{i}.attn."
         bsz, s, h = dout.shape
         nh, dh, rep = self.cfg.heads, self.cfg.head_dim, self.cfg.heads // self.cfg.groups

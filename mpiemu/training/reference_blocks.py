@@ -94,12 +94,12 @@ def silu_grad(z: np.ndarray) -> np.ndarray:
 
 
 # -- rotary position embedding (rotate-half convention) ------------------------------------
-def rope_frequencies(cfg: ModelConfig) -> np.ndarray:
+def rope_frequencies(cfg: ModelConfig, dim: int = 0) -> np.ndarray:
     """The d/2 rotary frequencies theta^(-2i/d) (float64), with Llama 3.1's scaling when
     `cfg.rope_scaling` > 0 (Meta llama-models `apply_scaling`): frequencies whose wavelength
     is below old/high are kept, those above old/low divided by the factor, and those in
-    between blended linearly in old/wavelength."""
-    d = cfg.head_dim
+    between blended linearly in old/wavelength. `dim`: the rotated width (0: head_dim)."""
+    d = dim or cfg.head_dim
     f = cfg.rope_theta ** (-2.0 * np.arange(d // 2, dtype=np.float64) / d)
     if cfg.rope_scaling <= 0:
         return f
@@ -111,10 +111,11 @@ def rope_frequencies(cfg: ModelConfig) -> np.ndarray:
     return np.where(wavelen < old / high, f, np.where(wavelen > old / low, f / factor, blended))
 
 
-def rope_tables(cfg: ModelConfig, seq: int, dtype: type) -> tuple[np.ndarray, np.ndarray]:
+def rope_tables(cfg: ModelConfig, seq: int, dtype: type, dim: int = 0
+                ) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin [S, d] for positions 0..S-1, each half of a head repeating the d/2
     angles p * f_i; angles in float64, then cast to the run's dtype."""
-    angles = np.outer(np.arange(seq, dtype=np.float64), rope_frequencies(cfg))   # (S, d/2)
+    angles = np.outer(np.arange(seq, dtype=np.float64), rope_frequencies(cfg, dim))  # (S, d/2)
     angles = np.concatenate([angles, angles], axis=-1)                           # (S, d)
     return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
 
