@@ -85,3 +85,13 @@ def test_bad_latent_settings_are_refused_in_one_line(ranks: int, extra: list[str
         validate(WORKLOAD, [*MLA, *extra], ranks)
     assert "\n" not in str(exc.value)
 
+
+
+@pytest.mark.parametrize("workload, ranks", [("workloads/qwen3-30b-a3b-ep8.toml", 1),
+                                             ("workloads/deepseek-v3-tp2-pp8-ep64.toml", 512)])
+def test_the_published_moe_workloads_validate_at_their_sizes(workload: str, ranks: int
+                                                             ) -> None:
+    """DeepSeek-V3's recipe (512 processes: EP over TP and DP does not fold) with its latent
+    attention; Qwen3-30B-A3B's folded onto one process."""
+    w = validate(workload, [], ranks)
+    assert w.parallel.devices == {1: 8, 512: 512}[ranks]
