@@ -44,6 +44,9 @@ class MoeSection:
     dispatcher: str = "alltoall"     # Megatron-Core --moe-token-dispatcher-type
     shared_overlap: bool = False     # shared experts under the all-to-alls (its
                                      # --moe-shared-expert-overlap)
+    # one micro-batch's all-to-alls under another's compute (Megatron-Core
+    # --overlap-moe-expert-parallel-comm: the combined 1F1B schedule, docs/moe.md)
+    overlap_ep_comm: bool = False
 
     def __post_init__(self) -> None:
         for key in SIZES:

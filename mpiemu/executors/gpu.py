@@ -21,7 +21,8 @@ from ..devices import attention_gpu as ag
 from ..devices.attention_gpu import AttnShape
 from ..devices.gemm import NO_EPILOGUE, Epilogue
 from ..devices.specs import dtype_bytes
-from ..model.executor import Array, Cost, Executor, Ready, no_ready
+from ..model.executor import Array, Cost, Executor, PassState, Ready, no_ready
+from ..model.steps import Steps
 from ..precision.cast_costs import cast_kernels
 from ..overlap.api import GemmShape, gather_then_gemm, gemm_then_reduce
 from ..sim import charge
@@ -61,17 +62,24 @@ class GpuExecutor:
     def wait_until(self, t: SimTime) -> None:
         self._t = max(self._t, t)
 
-    def layer_pass(self, tag: str, params: str, pass_: str, math: Callable[[Ready], Any],
-                   empty: Any, ready: Ready | None = None) -> Any:
+    def layer_steps(self, tag: str, params: str, pass_: str,
+                    math: Callable[[Ready], Steps[Any]], empty: Any,
+                    ready: Ready | None = None) -> Steps[Any]:
         """On a GPU a pass's ops charge themselves as they run (a transformer layer's
         linear GEMMs in FP8 under an [fp8] recipe; the output layer stays bf16)."""
         self._in_layer = True
         try:
-            return math(ready if ready is not None else no_ready)
+            return (yield from math(ready if ready is not None else no_ready))
         finally:
             self._in_layer = False
             if self.on and self.fp8_gemm is not None:    # the recipe's amax update
                 self.fp8_gemm.end_pass(backward=pass_ == "bwd")
+
+    def pass_state(self) -> PassState:
+        return PassState(self._t, self.tl.labels, self._in_layer)
+
+    def resume(self, state: PassState) -> None:
+        self._t, self.tl.labels, self._in_layer = state
 
     def _fp8_here(self) -> bool:
         """A layer's linear GEMMs run in FP8 here (an [fp8] recipe, inside a layer pass)."""

@@ -23,7 +23,8 @@ from ..devices.sunway.cost import AttnShape, SunwayCost
 from ..devices.sunway.layer import LayerShape, layer_ops
 from ..devices.sunway.schedule import Op, Option, Placement, Schedule, schedule
 from ..model.dims import Dims
-from ..model.executor import Ready, no_ready
+from ..model.executor import PassState, Ready, no_ready
+from ..model.steps import Steps, drain
 from ..sim.timeline import COMPUTE, SimTime, Span, Timeline
 from .gpu import GpuExecutor
 from .registry import ExecutorSetup
@@ -100,16 +101,25 @@ class SunwayExecutor(GpuExecutor):
                                           setup.sunway_scheduler, setup.sunway_attention)
         self._payload_tp: TimedComm | None = None
 
-    def layer_pass(self, tag: str, params: str, pass_: str, math: Callable[[Ready], Any],
-                   empty: Any, ready: Ready | None = None) -> Any:
-        """The math (if on) without charge, then the pass's CG schedule; gradients are
-        handed to the DP buckets when the schedule finishes their GEMM."""
+    def layer_steps(self, tag: str, params: str, pass_: str,
+                    math: Callable[[Ready], Steps[Any]], empty: Any,
+                    ready: Ready | None = None) -> Steps[Any]:
+        """The math (if on) without charge, then the pass's CG schedule (one step: nothing
+        of another pass runs inside it); gradients are handed to the DP buckets when the
+        schedule finishes their GEMM."""
         out = empty
         if self.on:
             with self._payload_only():
-                out = math(no_ready)     # the CG schedule hands the gradients over
+                out = drain(math(no_ready))     # the CG schedule hands the gradients over
         self._t = self._charge_pass(pass_, tag, params, ready)
         return out
+        yield                                   # a generator: its one step ends above
+
+    def pass_state(self) -> PassState:
+        return PassState(self._t, self.tl.labels)
+
+    def resume(self, state: PassState) -> None:
+        self._t, self.tl.labels = state.t, state.labels
 
     @contextmanager
     def _payload_only(self) -> Iterator[None]:

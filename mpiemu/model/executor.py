@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from ..devices.gemm import NO_EPILOGUE, Epilogue
 from ..devices.kernels import Kernel as Cost
 from ..devices.kernels import check_mode
 from ..sim.timeline import SimTime
+from .steps import Steps
 
 if TYPE_CHECKING:                  # the protocol names the group type; MPI loads with an executor
     from ..comm.p2p import RecvHandle, SendHandle, TimedComm
@@ -36,6 +37,14 @@ Ready = Callable[[list[str]], None]     # "these gradients are final" (DP bucket
 
 def no_ready(names: list[str]) -> None:
     """Forward passes hand over no gradients."""
+
+
+class PassState(NamedTuple):
+    """A pass's own part of an executor, set aside while another pass runs (`resume`)."""
+
+    t: SimTime                     # its cursor
+    labels: Any                    # its trace labels (layer, phase)
+    in_layer: bool = False         # inside a transformer layer's pass (FP8 GEMMs)
 
 
 @dataclass(frozen=True)
@@ -74,10 +83,18 @@ class Executor(Protocol):
         """Trace labels (iteration, layer, phase) on every op placed inside."""
 
     # -- a layer's pass ----------------------------------------------------------------------
-    def layer_pass(self, tag: str, params: str, pass_: str, math: Callable[[Ready], Any],
-                   empty: Any, ready: Ready | None = None) -> Any:
-        """One pass ("fwd" / "bwd") of layer `tag` (parameters named `params`...): `math`
-        charges its ops as they run, or the executor charges the pass whole."""
+    def layer_steps(self, tag: str, params: str, pass_: str,
+                    math: Callable[[Ready], Steps[Any]], empty: Any,
+                    ready: Ready | None = None) -> Steps[Any]:
+        """One pass ("fwd" / "bwd") of layer `tag` (parameters named `params`...) as steps:
+        `math` charges its ops as they run, or the executor charges the pass whole."""
+
+    def pass_state(self) -> PassState:
+        """What belongs to the pass running (its cursor, its trace labels), to set aside
+        while another micro-batch's pass runs (`resume`)."""
+
+    def resume(self, state: PassState) -> None:
+        """Continue the pass whose state this is."""
 
     # -- compute -----------------------------------------------------------------------------
     def kernel(self, name: str, cost: Cost | Sequence[Cost],

@@ -27,6 +27,7 @@ from .moe.state import MoeRun
 from .ops import Cost, bias_dropout_add, dropout, dropout_add_cost
 from .latent_attention import LatentAttention
 from .self_attention import SelfAttention
+from .steps import Steps, drain
 
 
 def _bias_dropout_back(dy: np.ndarray, keep: np.ndarray | None, p: float
@@ -52,19 +53,24 @@ class Layer(Block):
 
     # -- forward ----------------------------------------------------------------------------
     def forward(self, x: Array, P: Params, masks: Masks) -> tuple[Array, Cache]:
-        return self.E.layer_pass(self.tag, self.p, "fwd", lambda _: self._forward(x, P, masks),
-                                 (None, {}))
+        return drain(self.forward_steps(x, P, masks))
 
-    def _forward(self, x: Array, P: Params, masks: Masks) -> tuple[Array, Cache]:
-        x, ca = self._sublayer(x, P, masks, "attn")
-        x, cm = self._sublayer(x, P, masks, "mlp")
+    def forward_steps(self, x: Array, P: Params, masks: Masks) -> Steps[tuple[Array, Cache]]:
+        """The forward pass as steps (yielding while an expert all-to-all moves)."""
+        return self.E.layer_steps(self.tag, self.p, "fwd",
+                                  lambda _: self._forward(x, P, masks), (None, {}))
+
+    def _forward(self, x: Array, P: Params, masks: Masks) -> Steps[tuple[Array, Cache]]:
+        x, ca = yield from self._sublayer(x, P, masks, "attn")
+        x, cm = yield from self._sublayer(x, P, masks, "mlp")
         return x, {"attn": ca, "mlp": cm}
 
     def _norm(self, name: str, x: Array, P: Params) -> tuple[Array, Any]:
         return norm_forward(self.E, self.cfg, self.p + name, f"{self.tag}.{name}", x, P,
                             self.d.shard_rows)
 
-    def _sublayer(self, x: Array, P: Params, masks: Masks, which: str) -> tuple[Array, Cache]:
+    def _sublayer(self, x: Array, P: Params, masks: Masks, which: str
+                  ) -> Steps[tuple[Array, Cache]]:
         """pre-norm: x + DR(F(N(x))); post-norm: N(x + DR(F(x))) (thesis 2.2.2 Add & Norm)."""
         ln, bias, site = ("ln1", "proj.b", "attn_out") if which == "attn" else \
             ("ln2", "fc2.b", "mlp_out")
@@ -77,32 +83,38 @@ class Layer(Block):
         b = P.get(self.p + bias)
         if cfg.norm == "pre":
             y, c["ln"] = self._norm(ln, x, P)
-            a, c["f"] = self._inner(which, y, P, masks)
+            a, c["f"] = yield from self._inner(which, y, P, masks)
             # the residual stream is a tensor of the numerics' dtype (Megatron: bf16)
             return E.round(E.kernel(name, bda, bias_dropout_add, x, a, b, keep,
                                     cfg.hidden_dropout)), c
-        a, c["f"] = self._inner(which, x, P, masks)
+        a, c["f"] = yield from self._inner(which, x, P, masks)
         s = E.round(E.kernel(name, bda, bias_dropout_add, x, a, b, keep, cfg.hidden_dropout))
         out, c["ln"] = self._norm(ln, s, P)
         return out, c
 
-    def _inner(self, which: str, y: Array, P: Params, masks: Masks) -> tuple[Array, Cache]:
+    def _inner(self, which: str, y: Array, P: Params, masks: Masks
+               ) -> Steps[tuple[Array, Cache]]:
         if which == "attn":
             return self.attention.forward(y, P, masks)
         if isinstance(self.mlp, MoeMlp):
-            return self.mlp.forward(y, P, masks)
+            return (yield from self.mlp.forward_steps(y, P, masks))
         return self.mlp.forward(y, P)
 
     # -- backward ---------------------------------------------------------------------------
     def backward(self, dx: Array, c: Cache, P: Params, G: Params, masks: Masks,
                  ready: Ready) -> Array:
-        return self.E.layer_pass(self.tag, self.p, "bwd",
-                                 lambda r: self._backward(dx, c, P, G, masks, r), None, ready)
+        return drain(self.backward_steps(dx, c, P, G, masks, ready))
+
+    def backward_steps(self, dx: Array, c: Cache, P: Params, G: Params, masks: Masks,
+                       ready: Ready) -> Steps[Array]:
+        """The backward pass as steps (yielding while an expert all-to-all moves)."""
+        return self.E.layer_steps(self.tag, self.p, "bwd",
+                                  lambda r: self._backward(dx, c, P, G, masks, r), None, ready)
 
     def _backward(self, dx: Array, c: Cache, P: Params, G: Params, masks: Masks,
-                  ready: Ready) -> Array:
-        dx = self._sublayer_back(dx, c["mlp"], P, G, masks, "mlp", ready)
-        return self._sublayer_back(dx, c["attn"], P, G, masks, "attn", ready)
+                  ready: Ready) -> Steps[Array]:
+        dx = yield from self._sublayer_back(dx, c["mlp"], P, G, masks, "mlp", ready)
+        return (yield from self._sublayer_back(dx, c["attn"], P, G, masks, "attn", ready))
 
     def _norm_back(self, name: str, dy: Array, c: Any, P: Params, G: Params,
                    ready: Ready) -> Array:
@@ -116,7 +128,7 @@ class Layer(Block):
                                 Cost(n, 2 * n * E.e, n * E.e), np.add, a, b))
 
     def _sublayer_back(self, dy: Array, c: Cache, P: Params, G: Params, masks: Masks,
-                       which: str, ready: Ready) -> Array:
+                       which: str, ready: Ready) -> Steps[Array]:
         ln, bias = ("ln1", "proj.b") if which == "attn" else ("ln2", "fc2.b")
         d, E, cfg = self.d, self.E, self.cfg
         bda = dropout_add_cost(d.shard_rows, d.hidden, E.e, cfg.hidden_dropout > 0,
@@ -131,6 +143,8 @@ class Layer(Block):
             acc(G, with_bias[0], dbias)
         if which == "attn":
             dF = self.attention.backward(da, c["f"], P, G, masks, with_bias, ready)
+        elif isinstance(self.mlp, MoeMlp):
+            dF = yield from self.mlp.backward_steps(da, c["f"], P, G, with_bias, ready)
         else:
             dF = self.mlp.backward(da, c["f"], P, G, with_bias, ready)
         if cfg.norm == "pre":

@@ -9,7 +9,9 @@ as Megatron-LM's interleaved schedule places them (Narayanan et al. 2021, 2.2.2)
   backwards (PipeDream-Flush; Megatron-LM `forward_backward_pipelining_without_interleaving`);
 - `interleaved`: v chunks per stage, micro-batches in groups of p, (p - s - 1) * 2 +
   (v - 1) * p warm-up forwards (Megatron-LM `forward_backward_pipelining_with_interleaving`,
-  megatron/core/pipeline_parallel/schedules.py, `get_model_chunk_id`).
+  megatron/core/pipeline_parallel/schedules.py, `get_model_chunk_id`);
+- `combined_steps`: one stage's combined 1F1B, a forward and a backward of two micro-batches
+  run as one step whose expert all-to-alls overlap the other pass's compute.
 
 `simulate` replays the orders with fixed pass times and no transfer cost: with uniform
 stages the bubble is (p - 1) / m of the ideal time for GPipe and 1F1B, (p - 1) / (v m)
@@ -65,6 +67,15 @@ def _interleaved(p: int, s: int, m: int, v: int) -> list[Pass]:
     for k in range(total - warm):
         out += [at(warm + k, True), at(k, False)]
     return out + [at(k, False) for k in range(total - warm, total)]
+
+
+def combined_steps(micro_batches: int) -> list[list[Pass]]:
+    """One stage's combined 1F1B (Megatron-Core `combined_1f1b_schedule_for_no_pipelining`,
+    --overlap-moe-expert-parallel-comm): F0, then micro-batch i + 1's forward with micro-batch
+    i's backward as one step, then the last backward. Two micro-batches are in flight."""
+    m = micro_batches
+    return [[Pass("F", 0)]] + [[Pass("F", i + 1), Pass("B", i)] for i in range(m - 1)] + \
+        [[Pass("B", m - 1)]]
 
 
 def in_flight(passes: list[Pass]) -> int:

@@ -29,6 +29,7 @@ from .ops import (MASK_BYTES, Cost, bias_grad_cost, ce_back, ce_combine, ce_cost
                   ce_local_stats, dropout, embed_cost, embed_lookup, embed_scatter)
 from .pipeline_schedules import Pass
 from .pipeline_split import LayerSplit, chunk_layers
+from .steps import Steps, drain
 from .tensor_parallel import ExpertPlace, LocalParam, cut, expert_place, local_params
 
 RECOMPUTE = ("none", "selective", "full")
@@ -191,11 +192,19 @@ class StageModel:
     def forward(self, ps: Pass, x: Array) -> Array:
         """Forward of micro-batch ps.micro through chunk ps.chunk: its output (None on the
         last virtual stage, whose loss share is added to `self.loss`)."""
+        return drain(self.forward_steps(ps, x))
+
+    def forward_steps(self, ps: Pass, x: Array) -> Steps[Array]:
+        """`forward` as steps: it yields while an expert all-to-all moves."""
         ex, c = self.E, ps.chunk
         masks, (ids, targets) = self._masks(ps.micro), self._tokens(ps.micro, c)
         c_emb: Cache = {}
         caches: list[Any] = []
         hooks, units = self.hooks, self.units(c)
+        # its activations count from its start to its backward's end (two passes at once
+        # under the combined 1F1B schedule)
+        self.saved[(ps.micro, c)] = None
+        self.peak_saved = max(self.peak_saved, len(self.saved))
         with ex.labelled(phase="fwd"):
             if self.first_virtual(c):
                 with ex.labelled(layer=-1):
@@ -205,7 +214,7 @@ class StageModel:
                 with ex.labelled(layer=layer.i):
                     hooks.params_needed(layer.i, _after(units, layer.i))
                     x_in = x
-                    x, cache = layer.forward(x, self.P, masks)
+                    x, cache = yield from layer.forward_steps(x, self.P, masks)
                 hooks.params_done(layer.i, backward=False)
                 # full recompute keeps the layer's input only (Korthikanti et al. 2022, 2)
                 caches.append({"input": x_in} if self.recompute == "full" else cache)
@@ -219,15 +228,18 @@ class StageModel:
             if -1 in units:
                 hooks.params_done(-1, backward=False)
         self.saved[(ps.micro, c)] = (c_emb, caches, c_head, ids, targets)
-        self.peak_saved = max(self.peak_saved, len(self.saved))
         if self.keep_caches:
             self.last_caches = (c_emb, caches, c_head)
         return x
 
     def backward(self, ps: Pass, dy: Array) -> Array:
         """Backward of micro-batch ps.micro through chunk ps.chunk: the input gradient."""
+        return drain(self.backward_steps(ps, dy))
+
+    def backward_steps(self, ps: Pass, dy: Array) -> Steps[Array]:
+        """`backward` as steps: it yields while an expert all-to-all moves."""
         ex, c = self.E, ps.chunk
-        c_emb, caches, c_head, ids, targets = self.saved.pop((ps.micro, c))
+        c_emb, caches, c_head, ids, targets = self.saved[(ps.micro, c)]
         masks = self._masks(ps.micro)
         hooks = self.hooks
 
@@ -244,8 +256,10 @@ class StageModel:
                     hooks.params_needed(layer.i, _after(units, layer.i), backward=True)
                     if self.recompute == "full":       # the layer's forward again
                         with ex.labelled(phase="recompute"):
-                            _, cache = layer.forward(cache["input"], self.P, masks)
-                    dy = layer.backward(dy, cache, self.P, self.G, masks, ready)
+                            _, cache = yield from layer.forward_steps(cache["input"], self.P,
+                                                                      masks)
+                    dy = yield from layer.backward_steps(dy, cache, self.P, self.G, masks,
+                                                         ready)
                 hooks.params_done(layer.i, backward=True)
             if self.first_virtual(c):
                 with ex.labelled(layer=-1):
@@ -254,6 +268,7 @@ class StageModel:
                 dy = None
             if -1 in units:
                 hooks.params_done(-1, backward=True)
+        del self.saved[(ps.micro, c)]
         return dy
 
     # -- embedding --------------------------------------------------------------------------

@@ -70,9 +70,31 @@ def validate_moe(w: Workload, cfg: ModelConfig) -> None:
                           "over parallel.ep or parallel.tp and parallel.dp x parallel.cp = 1 "
                           "or an optimizer.shard_group (ZeRO-2 / 3 shards the experts over "
                           "expert data parallelism and the rest over DP x CP, whole groups)")
+    _validate_ep_overlap(w)
     if w.optimizer.name == "lamb":
         raise ConfigError("optimizer.name", "lamb", "experts train with 'adam' (LAMB's "
                           "per-tensor norms are not split by expert)")
+
+
+def _validate_ep_overlap(w: Workload) -> None:
+    """The combined 1F1B schedule: Megatron-Core's own conditions (transformer_config.py
+    `__post_init__`, the overlap_moe_expert_parallel_comm checks, NVIDIA/Megatron-LM
+    @d2c5e8b4: EP > 1, the all-to-all dispatcher, no full recomputation, no shared-expert
+    overlap) and what is modelled (one pipeline stage; ZeRO-3's per-layer gathers not
+    interleaved)."""
+    m, par = w.moe, w.parallel
+    if not m.overlap_ep_comm:
+        return
+    why = "needs parallel.ep > 1" if par.ep == 1 else \
+        "needs moe.dispatcher = 'alltoall'" if m.dispatcher != "alltoall" else \
+        "excludes train.recompute = 'full'" if w.train.recompute == "full" else \
+        "excludes moe.shared_overlap" if m.shared_overlap else \
+        "is modelled with parallel.pp = 1 (Megatron-Core pairs pipeline stages' passes " \
+        "under interleaving only)" if par.pp > 1 else \
+        "is modelled with optimizer.zero <= 2" if w.optimizer.zero > 2 else ""
+    if why:
+        raise ConfigError("moe.overlap_ep_comm", True, f"false, or: the combined 1F1B "
+                          f"schedule {why}")
 
 
 def _validate_source(w: Workload) -> None:

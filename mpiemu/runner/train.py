@@ -154,7 +154,8 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
                            reshard_after_forward=opt_cfg.reshard_after_forward,
                            shard_group=opt_cfg.shard_group, experts=edp,
                            fp8_param_gather=opt_cfg.fp8_param_gather)
-    step = PipelineStep(model, grads, pp, w.parallel.schedule, m, ctx.np_dtype)
+    step = PipelineStep(model, grads, pp, w.parallel.schedule, m, ctx.np_dtype,
+                        combined=w.moe.overlap_ep_comm)
     opt = ShardedOptimizer(opt_cfg, model.specs, ex, grid.tp_rank, model.P, norm=mp,
                            counted=lambda lp: counted_once(grid, lp, edp is not None,
                                                            opt_cfg.zero >= 1),

@@ -322,7 +322,7 @@ def layout(w: Workload, stage: int, micro: int | None = None) -> Layout:
                   prefetch=w.optimizer.prefetch,
                   reshard_after_forward=w.optimizer.reshard_after_forward,
                   split=par.split, ep=par.ep, etp=par.etp, fp8_copies=2 if w.fp8.on else 0,
-                  fp8_params=w.optimizer.fp8_param_gather)
+                  fp8_params=w.optimizer.fp8_param_gather, combined=w.moe.overlap_ep_comm)
 
 
 def stage_memories(w: Workload, capacity_bytes: float, stages: Sequence[int]

@@ -18,7 +18,7 @@ from ..model.config import ModelConfig
 from ..model.dims import Dims
 from ..model.ops import MASK_BYTES, STAT_BYTES
 from .optimizer import state_bytes_per_param
-from ..model.pipeline_schedules import order
+from ..model.pipeline_schedules import combined_steps, order
 from ..model.pipeline_split import LayerSplit, chunk_layers, stage_layer_count
 from ..model.stage import edge_names
 from ..model.tensor_parallel import ExpertPlace, local_params
@@ -188,6 +188,8 @@ class Layout(NamedTuple):
     # FP8 parameters (optimizer.fp8_param_gather): the layers' weights held in FP8, the
     # rowwise copy being the parameter itself (1 byte, not the emulated dtype's)
     fp8_params: bool = False
+    # the combined 1F1B schedule (moe.overlap_ep_comm, one stage): two micro-batches in flight
+    combined: bool = False
 
     def layers(self, cfg: ModelConfig, chunk: int | None = None) -> int:
         """Layers of this stage (of one of its chunks)."""
@@ -257,7 +259,10 @@ def stage_activations(cfg: ModelConfig, d: Dims, e: int, lay: Layout = Layout())
     sizes = [(x.act, x.stats, x.masks, x.fp8, x.bytes(e)) for x in chunk]
     act = stats = masks = fp8 = live = 0
     peak, peak_bytes = Stored(), 0
-    for ps in order(lay.schedule, lay.pp, lay.stage, lay.micro_batches, lay.chunks):
+    passes = [ps for step in combined_steps(lay.micro_batches) for ps in step] \
+        if lay.combined else order(lay.schedule, lay.pp, lay.stage, lay.micro_batches,
+                                   lay.chunks)
+    for ps in passes:
         da, ds, dm, df, db = sizes[ps.chunk]
         sign = 1 if ps.kind == "F" else -1
         act, stats, masks = act + sign * da, stats + sign * ds, masks + sign * dm

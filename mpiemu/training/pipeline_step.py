@@ -18,7 +18,7 @@ import numpy as np
 
 from ..comm.p2p import SendHandle, TimedComm
 from ..model.executor import Array
-from ..model.pipeline_schedules import Pass, order
+from ..model.pipeline_schedules import Pass, combined_steps, order
 from ..model.stage import StageModel
 from .gradients import StageGradients
 
@@ -30,13 +30,17 @@ STAGE_MAX_SLEEP_S = 10e-3
 
 class PipelineStep:
     """Runs one stage's passes in schedule order around a `StageModel`, its gradients
-    handled by `StageGradients`."""
+    handled by `StageGradients`; under the combined 1F1B schedule (`combined`, one stage)
+    a forward and a backward of two micro-batches as one step (`_combined`)."""
 
     def __init__(self, model: StageModel, grads: StageGradients, pp: TimedComm | None,
-                 schedule: str, micro_batches: int, np_dtype: type) -> None:
+                 schedule: str, micro_batches: int, np_dtype: type,
+                 combined: bool = False) -> None:
         self.model, self.grads, self.pp, self.np_dtype = model, grads, pp, np_dtype
         self.p, self.s, self.v = model.pp, model.pp_rank, model.chunks
         self.passes: list[Pass] = order(schedule, self.p, self.s, micro_batches, self.v)
+        self.steps = combined_steps(micro_batches) if combined else \
+            [[ps] for ps in self.passes]
         d = model.d
         self.shape = (d.shard_rows, d.hidden)
         self.nbytes = d.shard_rows * d.hidden * model.E.e
@@ -49,9 +53,13 @@ class PipelineStep:
         m.begin_step(iteration)
         self.grads.begin_step()
         sends: list[SendHandle] = []
-        for k, ps in enumerate(self.passes):
+        for k, step in enumerate(self.steps):
             if self.heartbeat is not None:
-                self.heartbeat(iteration, k, len(self.passes))
+                self.heartbeat(iteration, k, len(self.steps))
+            if len(step) == 2:
+                self._combined(*step)
+                continue
+            ps = step[0]
             vs = ps.chunk * self.p + self.s
             if ps.kind == "F":
                 x = self._recv(vs - 1, ps, "F") if vs > 0 else None
@@ -67,6 +75,29 @@ class PipelineStep:
             h.wait()
         self.grads.finish_step()
         return float(m.loss)
+
+    def _combined(self, f: Pass, b: Pass) -> None:
+        """A forward and a backward of one stage (no pipeline messages) as one step: their
+        steps run in turn, each from its own cursor, so that one's expert all-to-all moves
+        under the other's compute (Megatron-Core `TransformerLayerSchedulePlan.run`,
+        models/common/model_chunk_schedule_plan.py @01cf4fb5: the backward's combine under
+        the forward's attention, the forward's dispatch under the backward's experts, the
+        backward's dispatch under the forward's experts, the forward's combine under the
+        backward's attention). The step ends when both passes have."""
+        E = self.model.E
+        start = E.pass_state()
+        runs = [self.model.backward_steps(b, None), self.model.forward_steps(f, None)]
+        states, live, k = [start, start], [True, True], 0
+        while any(live):
+            if live[k]:
+                E.resume(states[k])
+                try:
+                    next(runs[k])
+                except StopIteration:
+                    live[k] = False
+                states[k] = E.pass_state()
+            k = 1 - k
+        E.resume(start._replace(t=max(st.t for st in states)))
 
     def _tag(self, to_vs: int, kind: str) -> int:
         return 2 * (to_vs // self.p) + (kind == "B")

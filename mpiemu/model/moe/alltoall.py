@@ -11,68 +11,70 @@ import numpy as np
 
 from ..block import Cache, Params
 from ..executor import Array, Ready
+from ..steps import Steps
 from .dispatch import ExpertLayer, Plan, by_expert, by_source, permute, split_rows, unpermute
 from .expert_tp import gather_rows, scatter_rows
 from .router import Routing
 
 
 def alltoall_forward(lay: ExpertLayer, y: Array, r: Routing | None, plan: Plan, P: Params,
-                     c: Cache) -> Array:
+                     c: Cache) -> Steps[Array]:
     """[n, H]: this rank's tokens' routed output."""
     E, k, n = lay.E, lay.moe.top_k, lay.d.shard_rows
     rows = int(plan.counts[plan.rank].sum())
     xp = E.kernel(f"{lay.tag}.permute.fwd", lay._move_cost(rows), permute, y,
                   None if r is None else plan.order, k)
-    xs = exchange(lay, "dispatch", xp, plan.send_rows(), plan.recv_rows(), plan,
-                  side=c.get("side"))
+    xs = yield from exchange(lay, "dispatch", xp, plan.send_rows(), plan.recv_rows(), plan,
+                             side=c.get("side"))
     xs = gather_rows(lay, "dispatch.etp", xs, plan)
     os = lay.experts_forward(xs, plan.expert_rows(), P, c)
     os = scatter_rows(lay, "combine.etp", os, plan)
-    yp = exchange(lay, "combine", os, plan.recv_rows(), plan.send_rows(), plan, groups=True)
+    yp = yield from exchange(lay, "combine", os, plan.recv_rows(), plan.send_rows(), plan,
+                             groups=True)
     c["yp"] = yp
     return E.kernel(f"{lay.tag}.unpermute.fwd", lay._move_cost(rows, weights=True), unpermute,
                     yp, None if r is None else plan.order, None if r is None else r.weights, n)
 
 
 def alltoall_backward(lay: ExpertLayer, dm: Array, c: Cache, P: Params, G: Params,
-                      ready: Ready) -> tuple[Array, Array]:
+                      ready: Ready) -> Steps[tuple[Array, Array]]:
     """(d tokens [n, H], d weights [n, k])."""
     E, plan, n = lay.E, c["plan"], lay.d.shard_rows
     rows = int(plan.counts[plan.rank].sum())
     both = E.kernel(f"{lay.tag}.unpermute.bwd", lay._move_cost(rows, weights=True),
                     _unpermute_back, dm, c["yp"], c["r"], plan)
     dyp, dweights = both if both is not None else (None, None)
-    dos = exchange(lay, "combine.bwd", dyp, plan.send_rows(), plan.recv_rows(), plan,
-                   side=c.get("side"))
+    dos = yield from exchange(lay, "combine.bwd", dyp, plan.send_rows(), plan.recv_rows(),
+                              plan, side=c.get("side"))
     dos = gather_rows(lay, "combine.bwd.etp", dos, plan)
     dxs = lay.experts_backward(dos, c, P, G, ready)
     dxs = scatter_rows(lay, "dispatch.bwd.etp", dxs, plan)
-    dxp = exchange(lay, "dispatch.bwd", dxs, plan.recv_rows(), plan.send_rows(), plan,
-                   groups=True)
+    dxp = yield from exchange(lay, "dispatch.bwd", dxs, plan.recv_rows(), plan.send_rows(),
+                              plan, groups=True)
     dx = E.kernel(f"{lay.tag}.permute.bwd", lay._move_cost(rows), _permute_back, dxp, plan, n,
                   lay.moe.top_k)
     return dx, dweights
 
 
 def exchange(lay: ExpertLayer, name: str, x: Any, send: list[int], recv: list[int], plan: Plan,
-             groups: bool = False, side: Callable[[], Any] | None = None) -> Any:
+             groups: bool = False, side: Callable[[], Any] | None = None) -> Steps[Any]:
     """An all-to-all-v over EP of rows [sum send, H] (or per-expert groups, regrouped by
     source first); the received rows per local expert (or concatenated). `side`: work
-    independent of it, run while it moves (start -> side -> wait)."""
+    independent of it, run while it moves (start -> side -> wait); the step yields while
+    it moves too (another micro-batch's work: the combined 1F1B schedule)."""
     E, h = lay.E, lay.d.hidden
     chunks = None
     if E.on:
         chunks = by_source(x, plan) if groups else split_rows(x, send)
     if lay.ep is None or lay.ep.size == 1:
         got = chunks
-    elif side is not None:
-        # the shared experts need none of these tokens: they run while the bytes move
+    else:
         got, t_end = E.all_to_all_start(lay.ep, f"{lay.tag}.{name}", chunks, send, recv, h,
                                         E.e)
-        side()
+        if side is not None:
+            side()        # the shared experts need none of these tokens: under the bytes
+        yield             # so may another micro-batch's pass (combined 1F1B)
         E.wait_until(t_end)
-    else:
-        got = E.all_to_all(lay.ep, f"{lay.tag}.{name}", chunks, send, recv, h, E.e)
     if got is None:
         return None
     return np.concatenate(got) if groups else by_expert(got, plan)

@@ -21,6 +21,7 @@ from ..executor import Array, Executor, Ready
 from ..masks import Masks
 from ..mlp import Mlp
 from ..ops import Cost, swiglu, swiglu_back, swiglu_cost
+from ..steps import Steps
 from .allgather import gather_backward, gather_forward
 from .alltoall import alltoall_backward, alltoall_forward
 from .dispatch import Plan
@@ -54,7 +55,9 @@ class MoeMlp(Block):
         return [P.get(f"{self.p}experts.{e}.{part}.w") for e in self.mine]
 
     # -- forward ----------------------------------------------------------------------------
-    def forward(self, y: Array, P: Params, masks: Masks) -> tuple[Array, Cache]:
+    def forward_steps(self, y: Array, P: Params, masks: Masks) -> Steps[tuple[Array, Cache]]:
+        """[n, H] routed (and shared) output and the cache; yields while an all-to-all
+        moves (another micro-batch's work may run then: the combined 1F1B schedule)."""
         d, E, moe = self.d, self.E, self.moe
         n, h = d.shard_rows, d.hidden
         logits = E.gemm(f"{self.tag}.router.fwd", y, P[self.p + "router.w"], n, moe.experts, h)
@@ -74,8 +77,10 @@ class MoeMlp(Block):
         shared = self.shared
         if shared is not None and self._overlapped():       # under the dispatch all-to-all
             c["side"] = lambda: c.update(zip(("shared_out", "shared"), shared.forward(y, P)))
-        routed = gather_forward if self.run.dispatcher == "allgather" else alltoall_forward
-        out = routed(self, y, r, plan, P, c)
+        if self.run.dispatcher == "allgather":
+            out = gather_forward(self, y, r, plan, P, c)
+        else:
+            out = yield from alltoall_forward(self, y, r, plan, P, c)
         if shared is not None:
             s = c.pop("shared_out") if "shared_out" in c else None
             if s is None:
@@ -150,16 +155,19 @@ class MoeMlp(Block):
         return Cost(2 * rows * h if weights else 0, rows * h * e + extra, rows * h * e)
 
     # -- backward ---------------------------------------------------------------------------
-    def backward(self, dm: Array, c: Cache, P: Params, G: Params, with_bias: list[str],
-                 ready: Ready) -> Array:
+    def backward_steps(self, dm: Array, c: Cache, P: Params, G: Params, with_bias: list[str],
+                       ready: Ready) -> Steps[Array]:
+        """d input [n, H]; the weights' gradients into G; yields while an all-to-all moves."""
         n, h, E, shared = self.d.shard_rows, self.d.hidden, self.E, self.shared
         c["side"] = None
         if shared is not None and self._overlapped():   # under the combine's gradient's
             c["side"] = lambda: c.update(ds=shared.backward(dm, c["shared"], P, G, [], ready))
         elif shared is not None:
             c["ds"] = shared.backward(dm, c["shared"], P, G, [], ready)
-        routed = gather_backward if self.run.dispatcher == "allgather" else alltoall_backward
-        dx, dweights = routed(self, dm, c, P, G, ready)
+        if self.run.dispatcher == "allgather":
+            dx, dweights = gather_backward(self, dm, c, P, G, ready)
+        else:
+            dx, dweights = yield from alltoall_backward(self, dm, c, P, G, ready)
         ds = c.get("ds")
         dx = self._router_back(dx, dweights, c, P, G, ready)
         if ds is not None:
