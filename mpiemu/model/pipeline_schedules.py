@@ -42,21 +42,26 @@ def order(schedule: str, stages: int, stage: int, micro_batches: int,
     if schedule == "gpipe":
         return [Pass("F", i) for i in range(m)] + [Pass("B", i) for i in range(m)]
     if schedule == "1f1b":
-        warm = min(p - s - 1, m)
-        out = [Pass("F", i) for i in range(warm)]
-        for i in range(m - warm):
-            out += [Pass("F", warm + i), Pass("B", i)]
-        return out + [Pass("B", i) for i in range(m - warm, m)]
+        return _one_f_one_b(m, min(p - s - 1, m))
     if schedule == "interleaved":
         return _interleaved(p, s, m, chunks)
     raise ValueError(f"schedule {schedule!r}: choose one of {SCHEDULES}")
 
 
-def _interleaved(p: int, s: int, m: int, v: int) -> list[Pass]:
+def _one_f_one_b(m: int, warm: int) -> list[Pass]:
+    """`warm` forwards, then one forward / one backward, then the remaining backwards."""
+    out = [Pass("F", i) for i in range(warm)]
+    for i in range(m - warm):
+        out += [Pass("F", warm + i), Pass("B", i)]
+    return out + [Pass("B", i) for i in range(m - warm, m)]
+
+
+def _interleaved(p: int, s: int, m: int, v: int, extra: int = 0) -> list[Pass]:
     """Megatron-LM's interleaved 1F1B (m a multiple of p): virtual micro-batch k maps to
-    chunk (k mod pv) // p (reversed in backward) and micro-batch (k // pv) p + k mod p."""
+    chunk (k mod pv) // p (reversed in backward) and micro-batch (k // pv) p + k mod p;
+    `extra` more warm-up forwards (the combined 1F1B schedule's one)."""
     total = m * v
-    warm = total if m == p else min((p - s - 1) * 2 + (v - 1) * p, total)
+    warm = total if m == p else min((p - s - 1) * 2 + (v - 1) * p + extra, total)
 
     def at(k: int, forward: bool) -> Pass:
         chunk = (k % (p * v)) // p
@@ -69,13 +74,24 @@ def _interleaved(p: int, s: int, m: int, v: int) -> list[Pass]:
     return out + [at(k, False) for k in range(total - warm, total)]
 
 
-def combined_steps(micro_batches: int) -> list[list[Pass]]:
-    """One stage's combined 1F1B (Megatron-Core `combined_1f1b_schedule_for_no_pipelining`,
-    --overlap-moe-expert-parallel-comm): F0, then micro-batch i + 1's forward with micro-batch
-    i's backward as one step, then the last backward. Two micro-batches are in flight."""
-    m = micro_batches
-    return [[Pass("F", 0)]] + [[Pass("F", i + 1), Pass("B", i)] for i in range(m - 1)] + \
-        [[Pass("B", m - 1)]]
+def combined_steps(schedule: str, stages: int, stage: int, micro_batches: int,
+                   chunks: int = 1) -> list[list[Pass]]:
+    """One stage's combined 1F1B (Megatron-Core --overlap-moe-expert-parallel-comm): one
+    more warm-up forward than the schedule's, then each steady forward with the backward
+    beside it as one step (`combined_1f1b.py`: F0, (F1, B0), ... at one stage; interleaved,
+    schedules.py `num_warmup_microbatches += 1`), then the remaining backwards. One more
+    micro-batch is in flight."""
+    if schedule == "interleaved":
+        passes = _interleaved(stages, stage, micro_batches, chunks, extra=1)
+    else:
+        passes = _one_f_one_b(micro_batches, min(stages - stage, micro_batches))
+    out: list[list[Pass]] = []
+    for ps in passes:
+        if out and ps.kind == "B" and len(out[-1]) == 1 and out[-1][0].kind == "F":
+            out[-1].append(ps)
+        else:
+            out.append([ps])
+    return out
 
 
 def in_flight(passes: list[Pass]) -> int:
@@ -92,30 +108,44 @@ def simulate(schedule: str, stages: int, micro_batches: int, chunks: int,
              forward_s: float, backward_s: float) -> list[float]:
     """End time of every stage when each chunk's forward takes `forward_s` and backward
     `backward_s` and messages are free (the textbook bubble)."""
+    steps = [[[ps] for ps in order(schedule, stages, s, micro_batches, chunks)]
+             for s in range(stages)]
+    return simulate_steps(steps, stages, chunks, forward_s, backward_s)
+
+
+def simulate_steps(steps: list[list[list[Pass]]], stages: int, chunks: int,
+                   forward_s: float, backward_s: float) -> list[float]:
+    """`simulate` of each stage's steps: a step starts when every pass in it may (their
+    inputs received first, as `training.pipeline_step` runs them) and takes their sum;
+    RuntimeError when the stages would wait on each other for ever."""
     p, v = stages, chunks
-    orders = [order(schedule, p, s, micro_batches, v) for s in range(p)]
     done: dict[tuple[str, int, int], float] = {}
     free, pos = [0.0] * p, [0] * p
-    while any(pos[s] < len(orders[s]) for s in range(p)):
+    while any(pos[s] < len(steps[s]) for s in range(p)):
         progressed = False
         for s in range(p):
-            while pos[s] < len(orders[s]):
-                ps = orders[s][pos[s]]
-                vs = ps.chunk * p + s
-                deps = [("F", ps.micro, vs - 1)] if ps.kind == "F" and vs > 0 else []
-                if ps.kind == "B":
-                    deps = [("F", ps.micro, vs)] + ([("B", ps.micro, vs + 1)]
-                                                    if vs < p * v - 1 else [])
+            while pos[s] < len(steps[s]):
+                deps = [d for ps in steps[s][pos[s]] for d in _deps(ps, s, p, v)]
                 if any(d not in done for d in deps):
                     break
                 start = max([free[s]] + [done[d] for d in deps])
-                free[s] = start + (forward_s if ps.kind == "F" else backward_s)
-                done[(ps.kind, ps.micro, vs)] = free[s]
+                for ps in steps[s][pos[s]]:
+                    start += forward_s if ps.kind == "F" else backward_s
+                    done[(ps.kind, ps.micro, ps.chunk * p + s)] = start
+                free[s] = start
                 pos[s] += 1
                 progressed = True
         if not progressed:
-            raise RuntimeError(f"schedule {schedule} deadlocks at positions {pos}")
+            raise RuntimeError(f"the stages' steps wait on each other at positions {pos}")
     return free
+
+
+def _deps(ps: Pass, s: int, p: int, v: int) -> list[tuple[str, int, int]]:
+    """The passes of other virtual stages (and its own forward) a pass waits for."""
+    vs = ps.chunk * p + s
+    if ps.kind == "F":
+        return [("F", ps.micro, vs - 1)] if vs > 0 else []
+    return [("F", ps.micro, vs)] + ([("B", ps.micro, vs + 1)] if vs < p * v - 1 else [])
 
 
 def bubble_fraction(schedule: str, stages: int, micro_batches: int, chunks: int = 1,

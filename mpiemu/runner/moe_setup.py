@@ -80,8 +80,8 @@ def _validate_ep_overlap(w: Workload) -> None:
     """The combined 1F1B schedule: Megatron-Core's own conditions (transformer_config.py
     `__post_init__`, the overlap_moe_expert_parallel_comm checks, NVIDIA/Megatron-LM
     @d2c5e8b4: EP > 1, the all-to-all dispatcher, no full recomputation, no shared-expert
-    overlap) and what is modelled (one pipeline stage; ZeRO-3's per-layer gathers not
-    interleaved)."""
+    overlap, virtual pipeline stages when PP > 1) and what is modelled (ZeRO-3's per-layer
+    gathers are not interleaved)."""
     m, par = w.moe, w.parallel
     if not m.overlap_ep_comm:
         return
@@ -89,8 +89,8 @@ def _validate_ep_overlap(w: Workload) -> None:
         "needs moe.dispatcher = 'alltoall'" if m.dispatcher != "alltoall" else \
         "excludes train.recompute = 'full'" if w.train.recompute == "full" else \
         "excludes moe.shared_overlap" if m.shared_overlap else \
-        "is modelled with parallel.pp = 1 (Megatron-Core pairs pipeline stages' passes " \
-        "under interleaving only)" if par.pp > 1 else \
+        "needs parallel.schedule = 'interleaved' with parallel.pp > 1 (Megatron-Core: " \
+        "virtual pipeline stages)" if par.pp > 1 and par.schedule != "interleaved" else \
         "is modelled with optimizer.zero <= 2" if w.optimizer.zero > 2 else ""
     if why:
         raise ConfigError("moe.overlap_ep_comm", True, f"false, or: the combined 1F1B "

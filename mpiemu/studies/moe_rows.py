@@ -136,6 +136,9 @@ def overrides(row: dict[str, Any]) -> list[str]:
     for rule in fig("note_rules").value:
         if rule["phrase"] in str(row["notes"]):
             sets += list(rule["sets"])
+    for rule in fig("overlap_rules").value:
+        if rule["phrase"] in str(row["moe_overlap"]):
+            sets += list(rule["sets"])
     for e in _by_prefix("layout_overrides", row):
         sets += list(e["sets"])
     return last_wins(sets)
@@ -270,8 +273,11 @@ def emulated_with(row: dict[str, Any], sets: list[str]) -> list[str]:
     if "DeepEP" in str(row["dispatcher"]) or "HybridEP" in str(row["dispatcher"]):
         out.append(f"{row['dispatcher']} dispatch emulated as NCCL all-to-all(v)")
     overlap = str(row["moe_overlap"])
-    if not overlap.startswith("none") and "NOT STATED" not in overlap:
+    modelled = any(r["phrase"] in overlap for r in fig("overlap_rules").value)
+    if not overlap.startswith("none") and "NOT STATED" not in overlap and not modelled:
         out.append(f"not modelled: {overlap}")
+    if "delay_wgrad_compute" in overlap:
+        out.append("delay_wgrad_compute not modelled (weight gradients computed in place)")
     cfg, nm = load_model_preset(str(row["model"])).config, not_modelled(str(row["model"]))
     if "head_dim" in nm and cfg.head_dim != int(nm["head_dim"]):
         out.append(f"heads {cfg.head_dim} wide (hidden / heads) where the model's are "

@@ -188,7 +188,7 @@ class Layout(NamedTuple):
     # FP8 parameters (optimizer.fp8_param_gather): the layers' weights held in FP8, the
     # rowwise copy being the parameter itself (1 byte, not the emulated dtype's)
     fp8_params: bool = False
-    # the combined 1F1B schedule (moe.overlap_ep_comm, one stage): two micro-batches in flight
+    # the combined 1F1B schedule (moe.overlap_ep_comm): one more micro-batch in flight
     combined: bool = False
 
     def layers(self, cfg: ModelConfig, chunk: int | None = None) -> int:
@@ -259,9 +259,9 @@ def stage_activations(cfg: ModelConfig, d: Dims, e: int, lay: Layout = Layout())
     sizes = [(x.act, x.stats, x.masks, x.fp8, x.bytes(e)) for x in chunk]
     act = stats = masks = fp8 = live = 0
     peak, peak_bytes = Stored(), 0
-    passes = [ps for step in combined_steps(lay.micro_batches) for ps in step] \
-        if lay.combined else order(lay.schedule, lay.pp, lay.stage, lay.micro_batches,
-                                   lay.chunks)
+    sched = (lay.schedule, lay.pp, lay.stage, lay.micro_batches, lay.chunks)
+    passes = [ps for step in combined_steps(*sched) for ps in step] if lay.combined else \
+        order(*sched)
     for ps in passes:
         da, ds, dm, df, db = sizes[ps.chunk]
         sign = 1 if ps.kind == "F" else -1

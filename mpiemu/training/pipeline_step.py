@@ -18,6 +18,7 @@ import numpy as np
 
 from ..comm.p2p import SendHandle, TimedComm
 from ..model.executor import Array
+from ..model.steps import Steps, drain
 from ..model.pipeline_schedules import Pass, combined_steps, order
 from ..model.stage import StageModel
 from .gradients import StageGradients
@@ -30,8 +31,8 @@ STAGE_MAX_SLEEP_S = 10e-3
 
 class PipelineStep:
     """Runs one stage's passes in schedule order around a `StageModel`, its gradients
-    handled by `StageGradients`; under the combined 1F1B schedule (`combined`, one stage)
-    a forward and a backward of two micro-batches as one step (`_combined`)."""
+    handled by `StageGradients`; under the combined 1F1B schedule (`combined`) a forward
+    and a backward of two micro-batches as one step (`_combined`)."""
 
     def __init__(self, model: StageModel, grads: StageGradients, pp: TimedComm | None,
                  schedule: str, micro_batches: int, np_dtype: type,
@@ -39,8 +40,8 @@ class PipelineStep:
         self.model, self.grads, self.pp, self.np_dtype = model, grads, pp, np_dtype
         self.p, self.s, self.v = model.pp, model.pp_rank, model.chunks
         self.passes: list[Pass] = order(schedule, self.p, self.s, micro_batches, self.v)
-        self.steps = combined_steps(micro_batches) if combined else \
-            [[ps] for ps in self.passes]
+        self.steps = combined_steps(schedule, self.p, self.s, micro_batches, self.v) \
+            if combined else [[ps] for ps in self.passes]
         d = model.d
         self.shape = (d.shard_rows, d.hidden)
         self.nbytes = d.shard_rows * d.hidden * model.E.e
@@ -56,48 +57,64 @@ class PipelineStep:
         for k, step in enumerate(self.steps):
             if self.heartbeat is not None:
                 self.heartbeat(iteration, k, len(self.steps))
-            if len(step) == 2:
-                self._combined(*step)
-                continue
-            ps = step[0]
-            vs = ps.chunk * self.p + self.s
-            if ps.kind == "F":
-                x = self._recv(vs - 1, ps, "F") if vs > 0 else None
-                y = m.forward(ps, x)
-                if vs < self.p * self.v - 1:
-                    sends.append(self._send(y, vs + 1, ps, "F"))
-            else:
-                dy = self._recv(vs + 1, ps, "B") if vs < self.p * self.v - 1 else None
-                dx = m.backward(ps, dy)
-                if vs > 0:
-                    sends.append(self._send(dx, vs - 1, ps, "B"))
+            # every input the step needs arrives first, then its passes run, then the
+            # outputs leave (Megatron's send_forward_backward_recv_forward_backward)
+            inputs = [self._input(ps) for ps in step]
+            outs = self._combined(step, inputs) if len(step) == 2 else \
+                [drain(self._steps(step[0], inputs[0]))]
+            for ps, out in zip(step, outs):
+                h = self._output(ps, out)
+                if h is not None:
+                    sends.append(h)
         for h in sends:           # every payload is out before its buffer is released
             h.wait()
         self.grads.finish_step()
         return float(m.loss)
 
-    def _combined(self, f: Pass, b: Pass) -> None:
-        """A forward and a backward of one stage (no pipeline messages) as one step: their
-        steps run in turn, each from its own cursor, so that one's expert all-to-all moves
-        under the other's compute (Megatron-Core `TransformerLayerSchedulePlan.run`,
+    def _steps(self, ps: Pass, x: Array) -> Steps[Array]:
+        m = self.model
+        return m.forward_steps(ps, x) if ps.kind == "F" else m.backward_steps(ps, x)
+
+    def _input(self, ps: Pass) -> Array:
+        """The forward's activation from the previous virtual stage, or the backward's
+        gradient from the next (None at the ends)."""
+        vs, last = ps.chunk * self.p + self.s, self.p * self.v - 1
+        if ps.kind == "F":
+            return self._recv(vs - 1, ps, "F") if vs > 0 else None
+        return self._recv(vs + 1, ps, "B") if vs < last else None
+
+    def _output(self, ps: Pass, out: Array) -> SendHandle | None:
+        """The pass's output sent on (None at the ends)."""
+        vs, last = ps.chunk * self.p + self.s, self.p * self.v - 1
+        if ps.kind == "F":
+            return self._send(out, vs + 1, ps, "F") if vs < last else None
+        return self._send(out, vs - 1, ps, "B") if vs > 0 else None
+
+    def _combined(self, step: list[Pass], inputs: list[Array]) -> list[Array]:
+        """A forward and a backward of two micro-batches as one step: their steps run in
+        turn, each from its own cursor, so that one's expert all-to-all moves under the
+        other's compute (Megatron-Core `TransformerLayerSchedulePlan.run`,
         models/common/model_chunk_schedule_plan.py @01cf4fb5: the backward's combine under
         the forward's attention, the forward's dispatch under the backward's experts, the
         backward's dispatch under the forward's experts, the forward's combine under the
-        backward's attention). The step ends when both passes have."""
+        backward's attention; the backward goes first). The step ends when both have; their
+        outputs, forward's first."""
         E = self.model.E
+        (f, x), (b, dy) = zip(step, inputs)
         start = E.pass_state()
-        runs = [self.model.backward_steps(b, None), self.model.forward_steps(f, None)]
-        states, live, k = [start, start], [True, True], 0
+        runs = [self._steps(b, dy), self._steps(f, x)]
+        states, outs, live, k = [start, start], [None, None], [True, True], 0
         while any(live):
             if live[k]:
                 E.resume(states[k])
                 try:
                     next(runs[k])
-                except StopIteration:
-                    live[k] = False
+                except StopIteration as done:
+                    live[k], outs[k] = False, done.value
                 states[k] = E.pass_state()
             k = 1 - k
         E.resume(start._replace(t=max(st.t for st in states)))
+        return [outs[1], outs[0]]
 
     def _tag(self, to_vs: int, kind: str) -> int:
         return 2 * (to_vs // self.p) + (kind == "B")
