@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from mpiemu.analysis import load
+from mpiemu.analysis.experts import rank_all_to_all
 from mpiemu.analysis.unfold import timeline_differences
 from mpiemu.config.errors import ConfigError
 from mpiemu.model.pipeline_schedules import Pass, combined_steps, in_flight, order
@@ -50,8 +51,9 @@ def test_the_combined_order_pairs_each_forward_with_the_previous_backward() -> N
 def test_the_numbers_are_unchanged_and_the_all_to_alls_hide(
         tmp_path: Path, grid: list[str], schedule: tuple[str, int, int, int]) -> None:
     """fp64 parity either way, bit-identical parameters and losses; with the schedule
-    forward all-to-alls move under a backward's compute (none without), the step is
-    shorter, and each stage holds one more micro-batch, as the memory model counts."""
+    forward all-to-alls move under a backward's compute (none without: `mpiemu analyze`
+    shows the hidden time per rank), the step is shorter, and each stage holds one more
+    micro-batch, as the memory model counts."""
     runs = {ov: run(tmp_path / ov, 4, *ON, *grid, f"moe.overlap_ep_comm={ov}")
             for ov in ("false", "true")}
     summary = {ov: json.loads((d / "manifest.json").read_text())["summary"]
@@ -61,6 +63,9 @@ def test_the_numbers_are_unchanged_and_the_all_to_alls_hide(
     assert [r["loss"] for r in summary["true"]["iterations"]] == \
         [r["loss"] for r in summary["false"]["iterations"]]
     assert overlapped_a2as(runs["true"])[1] > 0 == overlapped_a2as(runs["false"])[1]
+    # `mpiemu analyze`'s per-rank table: the all-to-all time hidden under compute
+    hidden = {ov: rank_all_to_all(load(d)).hidden_s for ov, d in runs.items()}
+    assert (hidden["true"] > 0).all() and (hidden["false"] < 1e-12).all()
     end = {ov: load(d).to_pandas().t_end_s.max() for ov, d in runs.items()}
     assert end["true"] < end["false"]
     name, p, m, v = schedule

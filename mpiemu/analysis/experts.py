@@ -1,7 +1,9 @@
 """Mixture of Experts in a run: tokens per expert and per rank (`routing.npz`, written by
-every MoE run), the expert-parallel all-to-alls' time per rank and the wait uneven counts
+every MoE run), the expert-parallel all-to-alls' time per rank, the wait uneven counts
 caused there (each call's time beyond the fastest rank's same call: it waited for the
-busiest peer). DataFrames, as HTA's analyses return."""
+busiest peer) and the part hidden under the rank's compute (shared experts, or another
+micro-batch's pass under the combined 1F1B schedule). DataFrames, as HTA's analyses
+return."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -9,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from .intervals import union_length
 from .load import Run
 
 ROUTING = "routing.npz"
@@ -41,8 +44,10 @@ def expert_load(run: Run) -> Any:
 
 
 def rank_all_to_all(run: Run) -> Any:
-    """Per rank: tokens it routed (summed over the run), its EP all-to-all calls' time and
-    the part of it spent waiting beyond the fastest rank's same call."""
+    """Per rank: tokens it routed (summed over the run), its EP all-to-all calls' time, the
+    part of it spent waiting beyond the fastest rank's same call, and the part its compute
+    stream was busy meanwhile (hidden: |A and C| = |A| + |C| - |A or C| of the calls' and
+    the compute's intervals)."""
     import pandas as pd  # noqa: PLC0415
     c = routing_counts(run)
     calls: dict[tuple[str, int, int], dict[int, float]] = defaultdict(dict)
@@ -54,6 +59,7 @@ def rank_all_to_all(run: Run) -> Any:
             calls[(names[i], int(ev["iteration"][i]), seen[key])][rt.rank] = \
                 float(ev["t_end"][i] - ev["t_start"][i])
             seen[key] += 1
+    hidden = {rt.rank: _hidden(rt) for rt in run.ranks}
     total: dict[int, float] = defaultdict(float)
     wait: dict[int, float] = defaultdict(float)
     for durations in calls.values():
@@ -64,8 +70,21 @@ def rank_all_to_all(run: Run) -> Any:
     return pd.DataFrame([{"rank": rt.rank,
                           "tokens_routed": int(c[:, :, rt.rank].sum())
                           if c is not None and rt.rank < c.shape[2] else 0,
-                          "all_to_all_s": total[rt.rank], "wait_s": wait[rt.rank]}
+                          "all_to_all_s": total[rt.rank], "wait_s": wait[rt.rank],
+                          "hidden_s": hidden[rt.rank]}
                          for rt in run.ranks])
+
+
+def _hidden(rt: Any) -> float:
+    """Time a rank's EP all-to-alls moved while its compute stream was busy."""
+    ev, res = rt.events, rt.resources.astype(str)
+    a2a, comp = res == "coll.ep", res == "compute"
+    if not a2a.any():
+        return 0.0
+    start, end = ev["t_start"].astype(np.float64), ev["t_end"].astype(np.float64)
+    both = a2a | comp
+    return max(0.0, union_length(start[a2a], end[a2a]) + union_length(start[comp], end[comp])
+               - union_length(start[both], end[both]))
 
 
 def format_experts(run: Run) -> list[str]:
@@ -78,11 +97,13 @@ def format_experts(run: Run) -> list[str]:
     for r in load.itertuples():
         lines.append(f"{r.iteration:>5}{r.layer:>6}{r.tokens:>9}{r.max_over_mean:>10.3f}"
                      f"{r.busiest_expert:>9}{r.idlest_expert:>8}")
-    lines += ["", "expert-parallel all-to-alls per rank (wait: beyond the fastest rank's call)",
-              f"{'rank':>5}{'tokens routed':>15}{'all-to-all ms':>15}{'wait ms':>10}"]
+    lines += ["", "expert-parallel all-to-alls per rank (wait: beyond the fastest rank's call; "
+              "hidden: under the rank's compute)",
+              f"{'rank':>5}{'tokens routed':>15}{'all-to-all ms':>15}{'wait ms':>10}"
+              f"{'hidden ms':>11}"]
     for r in ranks.itertuples():
         lines.append(f"{r.rank:>5}{r.tokens_routed:>15}{r.all_to_all_s * 1e3:>15.4f}"
-                     f"{r.wait_s * 1e3:>10.4f}")
+                     f"{r.wait_s * 1e3:>10.4f}{r.hidden_s * 1e3:>11.4f}")
     return lines + [""]
 
 
