@@ -98,7 +98,7 @@ CASES = [
                                      "'selective'", "parallel.sequence_parallel=true", *MLA]),
     (4, "mla-tp2-pp2-full", ["parallel.tp=2", "parallel.pp=2", "train.recompute='full'",
                              *MLA]),
-    (4, "mla-tp4-sp-zero3", ["parallel.tp=4", "parallel.sequence_parallel=true", *MLA,
+    (4, "mla-tp4-sp-flash", ["parallel.tp=4", "parallel.sequence_parallel=true", *MLA,
                              "model.attention='flash'"]),
     (4, "mla-dp4-zero3-sdf", ["parallel.dp=4", "optimizer.zero=3", "model.attention='sdf'",
                               *MLA]),
