@@ -9,7 +9,8 @@ import numpy as np
 from .config import ModelConfig
 from .dims import Dims
 from .executor import Array, Executor, Ready
-from .ops import layernorm, layernorm_back, norm_cost, rmsnorm, rmsnorm_back
+from .ops import (layernorm, layernorm_back, norm_cost, rmsnorm, rmsnorm_back, rope_frequencies,
+                  rope_tables)
 
 Params = dict[str, Array]
 Cache = dict[str, Any]
@@ -77,6 +78,16 @@ class Block:
         # selective: the attention core's S x S tensors are dropped after forward and
         # recomputed in backward (Korthikanti et al. 2022, 4.2); flash keeps none anyway
         self.selective = recompute == "selective" and cfg.attention != "flash"
+
+    def rope_rows(self, width: int, dtype: type) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin [rows, width] of the rank's rows' positions over `width` rotated dims
+        (sequence-first rows: each position B times)."""
+        cfg, d = self.cfg, self.d
+        freqs = rope_frequencies(width, cfg.rope_theta, cfg.rope_scaling,
+                                 cfg.rope_low_freq_factor, cfg.rope_high_freq_factor,
+                                 cfg.rope_original_max)
+        cos, sin = rope_tables(freqs, self.positions, dtype)            # (S, width)
+        return np.repeat(cos, d.batch, axis=0), np.repeat(sin, d.batch, axis=0)
 
     def biases(self, *names: str) -> list[str]:
         """These bias parameters of the layer, where the model has biases (Llama: none)."""

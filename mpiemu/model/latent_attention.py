@@ -25,8 +25,7 @@ from . import attention as attn
 from .block import Block, Cache, Params, acc, transposed
 from .executor import Array, Ready
 from .masks import Masks
-from .ops import Cost, norm_cost, rmsnorm, rmsnorm_back, rope, rope_back, rope_cost, \
-    rope_frequencies, rope_tables
+from .ops import Cost, norm_cost, rmsnorm, rmsnorm_back, rope, rope_back, rope_cost
 from .self_attention import FUSED_SOFTMAX_MAX_KEYS
 
 
@@ -217,13 +216,8 @@ class LatentAttention(Block):
 
     def _tables(self, dtype: type) -> tuple[np.ndarray, np.ndarray]:
         """cos, sin [rows, 1, dr] of the rows' positions over the rotated dims."""
-        cfg, d = self.cfg, self.d
-        freqs = rope_frequencies(cfg.qk_rope_dim, cfg.rope_theta, cfg.rope_scaling,
-                                 cfg.rope_low_freq_factor, cfg.rope_high_freq_factor,
-                                 cfg.rope_original_max)
-        cos, sin = rope_tables(freqs, self.positions, dtype)            # (S, dr)
-        return (np.repeat(cos, d.batch, axis=0)[:, None],
-                np.repeat(sin, d.batch, axis=0)[:, None])
+        cos, sin = self.rope_rows(self.cfg.qk_rope_dim, dtype)
+        return cos[:, None], sin[:, None]
 
     # -- costs --------------------------------------------------------------------------------
     def _rope_cost(self) -> list[Cost]:

@@ -26,8 +26,7 @@ from .block import Block, Cache, Params, acc, transposed
 from .context_parallel import CpAttention, MaskFn
 from .executor import Array, Ready
 from .masks import Masks
-from .ops import (Cost, bias_add_cost, bias_grad_cost, rope, rope_back, rope_cost,
-                  rope_frequencies, rope_tables)
+from .ops import Cost, bias_add_cost, bias_grad_cost, rope, rope_back, rope_cost
 from .qk_norm import QkNorm
 
 # Megatron-LM's fused softmax runs for half-precision scores of at most this many keys, else
@@ -213,23 +212,14 @@ class SelfAttention(Block):
                      fn, qkv, lo, width)
         return qkv
 
-    def _tables(self, dtype: type) -> tuple[np.ndarray, np.ndarray]:
-        """cos, sin of the rows' positions (sequence-first rows: each position B times)."""
-        cfg, d = self.cfg, self.d
-        freqs = rope_frequencies(d.head_dim, cfg.rope_theta, cfg.rope_scaling,
-                                 cfg.rope_low_freq_factor, cfg.rope_high_freq_factor,
-                                 cfg.rope_original_max)
-        cos, sin = rope_tables(freqs, self.positions, dtype)            # (S, dh)
-        return np.repeat(cos, d.batch, axis=0), np.repeat(sin, d.batch, axis=0)
-
     def _rotate(self, qkv: np.ndarray, lo: int, width: int) -> None:
         """Rotate the heads of columns [lo, lo + width) in place."""
-        cos, sin = self._tables(qkv.dtype.type)
+        cos, sin = self.rope_rows(self.d.head_dim, qkv.dtype.type)
         x = qkv[:, lo:lo + width].reshape(self.d.rows, -1, self.d.head_dim)  # (rows, h, dh)
         qkv[:, lo:lo + width] = rope(x, cos[:, None], sin[:, None]).reshape(self.d.rows, -1)
 
     def _rotate_back(self, dqkv: np.ndarray, lo: int, width: int) -> None:
-        cos, sin = self._tables(dqkv.dtype.type)
+        cos, sin = self.rope_rows(self.d.head_dim, dqkv.dtype.type)
         x = dqkv[:, lo:lo + width].reshape(self.d.rows, -1, self.d.head_dim)
         dqkv[:, lo:lo + width] = rope_back(x, cos[:, None], sin[:, None]).reshape(
             self.d.rows, -1)
