@@ -30,9 +30,10 @@ from ..precision.matmul import PrecisionGemm
 from .config import OptimizerConfig
 from .reference_mla import mla_backward, mla_forward
 from .reference_moe import ReferenceMoe, TokenLayout
-from .reference_blocks import (Cache, adam_or_lamb, apply_rope, apply_rope_back, gelu, gelu_grad, layer_norm,
-                               layer_norm_back, repeat_kv, rms_norm, rms_norm_back, rope_tables,
-                               silu, silu_grad, sum_kv, wgrad)
+from .reference_blocks import (Cache, adam_or_lamb, apply_rope, apply_rope_back, attention,
+                               attention_back, gelu, gelu_grad, layer_norm, layer_norm_back,
+                               repeat_kv, rms_norm, rms_norm_back, rope_tables, silu, silu_grad,
+                               sum_kv, wgrad)
 
 
 class Reference:
@@ -188,18 +189,11 @@ class Reference:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (self.mm.round(t) for t in (q, k, v))       # normed, rotated, biased: stored
         k_all, v_all = repeat_kv(k, nh // ng), repeat_kv(v, nh // ng)   # (B, nh, S, dh)
-        scores = (q @ k_all.transpose(0, 1, 3, 2)) / float(np.sqrt(dh))        # (B, nh, S, S)
-        if cfg.causal:
-            scores = np.where(np.tril(np.ones((s, s), bool)), scores, -np.inf)
-        e = np.exp(scores - scores.max(-1, keepdims=True))
-        probs = e / e.sum(-1, keepdims=True)
-        mask = self._probs_mask(it, i)
-        dropped = probs if mask is None else probs * mask
-        o = (dropped @ v_all).transpose(0, 2, 1, 3).reshape(bsz, s, nh * dh)  # (B, S, nh dh)
+        o, core = attention(q, k_all, v_all, cfg.causal, self._probs_mask(it, i))
+        o = o.transpose(0, 2, 1, 3).reshape(bsz, s, nh * dh)              # (B, S, nh dh)
         o = self.mm.round(o)        # the fused attention kernel's output
         out = self._linear(o, pre + "wo", pre + "bo")
-        return out, {"x": x, "q": q, "k": k_all, "v": v_all, "probs": probs, "mask": mask,
-                     "dropped": dropped, "o": o, "qk": qk}
+        return out, {"x": x, **core, "o": o, "qk": qk}
 
     def _attention_back(self, dout: np.ndarray, c: Cache, i: int,
                         g: dict[str, np.ndarray]) -> np.ndarray:
@@ -210,13 +204,7 @@ class Reference:
         nh, dh, rep = self.cfg.heads, self.cfg.head_dim, self.cfg.heads // self.cfg.groups
         self._linear_back(c["o"], dout, pre + "wo", pre + "bo", g)
         do = self._dgrad(pre + "wo", dout).reshape(bsz, s, nh, dh).transpose(0, 2, 1, 3)
-        dv = c["dropped"].transpose(0, 1, 3, 2) @ do                   # (B, nh, S, dh)
-        ddropped = do @ c["v"].transpose(0, 1, 3, 2)
-        dprobs = ddropped if c["mask"] is None else ddropped * c["mask"]
-        probs = c["probs"]
-        dscores = probs * (dprobs - (dprobs * probs).sum(-1, keepdims=True)) / float(np.sqrt(dh))
-        dq = dscores @ c["k"]
-        dk = dscores.transpose(0, 1, 3, 2) @ c["q"]
+        dq, dk, dv = attention_back(do, c)                             # (B, nh, S, dh)
         dk, dv = sum_kv(dk, rep), sum_kv(dv, rep)                      # (B, groups, S, dh)
         dq, dk, dv = (self.mm.round(t) for t in (dq, dk, dv))  # the fused kernel's outputs
         if self.rope is not None:

@@ -137,6 +137,34 @@ def apply_rope_back(dy: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndar
     return dy * cos - rotate_half(dy * sin)
 
 
+# -- softmax attention over heads ----------------------------------------------------------
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool,
+              mask: np.ndarray | None) -> tuple[np.ndarray, Cache]:
+    """o = DR(softmax(q k^T / sqrt(d) + causal mask)) v on heads [B, n, S, d] (v's heads may
+    be narrower: MLA), `mask` the dropout's scaled keep-mask; and the cache of
+    `attention_back`."""
+    s = q.shape[-2]
+    scores = (q @ k.transpose(0, 1, 3, 2)) / float(np.sqrt(q.shape[-1]))      # (B, n, S, S)
+    if causal:
+        scores = np.where(np.tril(np.ones((s, s), bool)), scores, -np.inf)
+    e = np.exp(scores - scores.max(-1, keepdims=True))
+    probs = e / e.sum(-1, keepdims=True)
+    dropped = probs if mask is None else probs * mask
+    return dropped @ v, {"q": q, "k": k, "v": v, "probs": probs, "mask": mask,
+                         "dropped": dropped}
+
+
+def attention_back(do: np.ndarray, c: Cache) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dq, dk, dv) of `attention` from its output's gradient do [B, n, S, dv]."""
+    dv = c["dropped"].transpose(0, 1, 3, 2) @ do
+    ddropped = do @ c["v"].transpose(0, 1, 3, 2)
+    dprobs = ddropped if c["mask"] is None else ddropped * c["mask"]
+    probs = c["probs"]
+    dscores = probs * (dprobs - (dprobs * probs).sum(-1, keepdims=True)) / \
+        float(np.sqrt(c["q"].shape[-1]))
+    return dscores @ c["k"], dscores.transpose(0, 1, 3, 2) @ c["q"], dv
+
+
 # -- grouped-query attention ---------------------------------------------------------------
 def repeat_kv(t: np.ndarray, rep: int) -> np.ndarray:
     """Each KV head once per query head of its group: [B, g, S, d] -> [B, g*rep, S, d];

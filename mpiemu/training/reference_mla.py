@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from .reference_blocks import Cache, apply_rope, apply_rope_back, rms_norm, rms_norm_back
+from .reference_blocks import (Cache, apply_rope, apply_rope_back, attention, attention_back,
+                               rms_norm, rms_norm_back)
 
 Grads = dict[str, np.ndarray]
 
@@ -40,32 +41,19 @@ def mla_forward(ref: Any, x: np.ndarray, i: int, it: int) -> tuple[np.ndarray, C
     kr = apply_rope(ckv[:, None, :, kvl:], cos, sin)                          # (B, 1, S, dr)
     k = np.concatenate([kv[..., :dn], np.broadcast_to(kr, (bsz, n, s, dr))], axis=-1)
     q, k, v = (ref.mm.round(t) for t in (q, k, kv[..., dn:]))
-    scores = (q @ k.transpose(0, 1, 3, 2)) / float(np.sqrt(dn + dr))          # (B, n, S, S)
-    if cfg.causal:
-        scores = np.where(np.tril(np.ones((s, s), bool)), scores, -np.inf)
-    e = np.exp(scores - scores.max(-1, keepdims=True))
-    probs = e / e.sum(-1, keepdims=True)
-    mask = ref._probs_mask(it, i)
-    dropped = probs if mask is None else probs * mask
-    o = ref.mm.round((dropped @ v).transpose(0, 2, 1, 3).reshape(bsz, s, n * dv))
-    c.update(q=q, k=k, v=v, probs=probs, mask=mask, dropped=dropped, o=o)
-    return ref._linear(o, pre + "wo", ""), c
+    o, core = attention(q, k, v, cfg.causal, ref._probs_mask(it, i))
+    c.update(core, o=ref.mm.round(o.transpose(0, 2, 1, 3).reshape(bsz, s, n * dv)))
+    return ref._linear(c["o"], pre + "wo", ""), c
 
 
 def mla_backward(ref: Any, dout: np.ndarray, c: Cache, i: int, g: Grads) -> np.ndarray:
     """dx [B, S, H] of `mla_forward`; the weights' and gains' gradients into g."""
     cfg, pre = ref.cfg, f"layers.{i}.attn."
     bsz, s, _ = dout.shape
-    n, dn, dr, dv = cfg.heads, cfg.head_dim, cfg.qk_rope_dim, cfg.v_dim
+    n, dn, dv = cfg.heads, cfg.head_dim, cfg.v_dim
     ref._linear_back(c["o"], dout, pre + "wo", "", g)
     do = ref._dgrad(pre + "wo", dout).reshape(bsz, s, n, dv).transpose(0, 2, 1, 3)
-    dvv = c["dropped"].transpose(0, 1, 3, 2) @ do                              # (B, n, S, dv)
-    ddropped = do @ c["v"].transpose(0, 1, 3, 2)
-    dprobs = ddropped if c["mask"] is None else ddropped * c["mask"]
-    probs = c["probs"]
-    dscores = probs * (dprobs - (dprobs * probs).sum(-1, keepdims=True)) / float(np.sqrt(dn + dr))
-    dq, dk, dvv = (ref.mm.round(t) for t in (dscores @ c["k"],
-                                             dscores.transpose(0, 1, 3, 2) @ c["q"], dvv))
+    dq, dk, dvv = (ref.mm.round(t) for t in attention_back(do, c))          # (B, n, S, .)
     cos, sin = ref.rope[0][:s], ref.rope[1][:s]
     dq = np.concatenate([dq[..., :dn], apply_rope_back(dq[..., dn:], cos, sin)], axis=-1)
     dkr = apply_rope_back(dk[..., dn:].sum(1), cos, sin)                       # (B, S, dr)
