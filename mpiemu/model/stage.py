@@ -29,7 +29,7 @@ from .ops import (MASK_BYTES, Cost, bias_grad_cost, ce_back, ce_combine, ce_cost
                   ce_local_stats, dropout, embed_cost, embed_lookup, embed_scatter)
 from .pipeline_schedules import Pass
 from .pipeline_split import LayerSplit, chunk_layers
-from .steps import Steps, drain
+from .steps import Steps
 from .tensor_parallel import ExpertPlace, LocalParam, cut, expert_place, local_params
 
 RECOMPUTE = ("none", "selective", "full")
@@ -189,13 +189,10 @@ class StageModel:
         pos = self.seq_positions                                       # the rank's (CP)
         return tok[:, pos].T.reshape(-1), tgt[:, pos].T.reshape(-1)    # (S*B,) position-major
 
-    def forward(self, ps: Pass, x: Array) -> Array:
-        """Forward of micro-batch ps.micro through chunk ps.chunk: its output (None on the
-        last virtual stage, whose loss share is added to `self.loss`)."""
-        return drain(self.forward_steps(ps, x))
-
     def forward_steps(self, ps: Pass, x: Array) -> Steps[Array]:
-        """`forward` as steps: it yields while an expert all-to-all moves."""
+        """Forward of micro-batch ps.micro through chunk ps.chunk: its output (None on the
+        last virtual stage, whose loss share is added to `self.loss`), as steps that yield
+        while an expert all-to-all moves (`steps.drain` runs it alone)."""
         ex, c = self.E, ps.chunk
         masks, (ids, targets) = self._masks(ps.micro), self._tokens(ps.micro, c)
         c_emb: Cache = {}
@@ -232,12 +229,9 @@ class StageModel:
             self.last_caches = (c_emb, caches, c_head)
         return x
 
-    def backward(self, ps: Pass, dy: Array) -> Array:
-        """Backward of micro-batch ps.micro through chunk ps.chunk: the input gradient."""
-        return drain(self.backward_steps(ps, dy))
-
     def backward_steps(self, ps: Pass, dy: Array) -> Steps[Array]:
-        """`backward` as steps: it yields while an expert all-to-all moves."""
+        """Backward of micro-batch ps.micro through chunk ps.chunk: the input gradient, as
+        steps that yield while an expert all-to-all moves."""
         ex, c = self.E, ps.chunk
         c_emb, caches, c_head, ids, targets = self.saved[(ps.micro, c)]
         masks = self._masks(ps.micro)

@@ -39,9 +39,8 @@ class PipelineStep:
                  combined: bool = False) -> None:
         self.model, self.grads, self.pp, self.np_dtype = model, grads, pp, np_dtype
         self.p, self.s, self.v = model.pp, model.pp_rank, model.chunks
-        self.passes: list[Pass] = order(schedule, self.p, self.s, micro_batches, self.v)
-        self.steps = combined_steps(schedule, self.p, self.s, micro_batches, self.v) \
-            if combined else [[ps] for ps in self.passes]
+        plan = (schedule, self.p, self.s, micro_batches, self.v)
+        self.steps = combined_steps(*plan) if combined else [[ps] for ps in order(*plan)]
         d = model.d
         self.shape = (d.shard_rows, d.hidden)
         self.nbytes = d.shard_rows * d.hidden * model.E.e
