@@ -36,7 +36,8 @@ class GpuExecutor:
 
     def __init__(self, setup: ExecutorSetup) -> None:
         self.tl, self.cost, self.tp, self.cp = setup.tl, setup.cost, setup.tp, setup.cp
-        self.ep, self.etp, self.etp_ep = setup.ep, setup.etp, setup.etp_ep
+        self.ep, self.etp = setup.ep, setup.etp
+        self.etp_ep = setup.ep if setup.etp_ep is None else setup.etp_ep
         self.tp_async, self.kernels = setup.tp_async, setup.kernels
         self.dtype, self.e = setup.dtype, dtype_bytes(setup.dtype)
         self.on, self.overlap, self.sp = setup.numerics, setup.overlap, setup.dims.sp

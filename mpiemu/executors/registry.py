@@ -45,7 +45,7 @@ class ExecutorSetup:
     cp: TimedComm | None = None       # the context-parallel group (parallel.cp > 1)
     ep: TimedComm | None = None       # the expert-parallel group (a model with experts)
     etp: TimedComm | None = None      # the expert tensor-parallel group (parallel.etp > 1)
-    etp_ep: TimedComm | None = None   # expert TP x EP together (the ep group at etp 1)
+    etp_ep: TimedComm | None = None   # expert TP x EP together (None: the ep group)
     sunway_scheduler: str = "ka"      # [sunway] scheduler and attention kernel
     sunway_attention: str = "swattention"
     # the numerics' GEMMs (`run.numeric_dtype`): exact numpy, or bf16 / fp16 as tensor cores

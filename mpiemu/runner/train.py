@@ -113,7 +113,7 @@ def build(ctx: RankContext, tl: Timeline, *, numerics: bool, strategy: str = "",
     embed = comm(grid.embed_comm, "embed") if grid.pp > 1 else None
     ep = comm(grid.ep_comm, "ep") if grid.shape.ep > 1 else None
     etp = comm(grid.etp_comm, "etp") if grid.shape.etp > 1 else None
-    etp_ep = comm(grid.etp_ep_comm, "etp_ep") if grid.shape.etp > 1 else ep
+    etp_ep = comm(grid.etp_ep_comm, "etp_ep") if grid.shape.etp > 1 else None
     # the experts' gradients: over expert DP (the stage's ranks sharing them), when that is
     # not DP x CP (EP, or TP ranks routing their own sequence shards)
     edp = comm(grid.edp_comm, "edp") if cfg.moe is not None and \

@@ -41,7 +41,7 @@ class MoeMlp(Block):
         self.moe, self.run, self.ep = cfg.moe, run, ex.ep      # ep None: every expert here
         self.etp = ex.etp                                      # None: experts whole
         # the all-gather dispatcher's group: expert TP x EP (Megatron-Core's tp_ep_group)
-        self.gather_group = ex.etp_ep if ex.etp is not None else ex.ep
+        self.gather_group = ex.etp_ep
         ep_size, ep_rank = (1, 0) if ex.ep is None else (ex.ep.size, ex.ep.rank)
         self.per_rank = self.moe.experts // ep_size
         self.mine = range(ep_rank * self.per_rank, (ep_rank + 1) * self.per_rank)
