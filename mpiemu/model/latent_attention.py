@@ -20,13 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from ..devices.attention_gpu import AttnShape
 from . import attention as attn
 from .block import Block, Cache, Params, acc, transposed
 from .executor import Array, Ready
 from .masks import Masks
 from .ops import Cost, norm_cost, rmsnorm, rmsnorm_back, rope, rope_back, rope_cost
-from .self_attention import FUSED_SOFTMAX_MAX_KEYS
+from .self_attention import core_shape
 
 
 class LatentAttention(Block):
@@ -232,13 +231,7 @@ class LatentAttention(Block):
             rope_cost(d.rows, dr, d.seq, dr, e, E.kernels.mode) + \
             [Cost(0, width * e, width * e), Cost(0, width * e, width * e)]
 
-    def _attn_shape(self) -> AttnShape:
-        d, cfg = self.d, self.cfg
-        return AttnShape(d.batch * d.heads, d.seq, d.seq, cfg.qk_head_dim, self.E.e,
-                         dropout=cfg.attention_dropout > 0, causal=cfg.causal, training=True,
-                         triangle=self.E.e < 4 and d.seq <= FUSED_SOFTMAX_MAX_KEYS,
-                         v_dim=cfg.v_dim)
-
     def _charge_core(self, backward: bool, suffix: str = "") -> None:
         name = f"{self.tag}.attn" + (".bwd" if backward else suffix)
-        self.E.attention(name, self._attn_shape(), self.cfg.attention, backward)
+        shape = core_shape(self.d, self.cfg, self.E.e, self.cfg.qk_head_dim, self.cfg.v_dim)
+        self.E.attention(name, shape, self.cfg.attention, backward)

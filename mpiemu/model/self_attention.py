@@ -23,7 +23,9 @@ from ..devices.attention_gpu import AttnShape
 from ..devices.gemm import NO_EPILOGUE, Epilogue
 from . import attention as attn
 from .block import Block, Cache, Params, acc, transposed
+from .config import ModelConfig
 from .context_parallel import CpAttention, MaskFn
+from .dims import Dims
 from .executor import Array, Ready
 from .masks import Masks
 from .ops import Cost, bias_add_cost, bias_grad_cost, rope, rope_back, rope_cost
@@ -32,6 +34,14 @@ from .qk_norm import QkNorm
 # Megatron-LM's fused softmax runs for half-precision scores of at most this many keys, else
 # torch's softmax (megatron/model/fused_softmax.py at de593298, is_kernel_available)
 FUSED_SOFTMAX_MAX_KEYS = 4096
+
+
+def core_shape(d: Dims, cfg: ModelConfig, e: int, head_dim: int, v_dim: int = 0) -> AttnShape:
+    """The attention core of a rank's heads (query / key heads `head_dim` wide, value heads
+    `v_dim`: 0 as wide) as the device's kernels see it."""
+    return AttnShape(d.batch * d.heads, d.seq, d.seq, head_dim, e,
+                     dropout=cfg.attention_dropout > 0, causal=cfg.causal, training=True,
+                     triangle=e < 4 and d.seq <= FUSED_SOFTMAX_MAX_KEYS, v_dim=v_dim)
 
 
 class SelfAttention(Block):
@@ -251,10 +261,7 @@ class SelfAttention(Block):
 
     # -- costs --------------------------------------------------------------------------------
     def _attn_shape(self) -> AttnShape:
-        d, cfg = self.d, self.cfg
-        return AttnShape(d.batch * d.heads, d.seq, d.seq, d.head_dim, self.E.e,
-                         dropout=cfg.attention_dropout > 0, causal=cfg.causal, training=True,
-                         triangle=self.E.e < 4 and d.seq <= FUSED_SOFTMAX_MAX_KEYS)
+        return core_shape(self.d, self.cfg, self.E.e, self.d.head_dim)
 
     def _charge_core(self, backward: bool, suffix: str = "") -> None:
         """The attention core's kernels of one pass, and the copies around them."""
